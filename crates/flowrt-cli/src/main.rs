@@ -1,1 +1,56 @@
-fn main() {}
+//! `flowrt`: run, verify and benchmark LLMs on the CPU.
+
+mod bench;
+mod common;
+mod run;
+mod verify;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "flowrt", version, about = "An LLM inference runtime: run, verify and benchmark models", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text: one answer to PROMPT, or an interactive chat without it.
+    Run(run::RunArgs),
+    /// Compare flowrt's logits with a reference implementation's, teacher-forced.
+    Verify(verify::VerifyArgs),
+    /// Measure prefill and decode speed on a model file.
+    Bench(bench::BenchArgs),
+    /// Fetch a catalog model into the model store.
+    Pull {
+        /// Model tag, e.g. smollm2:135m.
+        tag: String,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("FLOWRT_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => run::run(a),
+        Command::Verify(a) => verify::verify(a),
+        Command::Bench(a) => bench::bench(a),
+        Command::Pull { tag } => common::pull(&tag),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if common::is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,16 @@
-//! flowrt-cpu
+//! The CPU backend: executes the decoder's command groups ([`flowrt_model::Plan`]) with the
+//! run-time-selected kernels of `flowrt-kernels`, on a persistent thread pool.
+
+mod exec;
+mod kv;
+mod pool;
+mod rope;
+
+pub use exec::{BackendError, Batch, CpuBackend, CpuOptions, LogitsWanted};
+pub use kv::{KvCache, KvType};
+pub use pool::ThreadPool;
+
+/// Physical cores of this machine (the default thread count).
+pub fn physical_cores() -> usize {
+    num_cpus::get_physical().max(1)
+}

@@ -1,1 +1,17 @@
-//! flowrt-engine
+//! Running models: load a model file, hold a session (KV cache and position), prefill and
+//! decode, generate text with sampling and stops, verify logits against a reference, and
+//! benchmark.
+
+mod bench;
+mod error;
+mod generate;
+mod load;
+mod session;
+mod verify;
+
+pub use bench::{bench, BenchOptions, BenchReport, Stat};
+pub use error::EngineError;
+pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
+pub use load::{EngineOptions, LoadedModel};
+pub use session::Session;
+pub use verify::{verify, PromptReport, VerifyReport};

@@ -1,1 +1,22 @@
-//! flowrt-model
+//! What a model *is*, independent of where it runs.
+//!
+//! - [`arch`]: architecture families as rows of data ([`ArchSpec`]); the decoder branches on
+//!   fields, never on a family's name.
+//! - [`config`]: hyperparameters read from a model file ([`ModelConfig`]).
+//! - [`names`]: tensor roles and their names in each format.
+//! - [`weights`]: the model's tensors bound to roles, checked against the config.
+//! - [`plan`]: the forward pass as a sequence of per-layer command groups that a backend executes.
+
+pub mod arch;
+pub mod config;
+pub mod error;
+pub mod names;
+pub mod plan;
+pub mod weights;
+
+pub use arch::{Activation, ArchSpec, RopePairing};
+pub use config::ModelConfig;
+pub use error::ModelError;
+pub use names::TensorRole;
+pub use plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op, Plan};
+pub use weights::{LayerWeights, Model, WeightData, WeightMatrix};

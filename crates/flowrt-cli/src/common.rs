@@ -1,0 +1,90 @@
+//! What the commands share: model resolution and engine options.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use flowrt_cpu::KvType;
+use flowrt_engine::{EngineOptions, LoadedModel};
+use flowrt_kernels::Kernels;
+use flowrt_store::FetchPolicy;
+
+/// Options of the engine, shared by every command that runs a model.
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Threads to use (default: physical cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context length in tokens (default: the model's).
+    #[arg(long = "ctx-len", short = 'c')]
+    pub ctx_len: Option<usize>,
+    /// KV cache element type: f16 or f32.
+    #[arg(long = "kv-type", default_value = "f16")]
+    pub kv_type: KvType,
+    /// Most tokens per prefill batch.
+    #[arg(long = "batch-size", short = 'b', default_value_t = 256)]
+    pub batch_size: usize,
+    /// Kernels to use: scalar, avx2, avx512, avx512vnni, neon (default: best available;
+    /// also FLOWRT_KERNELS).
+    #[arg(long)]
+    pub kernels: Option<String>,
+    /// Never fetch a catalog model that is not in the store.
+    #[arg(long = "no-fetch")]
+    pub no_fetch: bool,
+}
+
+impl EngineArgs {
+    pub fn options(&self) -> Result<EngineOptions> {
+        if self.threads == Some(0) {
+            anyhow::bail!("--threads must be at least 1");
+        }
+        if self.batch_size == 0 {
+            anyhow::bail!("--batch-size must be at least 1");
+        }
+        let kernels = match &self.kernels {
+            Some(name) => Some(Kernels::select(Some(name)).with_context(|| format!("--kernels {name}"))?),
+            None => None,
+        };
+        Ok(EngineOptions {
+            threads: self.threads.unwrap_or(0),
+            n_ctx: self.ctx_len,
+            kv_type: self.kv_type,
+            max_batch: self.batch_size,
+            kernels,
+        })
+    }
+}
+
+/// Resolve MODEL (a path or a catalog tag) to a file, fetching a catalog model when allowed.
+pub fn resolve_model(arg: &str, no_fetch: bool) -> Result<PathBuf> {
+    let policy = if no_fetch {
+        FetchPolicy::Never
+    } else {
+        FetchPolicy::IfMissing
+    };
+    let path = flowrt_store::resolve(arg, policy, &mut |msg: &str| eprintln!("{msg}"))?;
+    Ok(path)
+}
+
+/// Load MODEL for running.
+pub fn load_model(arg: &str, engine: &EngineArgs) -> Result<(LoadedModel, EngineOptions)> {
+    let opts = engine.options()?;
+    let path = resolve_model(arg, engine.no_fetch)?;
+    let model = LoadedModel::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    Ok((model, opts))
+}
+
+pub fn pull(tag: &str) -> Result<ExitCode> {
+    let path = resolve_model(tag, false)?;
+    println!("{}", path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A closed stdout (e.g. `flowrt run ... | head`) ends the program quietly.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

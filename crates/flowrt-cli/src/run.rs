@@ -1,0 +1,246 @@
+//! `flowrt run`: one answer, or an interactive chat.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use flowrt_engine::{generate, EngineError, FinishReason, GenerateOptions, GenerationStats, LoadedModel, Session};
+use flowrt_sample::SamplerConfig;
+use flowrt_text::ChatMessage;
+
+use crate::common::{load_model, EngineArgs};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A .gguf file or a catalog tag (e.g. smollm2:135m).
+    pub model: String,
+    /// The prompt. Without it, an interactive chat starts.
+    pub prompt: Option<String>,
+    /// Plain completion of the prompt, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// System message for chat.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: usize,
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalty for repeating recent tokens (1 = off).
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// How many recent tokens the repeat penalty looks at.
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed (same seed, same output).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Most tokens to generate per answer.
+    #[arg(long = "max-tokens", short = 'n', default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Stop when the answer contains this string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Print timings to stderr after each answer.
+    #[arg(long)]
+    pub stats: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+impl RunArgs {
+    fn generate_options(&self) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens: self.max_tokens,
+            sampler: SamplerConfig {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_last_n: self.repeat_last_n,
+                seed: self.seed,
+                ..SamplerConfig::default()
+            },
+            stop: self.stop.clone(),
+        }
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let gen = args.generate_options();
+    gen.sampler.validate().context("sampling parameters")?;
+    let (model, opts) = load_model(&args.model, &args.engine)?;
+    let mut session = Session::new(&model, &opts)?;
+    match &args.prompt {
+        Some(prompt) => {
+            let tokens = if args.raw {
+                model.tokenizer.encode(prompt, true, true)?
+            } else {
+                let mut messages = Vec::new();
+                if let Some(s) = &args.system {
+                    messages.push(ChatMessage::new("system", s));
+                }
+                messages.push(ChatMessage::new("user", prompt));
+                render_chat(&model, &messages)?
+            };
+            let stats = answer(&mut session, &model, &tokens, &gen)?;
+            if args.stats {
+                print_stats(&stats);
+            }
+        }
+        None => chat(&mut session, &model, &args, &gen)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render_chat(model: &LoadedModel, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+    let template = model
+        .template
+        .as_ref()
+        .ok_or_else(|| EngineError::NoChatTemplate(model.path.clone()))?;
+    let text = template.render(messages, true)?;
+    Ok(model.tokenizer.encode(&text, false, true)?)
+}
+
+/// Generate and stream one answer to stdout; returns its statistics.
+fn answer(session: &mut Session, model: &LoadedModel, tokens: &[u32], gen: &GenerateOptions) -> Result<GenerationStats> {
+    let mut out = std::io::stdout().lock();
+    let mut write_err = None;
+    let stats = generate(session, &model.tokenizer, tokens, gen, &mut |text| {
+        match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                write_err = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    writeln!(out)?;
+    Ok(stats)
+}
+
+fn print_stats(s: &GenerationStats) {
+    let decode_tok_s = if s.generated_tokens > 1 {
+        (s.generated_tokens - 1) as f64 / s.decode_time.as_secs_f64()
+    } else {
+        0.0
+    };
+    let finish = match s.finish {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ContextFull => "context full",
+        FinishReason::Cancelled => "cancelled",
+    };
+    eprintln!(
+        "[prompt {} tokens ({} reused), prefill {:.1} ms; {} generated, {:.1} tok/s; time to first token {:.1} ms; finish: {finish}; seed {}]",
+        s.prompt_tokens,
+        s.reused_tokens,
+        s.prefill_time.as_secs_f64() * 1e3,
+        s.generated_tokens,
+        decode_tok_s,
+        s.time_to_first_token.as_secs_f64() * 1e3,
+        s.seed
+    );
+}
+
+/// Interactive multi-turn chat on stdin/stdout. The session keeps its cache between turns;
+/// each turn feeds only what the previous turns did not.
+fn chat(session: &mut Session, model: &LoadedModel, args: &RunArgs, gen: &GenerateOptions) -> Result<()> {
+    if model.template.is_none() && !args.raw {
+        return Err(EngineError::NoChatTemplate(model.path.clone()).into());
+    }
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!("flowrt chat with {} — /reset clears the conversation, /exit or Ctrl-D quits.", model.path.display());
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = &args.system {
+        messages.push(ChatMessage::new("system", s));
+    }
+    let base = messages.len();
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    let mut transcript = String::new();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let input = line.trim_end_matches(['\n', '\r']);
+        match input.trim() {
+            "" => continue,
+            "/exit" | "/quit" | "/bye" => break,
+            "/reset" => {
+                messages.truncate(base);
+                transcript.clear();
+                session.reset();
+                continue;
+            }
+            _ => {}
+        }
+        let tokens = if args.raw {
+            transcript.push_str(input);
+            model.tokenizer.encode(&transcript, true, true)?
+        } else {
+            messages.push(ChatMessage::new("user", input));
+            render_chat(model, &messages)?
+        };
+        let mut answer_text = String::new();
+        let mut out = std::io::stdout().lock();
+        let mut write_err = None;
+        let result = generate(session, &model.tokenizer, &tokens, gen, &mut |text| {
+            answer_text.push_str(text);
+            match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+                Ok(()) => true,
+                Err(e) => {
+                    write_err = Some(e);
+                    false
+                }
+            }
+        });
+        if let Some(e) = write_err {
+            return Err(e.into());
+        }
+        writeln!(out)?;
+        match result {
+            Ok(stats) => {
+                if args.stats {
+                    print_stats(&stats);
+                }
+                if stats.finish == FinishReason::ContextFull {
+                    eprintln!("(the context is full: /reset to start over)");
+                }
+            }
+            Err(e @ EngineError::PromptTooLong { .. }) => {
+                eprintln!("error: {e}\n(the conversation no longer fits the context: /reset to start over)");
+                if !args.raw {
+                    messages.pop();
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if args.raw {
+            transcript.push_str(&answer_text);
+        } else {
+            messages.push(ChatMessage::new("assistant", &answer_text));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,462 @@
+//! Executes command groups on the CPU.
+
+use std::sync::{Arc, Mutex};
+
+use flowrt_dtype::GgmlType;
+use flowrt_kernels::Kernels;
+use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
+use flowrt_model::{Model, WeightMatrix};
+
+use crate::kv::{KvCache, KvStore, KvType};
+use crate::pool::ThreadPool;
+use crate::rope::RopeTable;
+
+/// Rows of a weight matrix one matmul task computes.
+const ROW_BLOCK: usize = 16;
+
+/// Settings of a CPU backend instance.
+#[derive(Clone, Debug)]
+pub struct CpuOptions {
+    /// Threads in total (the calling thread included).
+    pub threads: usize,
+    /// Context length: positions the KV cache holds.
+    pub n_ctx: usize,
+    /// Element type of the KV cache.
+    pub kv_type: KvType,
+    /// Most tokens one `execute` call may carry (prompts are prefilled in batches of this).
+    pub max_batch: usize,
+    /// Kernels to use (defaults to the best the host supports).
+    pub kernels: Option<&'static Kernels>,
+}
+
+/// Which logits a batch produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher-forced verification).
+    All,
+    /// None (a prefill batch that is not the prompt's last).
+    None,
+}
+
+/// Tokens at consecutive positions `pos0..pos0 + tokens.len()`.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub logits: LogitsWanted,
+}
+
+/// Why a batch could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("token id {id} at batch index {index} is outside the vocabulary (size {vocab})")]
+    BadToken { id: u32, index: usize, vocab: usize },
+    #[error("positions {pos0}..{end} do not fit the context of {n_ctx} tokens")]
+    ContextFull { pos0: usize, end: usize, n_ctx: usize },
+    #[error("a batch carries 1..={max} tokens, got {got}")]
+    BadBatch { got: usize, max: usize },
+    #[error("tensor `{tensor}` has type {ty}, which the CPU kernels cannot compute with")]
+    UnsupportedType { tensor: String, ty: GgmlType },
+    #[error("group {group} ({kind:?}), op `{op}`: {reason}")]
+    Op {
+        group: usize,
+        kind: GroupKind,
+        op: &'static str,
+        reason: String,
+    },
+}
+
+/// Per-thread scratch, allocated once.
+struct ThreadScratch {
+    scores: Vec<f32>, // (n_ctx) attention scores of one head
+    tile: Vec<f32>,   // (max_batch, ROW_BLOCK) one matmul task's output
+}
+
+/// The CPU backend for one model instance (one sequence's KV cache).
+pub struct CpuBackend {
+    model: Arc<Model>,
+    kernels: &'static Kernels,
+    pool: ThreadPool,
+    rope: RopeTable,
+    kv: KvCache,
+    max_batch: usize,
+    bufs: [Vec<f32>; 10],           // indexed by `Buf as usize`, each (max_batch, width)
+    quant: Vec<u8>,                 // quantised activation rows for the current matmul input
+    quant_of: Option<(Buf, GgmlType, usize, usize)>, // (buffer, type, first row, rows) held in `quant`
+    per_thread: Vec<Mutex<ThreadScratch>>,
+    n_logit_rows: usize,
+}
+
+fn buf_width(m: &Model, b: Buf) -> usize {
+    let c = &m.config;
+    match b {
+        Buf::X | Buf::Xn | Buf::Proj => c.hidden_size,
+        Buf::Q | Buf::Attn => c.q_dim(),
+        Buf::K | Buf::V => c.kv_dim(),
+        Buf::Gate | Buf::Up => c.intermediate_size,
+        Buf::Logits => c.vocab_size,
+    }
+}
+
+const ALL_BUFS: [Buf; 10] = [
+    Buf::X,
+    Buf::Xn,
+    Buf::Q,
+    Buf::K,
+    Buf::V,
+    Buf::Attn,
+    Buf::Proj,
+    Buf::Gate,
+    Buf::Up,
+    Buf::Logits,
+];
+
+impl CpuBackend {
+    pub fn new(model: Arc<Model>, opts: &CpuOptions) -> Result<Self, BackendError> {
+        let kernels = opts.kernels.unwrap_or_else(Kernels::detect);
+        let c = &model.config;
+        let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd, &model.output];
+        for l in &model.layers {
+            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        for m in mats {
+            if !Kernels::supports(m.dtype) {
+                return Err(BackendError::UnsupportedType {
+                    tensor: m.name.clone(),
+                    ty: m.dtype,
+                });
+            }
+        }
+        let max_batch = opts.max_batch.max(1);
+        let n_ctx = opts.n_ctx.max(1);
+        let bufs = ALL_BUFS.map(|b| {
+            // Logits grow on demand (most batches want one row).
+            let rows = if b == Buf::Logits { 1 } else { max_batch };
+            vec![0.0f32; rows * buf_width(&model, b)]
+        });
+        let pool = ThreadPool::new(opts.threads);
+        let per_thread = (0..pool.n_threads())
+            .map(|_| {
+                Mutex::new(ThreadScratch {
+                    scores: vec![0.0; n_ctx],
+                    tile: vec![0.0; max_batch * ROW_BLOCK],
+                })
+            })
+            .collect();
+        Ok(CpuBackend {
+            rope: RopeTable::new(c.rope_dim, c.rope_theta, c.rope_pairing, n_ctx),
+            kv: KvCache::new(opts.kv_type, c.num_hidden_layers, n_ctx, c.num_key_value_heads, c.head_dim),
+            kernels,
+            pool,
+            max_batch,
+            bufs,
+            quant: Vec::new(),
+            quant_of: None,
+            per_thread,
+            n_logit_rows: 0,
+            model,
+        })
+    }
+
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    pub fn kernels(&self) -> &'static Kernels {
+        self.kernels
+    }
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    pub fn kv_cache(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Logits of the last batch: `(rows, vocab)`, one row per token that asked for them.
+    pub fn logits(&self) -> &[f32] {
+        &self.bufs[Buf::Logits as usize][..self.n_logit_rows * self.model.config.vocab_size]
+    }
+
+    /// Run `groups` (a contiguous part of the model's plan, in order) over `batch`.
+    pub fn execute(&mut self, groups: &[CommandGroup], first_group: usize, batch: &Batch) -> Result<(), BackendError> {
+        let n = batch.tokens.len();
+        if n == 0 || n > self.max_batch {
+            return Err(BackendError::BadBatch {
+                got: n,
+                max: self.max_batch,
+            });
+        }
+        let end = batch.pos0 + n;
+        if end > self.kv.n_ctx {
+            return Err(BackendError::ContextFull {
+                pos0: batch.pos0,
+                end,
+                n_ctx: self.kv.n_ctx,
+            });
+        }
+        for (gi, group) in groups.iter().enumerate() {
+            for op in &group.ops {
+                self.run_op(group.kind, op, batch).map_err(|reason| BackendError::Op {
+                    group: first_group + gi,
+                    kind: group.kind,
+                    op: op.name(),
+                    reason,
+                })?;
+                // A matmul leaves its input untouched; anything else may change the quantised input.
+                if !matches!(op, Op::MatMul { .. }) {
+                    self.quant_of = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run_op(&mut self, kind: GroupKind, op: &Op, batch: &Batch) -> Result<(), String> {
+        let n = batch.tokens.len();
+        let c = &self.model.config;
+        let (h, qd, kvd, hd) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.head_dim);
+        let layer = kind.layer();
+        let k = self.kernels;
+        match *op {
+            Op::Embed => {
+                let emb = &self.model.token_embd;
+                let x = &mut self.bufs[Buf::X as usize];
+                for (t, &id) in batch.tokens.iter().enumerate() {
+                    if id as usize >= emb.rows {
+                        return Err(BackendError::BadToken {
+                            id,
+                            index: t,
+                            vocab: emb.rows,
+                        }
+                        .to_string());
+                    }
+                    let row = emb.rows_bytes(id as usize, id as usize + 1);
+                    k.dequantize_row(emb.dtype, row, &mut x[t * h..(t + 1) * h]);
+                }
+            }
+            Op::RmsNorm { src, dst, weight } => {
+                let model = &self.model;
+                let w = match (weight, layer) {
+                    (NormWeight::Attn, Some(l)) => &model.layers[l].attn_norm,
+                    (NormWeight::Ffn, Some(l)) => &model.layers[l].ffn_norm,
+                    (NormWeight::Output, _) => &model.output_norm,
+                    _ => return Err("a layer norm outside a layer group".into()),
+                };
+                let (s, d) = two_bufs(&mut self.bufs, src, dst);
+                for t in 0..n {
+                    k.rms_norm(&s[t * h..(t + 1) * h], w, c.rms_norm_eps, &mut d[t * h..(t + 1) * h]);
+                }
+            }
+            Op::MatMul { src, dst, weight } => self.matmul(layer, src, dst, weight, batch)?,
+            Op::QkNorm => {
+                let l = layer.ok_or("qk_norm outside a layer")?;
+                let lw = &self.model.layers[l];
+                let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) else {
+                    return Err("the model has no QK-norm weights".into());
+                };
+                for (b, w, width) in [(Buf::Q, qn, qd), (Buf::K, kn, kvd)] {
+                    let buf = &mut self.bufs[b as usize];
+                    for head in buf[..n * width].chunks_exact_mut(hd) {
+                        rms_norm_in_place(head, w, c.rms_norm_eps);
+                    }
+                }
+            }
+            Op::Rope => {
+                for (b, width) in [(Buf::Q, qd), (Buf::K, kvd)] {
+                    let buf = &mut self.bufs[b as usize];
+                    for t in 0..n {
+                        for head in buf[t * width..(t + 1) * width].chunks_exact_mut(hd) {
+                            self.rope.apply(head, batch.pos0 + t);
+                        }
+                    }
+                }
+            }
+            Op::StoreKv => {
+                let l = layer.ok_or("store_kv outside a layer")?;
+                let nkv = c.num_key_value_heads;
+                for (b, is_k) in [(Buf::K, true), (Buf::V, false)] {
+                    let src = &self.bufs[b as usize];
+                    let off = |g, p| self.kv.offset(g, p);
+                    let store = if is_k { &mut self.kv.k[l] } else { &mut self.kv.v[l] };
+                    for t in 0..n {
+                        for g in 0..nkv {
+                            let o = off(g, batch.pos0 + t);
+                            let row = &src[t * kvd + g * hd..t * kvd + (g + 1) * hd];
+                            match store {
+                                KvStore::F16(s) => k.f32_to_f16(row, &mut s[o..o + hd]),
+                                KvStore::F32(s) => s[o..o + hd].copy_from_slice(row),
+                            }
+                        }
+                    }
+                }
+            }
+            Op::Attention => {
+                let l = layer.ok_or("attention outside a layer")?;
+                self.attention(l, batch);
+            }
+            Op::GatedAct(act) => {
+                let ff = c.intermediate_size;
+                let (up, gate) = two_bufs(&mut self.bufs, Buf::Up, Buf::Gate);
+                match act {
+                    flowrt_model::Activation::Silu => k.silu_mul(&mut gate[..n * ff], &up[..n * ff]),
+                    flowrt_model::Activation::GeluTanh => k.gelu_tanh_mul(&mut gate[..n * ff], &up[..n * ff]),
+                }
+            }
+            Op::AddResidual { src } => {
+                let (s, x) = two_bufs(&mut self.bufs, src, Buf::X);
+                k.add(&mut x[..n * h], &s[..n * h]);
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&mut self, layer: Option<usize>, src: Buf, dst: Buf, role: MatRole, batch: &Batch) -> Result<(), String> {
+        let model = self.model.clone();
+        let (w, bias): (&WeightMatrix, Option<&Vec<f32>>) = match (role, layer) {
+            (MatRole::Output, _) => (&model.output, None),
+            (r, Some(l)) => {
+                let lw = &model.layers[l];
+                match r {
+                    MatRole::Q => (&lw.wq, lw.bq.as_ref()),
+                    MatRole::K => (&lw.wk, lw.bk.as_ref()),
+                    MatRole::V => (&lw.wv, lw.bv.as_ref()),
+                    MatRole::O => (&lw.wo, None),
+                    MatRole::Gate => (&lw.w_gate, None),
+                    MatRole::Up => (&lw.w_up, None),
+                    MatRole::Down => (&lw.w_down, None),
+                    MatRole::Output => unreachable!("matched above"),
+                }
+            }
+            (_, None) => return Err("a layer matmul outside a layer group".into()),
+        };
+        let n = batch.tokens.len();
+        // Which rows of `src` feed this matmul.
+        let (r0, nsel) = if dst == Buf::Logits {
+            match batch.logits {
+                LogitsWanted::All => (0, n),
+                LogitsWanted::Last => (n - 1, 1),
+                LogitsWanted::None => {
+                    self.n_logit_rows = 0;
+                    return Ok(());
+                }
+            }
+        } else {
+            (0, n)
+        };
+        let kdim = w.cols;
+        let act = Kernels::vec_dot_type(w.dtype);
+        let act_row = flowrt_kernels::row_size(act, kdim);
+        let kern = self.kernels;
+        if self.quant_of != Some((src, act, r0, nsel)) {
+            let need = nsel * act_row;
+            if self.quant.len() < need {
+                self.quant.resize(need, 0);
+            }
+            let s = &self.bufs[src as usize];
+            for t in 0..nsel {
+                let row = &s[(r0 + t) * kdim..(r0 + t + 1) * kdim];
+                kern.quantize_row(act, row, &mut self.quant[t * act_row..(t + 1) * act_row]);
+            }
+            self.quant_of = Some((src, act, r0, nsel));
+        }
+        let out_len = nsel * w.rows;
+        if dst == Buf::Logits {
+            let lb = &mut self.bufs[Buf::Logits as usize];
+            if lb.len() < out_len {
+                lb.resize(out_len, 0.0);
+            }
+            self.n_logit_rows = nsel;
+        }
+        let out = &mut self.bufs[dst as usize][..out_len];
+        let quant = &self.quant[..nsel * act_row];
+        let per_thread = &self.per_thread;
+        let rows = w.rows;
+        let n_blocks = rows.div_ceil(ROW_BLOCK);
+        let cols = |i: usize| (i * ROW_BLOCK, ((i + 1) * ROW_BLOCK).min(rows));
+        self.pool.for_each_column_block(out, rows, n_blocks, &cols, &|tid, i, wr| {
+            let (c0, c1) = cols(i);
+            let nr = c1 - c0;
+            let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
+            let tile = &mut scratch.tile[..nsel * nr];
+            kern.matmul(w.dtype, kdim, w.rows_bytes(c0, c1), nr, quant, nsel, tile, nr);
+            for t in 0..nsel {
+                wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
+            }
+        });
+        if let Some(b) = bias {
+            for row in out.chunks_exact_mut(rows) {
+                kern.add(row, b);
+            }
+        }
+        Ok(())
+    }
+
+    /// `Attn[t, head] = softmax(Q[t, head] · K[g]ᵀ · scale) · V[g]` over positions `0..=pos0+t`,
+    /// where `g = head / (n_heads / n_kv_heads)`.
+    fn attention(&mut self, l: usize, batch: &Batch) {
+        let c = &self.model.config;
+        let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
+        let group = nh / c.num_key_value_heads;
+        let scale = c.attn_scale;
+        let n = batch.tokens.len();
+        let kern = self.kernels;
+        let kv = &self.kv;
+        let (kc, vc) = (&kv.k[l], &kv.v[l]);
+        let (q, attn) = two_bufs(&mut self.bufs, Buf::Q, Buf::Attn);
+        let q = &q[..n * qd];
+        let per_thread = &self.per_thread;
+        self.pool.for_each_chunk_mut(&mut attn[..n * qd], hd, &|tid, i, out| {
+            let (t, head) = (i / nh, i % nh);
+            let g = head / group;
+            let pos = batch.pos0 + t;
+            let qv = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
+            let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
+            let scores = &mut scratch.scores[..=pos];
+            for (j, s) in scores.iter_mut().enumerate() {
+                let o = kv.offset(g, j);
+                *s = scale
+                    * match kc {
+                        KvStore::F16(kc) => kern.dot_f32_f16(qv, &kc[o..o + hd]),
+                        KvStore::F32(kc) => kern.dot_f32(qv, &kc[o..o + hd]),
+                    };
+            }
+            kern.softmax(scores);
+            out.fill(0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                let o = kv.offset(g, j);
+                match vc {
+                    KvStore::F16(vc) => kern.axpy_f16(out, p, &vc[o..o + hd]),
+                    KvStore::F32(vc) => kern.axpy_f32(out, p, &vc[o..o + hd]),
+                }
+            }
+        });
+    }
+}
+
+/// Borrow buffer `a` shared and buffer `b` mutably (they must differ).
+fn two_bufs(bufs: &mut [Vec<f32>; 10], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
+    let (ia, ib) = (a as usize, b as usize);
+    assert_ne!(ia, ib, "an op reads and writes the same buffer");
+    if ia < ib {
+        let (lo, hi) = bufs.split_at_mut(ib);
+        (&lo[ia], &mut hi[0])
+    } else {
+        let (lo, hi) = bufs.split_at_mut(ia);
+        (&hi[0], &mut lo[ib])
+    }
+}
+
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (ss + eps).sqrt();
+    for (v, &wi) in x.iter_mut().zip(w) {
+        *v *= inv * wi;
+    }
+}

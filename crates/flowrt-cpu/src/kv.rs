@@ -1,0 +1,79 @@
+//! The key/value cache: for each layer and KV head, one row of `head_dim` values per position.
+
+use half::f16;
+
+/// Element type of the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    #[default]
+    F16,
+    F32,
+}
+
+impl std::str::FromStr for KvType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            _ => Err(format!("unknown KV cache type `{s}` (use f16 or f32)")),
+        }
+    }
+}
+
+/// Storage of one tensor (all keys or all values of a layer).
+#[derive(Debug)]
+pub enum KvStore {
+    F16(Vec<f16>),
+    F32(Vec<f32>),
+}
+
+impl KvStore {
+    fn zeros(ty: KvType, n: usize) -> Self {
+        // `vec![0; n]` maps zeroed pages lazily: memory is committed as positions are written.
+        match ty {
+            KvType::F16 => KvStore::F16(vec![f16::ZERO; n]),
+            KvType::F32 => KvStore::F32(vec![0.0; n]),
+        }
+    }
+}
+
+/// Keys and values of every layer, laid out `[layer][kv_head][position][head_dim]` so that
+/// attention scans positions of one head contiguously.
+#[derive(Debug)]
+pub struct KvCache {
+    pub ty: KvType,
+    pub n_ctx: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub k: Vec<KvStore>, // (layer) -> (kv_head, n_ctx, head_dim)
+    pub v: Vec<KvStore>, // (layer) -> (kv_head, n_ctx, head_dim)
+}
+
+impl KvCache {
+    pub fn new(ty: KvType, n_layers: usize, n_ctx: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+        let n = n_kv_heads * n_ctx * head_dim;
+        KvCache {
+            ty,
+            n_ctx,
+            n_kv_heads,
+            head_dim,
+            k: (0..n_layers).map(|_| KvStore::zeros(ty, n)).collect(),
+            v: (0..n_layers).map(|_| KvStore::zeros(ty, n)).collect(),
+        }
+    }
+
+    /// Offset of `(head, pos)` within a layer's store.
+    pub fn offset(&self, head: usize, pos: usize) -> usize {
+        (head * self.n_ctx + pos) * self.head_dim
+    }
+
+    /// Bytes the cache takes when full.
+    pub fn bytes(&self) -> usize {
+        let elem = match self.ty {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        };
+        2 * self.k.len() * self.n_kv_heads * self.n_ctx * self.head_dim * elem
+    }
+}

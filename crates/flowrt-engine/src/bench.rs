@@ -1,0 +1,130 @@
+//! Benchmarks of prefill and decode, measured on the loaded model. Nothing is estimated.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::EngineError;
+use crate::session::Session;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Prompt tokens to prefill.
+    pub n_prompt: usize,
+    /// Tokens to decode after the prompt.
+    pub n_gen: usize,
+    /// Measured repetitions (after one warm-up run).
+    pub repetitions: usize,
+}
+
+/// Median, minimum and maximum over repetitions.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stat {
+    pub fn of(v: &[f64]) -> Stat {
+        let mut s = v.to_vec();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let n = s.len();
+        let median = if n == 0 {
+            f64::NAN
+        } else if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2.0
+        };
+        Stat {
+            median,
+            min: s.first().copied().unwrap_or(f64::NAN),
+            max: s.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// Measured figures of one benchmark run.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub repetitions: usize,
+    pub prefill_tok_s: Stat,
+    /// Prefill plus sampling the first token.
+    pub ttft_ms: Stat,
+    pub decode_tok_s: Stat,
+    pub threads: usize,
+    pub kernels: String,
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prompt of `n` token ids spread over the vocabulary (deterministic).
+fn bench_prompt(n: usize, vocab: usize) -> Vec<u32> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Measure prefill of `n_prompt` tokens and greedy decode of `n_gen` tokens.
+pub fn bench(session: &mut Session, opts: &BenchOptions) -> Result<BenchReport, EngineError> {
+    if opts.n_prompt == 0 || opts.repetitions == 0 {
+        return Err(EngineError::Invalid(
+            "bench needs at least one prompt token and one repetition".into(),
+        ));
+    }
+    session.reset();
+    session.check_fits(opts.n_prompt, opts.n_gen)?;
+    let prompt = bench_prompt(opts.n_prompt, session.vocab_size());
+    let mut run = |n_gen: usize| -> Result<(f64, f64, f64), EngineError> {
+        session.reset();
+        let t0 = Instant::now();
+        let logits = session.feed(&prompt)?;
+        let prefill = t0.elapsed().as_secs_f64();
+        let mut tok = argmax(logits);
+        let ttft = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for _ in 0..n_gen {
+            tok = argmax(session.feed(&[tok])?);
+        }
+        let decode = t1.elapsed().as_secs_f64();
+        Ok((prefill, ttft, decode))
+    };
+    // Warm-up: page in the weights, wake the threads.
+    run(opts.n_gen.min(8))?;
+    let (mut pre, mut ttft, mut dec) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..opts.repetitions {
+        let (p, t, d) = run(opts.n_gen)?;
+        pre.push(opts.n_prompt as f64 / p);
+        ttft.push(t * 1e3);
+        if opts.n_gen > 0 {
+            dec.push(opts.n_gen as f64 / d);
+        }
+    }
+    session.reset();
+    Ok(BenchReport {
+        n_prompt: opts.n_prompt,
+        n_gen: opts.n_gen,
+        repetitions: opts.repetitions,
+        prefill_tok_s: Stat::of(&pre),
+        ttft_ms: Stat::of(&ttft),
+        decode_tok_s: Stat::of(&dec),
+        threads: session.backend().n_threads(),
+        kernels: session.backend().kernels().name().to_string(),
+    })
+}

@@ -1,0 +1,143 @@
+//! Text generation: prefill the prompt, then sample, stream and stop.
+
+use std::time::{Duration, Instant};
+
+use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
+use flowrt_text::{TokenStreamDecoder, Tokenizer};
+
+use crate::error::EngineError;
+use crate::session::Session;
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    /// Stop strings: generation ends before the first occurrence of any.
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The context is full.
+    ContextFull,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+/// What happened during one generation.
+#[derive(Clone, Debug)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose cache entries were reused from the previous turn.
+    pub reused_tokens: usize,
+    pub generated_tokens: usize,
+    /// Prompt processing time.
+    pub prefill_time: Duration,
+    /// From the start until the first generated token was sampled.
+    pub time_to_first_token: Duration,
+    /// Time spent in decode steps after the first token.
+    pub decode_time: Duration,
+    pub finish: FinishReason,
+    pub seed: u64,
+    /// The generated tokens (stop strings included; EOG excluded).
+    pub tokens: Vec<u32>,
+}
+
+/// Generate a continuation of `prompt` (the full sequence, e.g. the whole rendered chat; the
+/// session reuses its cache for the common prefix). `on_text` receives text as it is produced
+/// and returns `false` to cancel.
+pub fn generate(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<GenerationStats, EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::Invalid("the prompt is empty (no tokens)".into()));
+    }
+    opts.sampler.validate()?;
+    // The prompt plus at least one generated token must fit.
+    if prompt.len() + 1 > session.n_ctx() {
+        return Err(EngineError::PromptTooLong {
+            prompt_tokens: prompt.len(),
+            reserve: 1,
+            n_ctx: session.n_ctx(),
+            model_ctx: session.model_ctx(),
+        });
+    }
+    let mut sampler = Sampler::new(opts.sampler.clone(), session.vocab_size())?;
+    for &t in prompt {
+        sampler.accept(t);
+    }
+    let eog = tokenizer.eog_ids();
+    let mut decoder = TokenStreamDecoder::new();
+    let mut stops = StopMatcher::new(opts.stop.clone());
+    let mut out_tokens = Vec::with_capacity(opts.max_tokens.min(session.n_ctx()));
+
+    let t0 = Instant::now();
+    let reused = session.common_prefix(prompt);
+    let mut logits = session.sync(prompt)?;
+    let prefill_time = t0.elapsed();
+    let mut ttft = None;
+    let mut t_first = t0;
+    let mut finish = FinishReason::Length;
+
+    while out_tokens.len() < opts.max_tokens {
+        let tok = sampler.sample(logits)?;
+        if ttft.is_none() {
+            ttft = Some(t0.elapsed());
+            t_first = Instant::now();
+        }
+        if eog.contains(&tok) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        sampler.accept(tok);
+        out_tokens.push(tok);
+        let piece = decoder.push(tokenizer, tok)?;
+        let r = stops.push(piece);
+        if !r.emit.is_empty() && !on_text(r.emit) {
+            finish = FinishReason::Cancelled;
+            break;
+        }
+        if r.stopped {
+            finish = FinishReason::Stop;
+            break;
+        }
+        if out_tokens.len() == opts.max_tokens {
+            break;
+        }
+        if session.n_past() + 1 > session.n_ctx() {
+            finish = FinishReason::ContextFull;
+            break;
+        }
+        logits = session.feed(&[tok])?;
+    }
+    // Text held back because it might have begun a stop string is the answer's after all.
+    if !stops.stopped() {
+        let rest = stops.finish();
+        if !rest.is_empty() {
+            on_text(rest);
+        }
+    }
+    let decode_time = if ttft.is_some() { t_first.elapsed() } else { Duration::ZERO };
+    Ok(GenerationStats {
+        prompt_tokens: prompt.len(),
+        reused_tokens: reused,
+        generated_tokens: out_tokens.len(),
+        prefill_time,
+        time_to_first_token: ttft.unwrap_or(prefill_time),
+        decode_time,
+        finish,
+        seed: sampler.seed(),
+        tokens: out_tokens,
+    })
+}

@@ -1,0 +1,76 @@
+//! Steady-state decode performs no heap allocation (issue 2, item 6).
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use flowrt_engine::{EngineOptions, LoadedModel, Session};
+use flowrt_sample::{Sampler, SamplerConfig};
+
+struct Counting;
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn decode_steps_do_not_allocate() {
+    let m = LoadedModel::load(&common::smollm2()).unwrap();
+    let mut s = Session::new(
+        &m,
+        &EngineOptions {
+            threads: 2,
+            n_ctx: Some(256),
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let mut sampler = Sampler::new(
+        SamplerConfig {
+            temperature: 0.7,
+            seed: Some(1),
+            ..SamplerConfig::default()
+        },
+        s.vocab_size(),
+    )
+    .unwrap();
+    let prompt = m.tokenizer.encode("Counting allocations while decoding", false, false).unwrap();
+    let mut tok = sampler.sample(s.feed(&prompt).unwrap()).unwrap();
+    // Warm up: first decode steps may size buffers.
+    for _ in 0..4 {
+        sampler.accept(tok);
+        tok = sampler.sample(s.feed(&[tok]).unwrap()).unwrap();
+    }
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..32 {
+        sampler.accept(tok);
+        tok = sampler.sample(s.feed(&[tok]).unwrap()).unwrap();
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "heap allocations during 32 decode steps");
+}
