@@ -1,1 +1,20 @@
-//! flowrt-text
+//! flowrt-text: tokenizers built from GGUF metadata, and chat templates.
+//!
+//! - [`GgufVocab`]: the `tokenizer.*` metadata of a GGUF file as plain data.
+//! - [`Tokenizer`]: text <-> ids for `gpt2` (byte-level BPE) and `llama` (SentencePiece BPE)
+//!   vocabs, built with the HF `tokenizers` crate; [`TokenStreamDecoder`] for generated text.
+//! - [`ChatTemplate`]: `tokenizer.chat_template` rendered with minijinja the way HF
+//!   transformers renders it with jinja2.
+//!
+//! Tests compare against HF goldens made by `scripts/make_text_goldens.py`.
+
+mod chat;
+mod error;
+mod gguf_read;
+mod tokenizer;
+mod vocab;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::TextError;
+pub use tokenizer::{supported_pre_tokenizers, TokenStreamDecoder, Tokenizer, VocabKind};
+pub use vocab::{token_type, GgufVocab};

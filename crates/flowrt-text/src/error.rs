@@ -1,0 +1,84 @@
+//! The one error type of this crate.
+
+/// Everything that can go wrong building a tokenizer, encoding, decoding or rendering a chat.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// `tokenizer.ggml.model` names a tokenizer kind this crate does not build.
+    #[error("unsupported tokenizer model {model:?} (tokenizer.ggml.model); supported: \"gpt2\", \"llama\"")]
+    UnsupportedModel { model: String },
+
+    /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not know. No default is
+    /// substituted: a wrong split silently changes every token id.
+    #[error(
+        "unsupported pre-tokenizer {pre:?} (tokenizer.ggml.pre) for a gpt2 vocab; supported: {supported}"
+    )]
+    UnsupportedPreTokenizer { pre: String, supported: String },
+
+    /// A metadata key the tokenizer needs is absent.
+    #[error("GGUF metadata key {key} is missing: {why}")]
+    MissingKey {
+        key: &'static str,
+        why: &'static str,
+    },
+
+    /// A metadata array has the wrong length.
+    #[error("GGUF metadata {key} has {len} entries, expected {expected} (one per token)")]
+    LengthMismatch {
+        key: &'static str,
+        len: usize,
+        expected: usize,
+    },
+
+    /// A special-token id points outside the vocabulary.
+    #[error("{key} = {id} is outside the vocabulary of {vocab_size} tokens")]
+    SpecialIdOutOfRange {
+        key: &'static str,
+        id: u64,
+        vocab_size: usize,
+    },
+
+    /// The GGUF reader refused a metadata value (wrong type, negative id, ...).
+    #[error(transparent)]
+    Gguf(#[from] flowrt_gguf::GgufError),
+
+    /// A GGUF metadata value has the wrong type or cannot be read.
+    #[error("GGUF metadata {key}: {message}")]
+    Metadata { key: String, message: String },
+
+    /// A merge rule is malformed (`"left right"` expected).
+    #[error("tokenizer.ggml.merges[{index}] = {merge:?} is not two tokens separated by one space")]
+    BadMerge { index: usize, merge: String },
+
+    /// The `tokenizers` library refused the vocabulary or failed to encode.
+    #[error("tokenizer {context}: {message}")]
+    Tokenizers {
+        context: &'static str,
+        message: String,
+    },
+
+    /// A token id outside the vocabulary was given to decode.
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    UnknownId { id: u32, vocab_size: usize },
+
+    /// The model has no `tokenizer.chat_template`, and chat was requested.
+    #[error("the model has no chat template (tokenizer.chat_template); pass one explicitly")]
+    NoChatTemplate,
+
+    /// The chat template does not compile.
+    #[error("chat template does not compile: {0}")]
+    TemplateSyntax(minijinja::Error),
+
+    /// Rendering failed; this includes `raise_exception(...)` called by the template and
+    /// running out of fuel.
+    #[error("chat template failed: {0}")]
+    TemplateRender(minijinja::Error),
+}
+
+impl TextError {
+    pub(crate) fn tokenizers(context: &'static str, err: impl std::fmt::Display) -> Self {
+        Self::Tokenizers {
+            context,
+            message: err.to_string(),
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Text <-> token ids for a GGUF vocabulary.
+
+mod build;
+mod stream;
+
+pub use build::supported_pre_tokenizers;
+pub use stream::TokenStreamDecoder;
+
+use std::collections::HashMap;
+
+use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+
+use crate::vocab::{token_type, GgufVocab};
+use crate::TextError;
+
+/// Text of control tokens that end a generation when the vocab marks them as control tokens,
+/// besides the ids the file names (eos, eot, eom).
+const EOG_TEXTS: &[&str] = &[
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end|>",
+    "<|end_of_text|>",
+    "<EOT>",
+];
+
+/// Which kind of vocab this is (`tokenizer.ggml.model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VocabKind {
+    /// Byte-level BPE (`gpt2`).
+    ByteLevelBpe,
+    /// SentencePiece BPE (`llama`).
+    SentencePieceBpe,
+}
+
+/// A tokenizer built from a [`GgufVocab`]. Immutable and `Send + Sync`: share it behind an
+/// `Arc`.
+pub struct Tokenizer {
+    kind: VocabKind,
+    /// Special tokens matched whole in text.
+    parse_special: build::Pipeline,
+    /// The same, with special tokens taken as plain text (user-defined ones still match).
+    plain: build::Pipeline,
+    tokens: Vec<String>,
+    types: Vec<i32>,
+    token_ids: HashMap<String, u32>,
+    /// All tokens' decoded bytes, back to back; token `i` is `piece_bytes[piece_ends[i-1]..piece_ends[i]]`.
+    piece_bytes: Vec<u8>,
+    piece_ends: Vec<usize>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eot: Option<u32>,
+    eom: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    /// Decoding drops one leading space (the one the SentencePiece prefix added).
+    strip_leading_space: bool,
+    eog: Vec<u32>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.tokens.len())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("eog", &self.eog)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokenizer {
+    /// Build the tokenizer a GGUF vocabulary describes. Errors name the metadata key at fault
+    /// (an unknown `tokenizer.ggml.pre` is an error, never a silent default).
+    pub fn from_vocab(v: &GgufVocab) -> Result<Self, TextError> {
+        let built = build::build(v)?;
+        let mut plain = built.pipeline.clone();
+        plain.set_encode_special_tokens(true);
+
+        let kind = if v.model == "gpt2" {
+            VocabKind::ByteLevelBpe
+        } else {
+            VocabKind::SentencePieceBpe
+        };
+        let types: Vec<i32> = (0..v.tokens.len()).map(|i| v.token_type(i)).collect();
+        let mut token_ids = HashMap::with_capacity(v.tokens.len());
+        for (id, t) in v.tokens.iter().enumerate() {
+            token_ids.entry(t.clone()).or_insert(id as u32);
+        }
+        let mut piece_bytes = Vec::new();
+        let mut piece_ends = Vec::with_capacity(built.pieces.len());
+        for p in &built.pieces {
+            piece_bytes.extend_from_slice(p);
+            piece_ends.push(piece_bytes.len());
+        }
+
+        let mut eog: Vec<u32> = [v.eos, v.eot, v.eom].into_iter().flatten().collect();
+        for text in EOG_TEXTS {
+            if let Some(&id) = token_ids.get(*text) {
+                if types[id as usize] == token_type::CONTROL {
+                    eog.push(id);
+                }
+            }
+        }
+        eog.sort_unstable();
+        eog.dedup();
+
+        Ok(Self {
+            kind,
+            parse_special: built.pipeline,
+            plain,
+            tokens: v.tokens.clone(),
+            types,
+            token_ids,
+            piece_bytes,
+            piece_ends,
+            bos: v.bos,
+            eos: v.eos,
+            eot: v.eot,
+            eom: v.eom,
+            add_bos: v.add_bos.unwrap_or(kind == VocabKind::SentencePieceBpe),
+            add_eos: v.add_eos.unwrap_or(false),
+            strip_leading_space: kind == VocabKind::SentencePieceBpe
+                && v.add_space_prefix.unwrap_or(true),
+            eog,
+        })
+    }
+
+    /// Text to ids.
+    ///
+    /// `add_special`: put BOS in front (and EOS at the end) when the vocab asks for it
+    /// (`tokenizer.ggml.add_bos_token` / `add_eos_token`).
+    /// `parse_special`: match special tokens (control and unknown, such as `<|im_start|>`)
+    /// written in the text as single ids; when false they are tokenized as plain text.
+    /// User-defined tokens always match.
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TextError> {
+        let pipeline = if parse_special {
+            &self.parse_special
+        } else {
+            &self.plain
+        };
+        let enc = pipeline
+            .encode(text, false)
+            .map_err(|e| TextError::tokenizers("encode", e))?;
+        let body = enc.get_ids();
+        let mut ids = Vec::with_capacity(body.len() + 2);
+        if add_special && self.add_bos {
+            ids.extend(self.bos);
+        }
+        ids.extend_from_slice(body);
+        if add_special && self.add_eos {
+            ids.extend(self.eos);
+        }
+        Ok(ids)
+    }
+
+    /// Ids to text. Invalid UTF-8 (a character cut between ids) becomes U+FFFD. With
+    /// `skip_special`, special tokens (control and unknown) are left out.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TextError> {
+        let mut stream = TokenStreamDecoder::new(skip_special);
+        let mut out = String::new();
+        for &id in ids {
+            out.push_str(stream.push(self, id)?);
+        }
+        out.push_str(stream.finish());
+        Ok(out)
+    }
+
+    /// A streaming decoder for generated ids (see [`TokenStreamDecoder`]).
+    pub fn stream_decoder(&self, skip_special: bool) -> TokenStreamDecoder {
+        TokenStreamDecoder::new(skip_special)
+    }
+
+    /// The bytes token `id` stands for in decoded text (a byte-fallback token is one byte,
+    /// possibly half a character).
+    pub fn token_to_piece(&self, id: u32) -> Result<&[u8], TextError> {
+        let i = self.check_id(id)?;
+        let start = if i == 0 { 0 } else { self.piece_ends[i - 1] };
+        Ok(&self.piece_bytes[start..self.piece_ends[i]])
+    }
+
+    /// The token as the vocab spells it (`Ġthe`, `▁the`, `<|im_end|>`).
+    pub fn id_to_token(&self, id: u32) -> Option<&str> {
+        self.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The id of a token as the vocab spells it (first one if the vocab repeats it).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.token_ids.get(token).copied()
+    }
+
+    /// Whether `id` is a special token: control or unknown (what `skip_special` drops and
+    /// `parse_special` matches).
+    pub fn is_special(&self, id: u32) -> bool {
+        matches!(
+            self.types.get(id as usize),
+            Some(&token_type::CONTROL) | Some(&token_type::UNKNOWN)
+        )
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn kind(&self) -> VocabKind {
+        self.kind
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> Option<u32> {
+        self.eos
+    }
+
+    pub fn eot(&self) -> Option<u32> {
+        self.eot
+    }
+
+    pub fn eom(&self) -> Option<u32> {
+        self.eom
+    }
+
+    /// Whether `encode(.., add_special = true, ..)` puts BOS in front.
+    pub fn adds_bos(&self) -> bool {
+        self.add_bos && self.bos.is_some()
+    }
+
+    /// Ids that end a generation: eos, eot, eom and the control tokens in [`EOG_TEXTS`]
+    /// (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, `<|endoftext|>`, ...), sorted.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.binary_search(&id).is_ok()
+    }
+
+    /// The pieces the pre-tokenizer cuts `text` into, in vocab spelling, before BPE and
+    /// without added-token matching. For checking a pre-tokenizer against a reference.
+    pub fn pre_tokenize(&self, text: &str) -> Result<Vec<String>, TextError> {
+        let mut pre = PreTokenizedString::from(text);
+        if let Some(p) = self.plain.get_pre_tokenizer() {
+            p.pre_tokenize(&mut pre)
+                .map_err(|e| TextError::tokenizers("pre-tokenize", e))?;
+        }
+        Ok(pre
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(s, _, _)| s.to_string())
+            .collect())
+    }
+
+    pub(crate) fn strips_leading_space(&self) -> bool {
+        self.strip_leading_space
+    }
+
+    fn check_id(&self, id: u32) -> Result<usize, TextError> {
+        let i = id as usize;
+        if i < self.tokens.len() {
+            Ok(i)
+        } else {
+            Err(TextError::UnknownId {
+                id,
+                vocab_size: self.tokens.len(),
+            })
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The `llama` (SentencePiece BPE) path, on a small vocab trained with sentencepiece, against
+//! sentencepiece / HF ids (tests/fixtures/text/llama_spm.json).
+
+mod common;
+
+use common::*;
+use flowrt_text::{GgufVocab, Tokenizer, VocabKind};
+use serde_json::Value;
+
+fn vocab() -> GgufVocab {
+    let fx = fixture("llama_spm.json");
+    let v = &fx["vocab"];
+    let strings = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap().to_string())
+            .collect()
+    };
+    let id = |k: &str| v[k].as_u64().map(|x| x as u32);
+    GgufVocab {
+        model: str_of(v, "model").to_string(),
+        tokens: strings("tokens"),
+        scores: Some(
+            v["scores"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect(),
+        ),
+        token_types: Some(
+            v["token_types"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap() as i32)
+                .collect(),
+        ),
+        bos: id("bos"),
+        eos: id("eos"),
+        unk: id("unk"),
+        add_bos: v["add_bos"].as_bool(),
+        add_eos: v["add_eos"].as_bool(),
+        add_space_prefix: v["add_space_prefix"].as_bool(),
+        ..Default::default()
+    }
+}
+
+fn cases() -> Vec<Value> {
+    fixture("llama_spm.json")["cases"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn corpus_matches_sentencepiece() {
+    let tok = Tokenizer::from_vocab(&vocab()).unwrap();
+    assert_eq!(tok.kind(), VocabKind::SentencePieceBpe);
+    let cases = cases();
+    assert!(cases.len() >= 200);
+    let matched = check_token_cases(&tok, &cases);
+    assert_eq!(matched, cases.len());
+}
+
+#[test]
+fn bos_is_added_by_default() {
+    let mut v = vocab();
+    v.add_bos = None; // llama vocabs add BOS unless the file says otherwise
+    let tok = Tokenizer::from_vocab(&v).unwrap();
+    let body = tok.encode("hello world", false, true).unwrap();
+    let full = tok.encode("hello world", true, true).unwrap();
+    assert_eq!(full[0], tok.bos().unwrap());
+    assert_eq!(&full[1..], body.as_slice());
+    v.add_bos = Some(false);
+    let tok = Tokenizer::from_vocab(&v).unwrap();
+    assert_eq!(tok.encode("hello world", true, true).unwrap(), body);
+}
+
+#[test]
+fn byte_fallback_pieces_are_bytes() {
+    let tok = Tokenizer::from_vocab(&vocab()).unwrap();
+    let snow = tok.encode("☃", false, true).unwrap();
+    // "▁" then the three UTF-8 bytes of U+2603 as <0xNN> tokens.
+    let pieces: Vec<Vec<u8>> = snow
+        .iter()
+        .map(|&i| tok.token_to_piece(i).unwrap().to_vec())
+        .collect();
+    assert_eq!(pieces.concat(), " ☃".as_bytes());
+    assert!(snow
+        .iter()
+        .skip(1)
+        .all(|&i| tok.id_to_token(i).unwrap().starts_with("<0x")));
+    assert_eq!(tok.decode(&snow, false).unwrap(), "☃");
+}
+
+#[test]
+fn no_space_prefix_when_the_vocab_says_so() {
+    let mut v = vocab();
+    let with = Tokenizer::from_vocab(&v).unwrap();
+    v.add_space_prefix = Some(false);
+    let without = Tokenizer::from_vocab(&v).unwrap();
+    // Without the prefix, "hello" is the same as " hello" with it minus the leading "▁".
+    let a = without.encode(" hello", false, true).unwrap();
+    let b = with.encode("hello", false, true).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(without.decode(&a, false).unwrap(), " hello");
+    assert_eq!(with.decode(&b, false).unwrap(), "hello");
+}
