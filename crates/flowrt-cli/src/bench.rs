@@ -76,8 +76,16 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     } else {
         println!("model:    {} ({} bytes)", model.path.display(), size);
         println!("sha256:   {sha}");
-        println!("threads:  {}   kernels: {}   cpu: {}", r.threads, r.kernels, features.join(" "));
-        println!("runs:     {} measured after 1 warm-up; median [min, max]", r.repetitions);
+        println!(
+            "threads:  {}   kernels: {}   cpu: {}",
+            r.threads,
+            r.kernels,
+            features.join(" ")
+        );
+        println!(
+            "runs:     {} measured after 1 warm-up; median [min, max]",
+            r.repetitions
+        );
         let s = |x: flowrt_engine::Stat| format!("{:>9.2} [{:.2}, {:.2}]", x.median, x.min, x.max);
         println!("prefill-{:<4} tok/s {}", r.n_prompt, s(r.prefill_tok_s));
         println!("ttft         ms    {}", s(r.ttft_ms));

@@ -43,7 +43,9 @@ impl EngineArgs {
             anyhow::bail!("--batch-size must be at least 1");
         }
         let kernels = match &self.kernels {
-            Some(name) => Some(Kernels::select(Some(name)).with_context(|| format!("--kernels {name}"))?),
+            Some(name) => {
+                Some(Kernels::select(Some(name)).with_context(|| format!("--kernels {name}"))?)
+            }
             None => None,
         };
         Ok(EngineOptions {

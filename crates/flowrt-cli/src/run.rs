@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use flowrt_engine::{generate, EngineError, FinishReason, GenerateOptions, GenerationStats, LoadedModel, Session};
+use flowrt_engine::{
+    generate, EngineError, FinishReason, GenerateOptions, GenerationStats, LoadedModel, Session,
+};
 use flowrt_sample::SamplerConfig;
 use flowrt_text::ChatMessage;
 
@@ -113,18 +115,27 @@ fn render_chat(model: &LoadedModel, messages: &[ChatMessage]) -> Result<Vec<u32>
 }
 
 /// Generate and stream one answer to stdout; returns its statistics.
-fn answer(session: &mut Session, model: &LoadedModel, tokens: &[u32], gen: &GenerateOptions) -> Result<GenerationStats> {
+fn answer(
+    session: &mut Session,
+    model: &LoadedModel,
+    tokens: &[u32],
+    gen: &GenerateOptions,
+) -> Result<GenerationStats> {
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
-    let stats = generate(session, &model.tokenizer, tokens, gen, &mut |text| {
-        match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+    let stats = generate(
+        session,
+        &model.tokenizer,
+        tokens,
+        gen,
+        &mut |text| match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
             Ok(()) => true,
             Err(e) => {
                 write_err = Some(e);
                 false
             }
-        }
-    })?;
+        },
+    )?;
     if let Some(e) = write_err {
         return Err(e.into());
     }
@@ -158,13 +169,21 @@ fn print_stats(s: &GenerationStats) {
 
 /// Interactive multi-turn chat on stdin/stdout. The session keeps its cache between turns;
 /// each turn feeds only what the previous turns did not.
-fn chat(session: &mut Session, model: &LoadedModel, args: &RunArgs, gen: &GenerateOptions) -> Result<()> {
+fn chat(
+    session: &mut Session,
+    model: &LoadedModel,
+    args: &RunArgs,
+    gen: &GenerateOptions,
+) -> Result<()> {
     if model.template.is_none() && !args.raw {
         return Err(EngineError::NoChatTemplate(model.path.clone()).into());
     }
     let interactive = std::io::stdin().is_terminal();
     if interactive {
-        eprintln!("flowrt chat with {} — /reset clears the conversation, /exit or Ctrl-D quits.", model.path.display());
+        eprintln!(
+            "flowrt chat with {} — /reset clears the conversation, /exit or Ctrl-D quits.",
+            model.path.display()
+        );
     }
     let mut messages = Vec::new();
     if let Some(s) = &args.system {

@@ -30,25 +30,37 @@ pub struct VerifyArgs {
 }
 
 pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
-    for (name, v) in [("--max-mean-kl", args.max_mean_kl), ("--min-top1", args.min_top1)] {
+    for (name, v) in [
+        ("--max-mean-kl", args.max_mean_kl),
+        ("--min-top1", args.min_top1),
+    ] {
         if let Some(v) = v {
-            anyhow::ensure!(v.is_finite() && v >= 0.0, "{name} must be a non-negative number, got {v}");
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{name} must be a non-negative number, got {v}"
+            );
         }
     }
     if let Some(t) = args.min_top1 {
-        anyhow::ensure!(t <= 1.0, "--min-top1 is a fraction between 0 and 1, got {t}");
+        anyhow::ensure!(
+            t <= 1.0,
+            "--min-top1 is a fraction between 0 and 1, got {t}"
+        );
     }
     let (model, opts) = load_model(&args.model, &args.engine)?;
     let mut session = Session::new(&model, &opts)?;
     let report = flowrt_engine::verify(&mut session, &args.reference)?;
     let mut failures = Vec::new();
     if let Some(max) = args.max_mean_kl {
-        if !(report.mean_kl <= max) {
-            failures.push(format!("mean KL {:.3e} exceeds --max-mean-kl {max:.3e}", report.mean_kl));
+        if report.mean_kl.is_nan() || report.mean_kl > max {
+            failures.push(format!(
+                "mean KL {:.3e} exceeds --max-mean-kl {max:.3e}",
+                report.mean_kl
+            ));
         }
     }
     if let Some(min) = args.min_top1 {
-        if !(report.top1_agreement >= min) {
+        if report.top1_agreement.is_nan() || report.top1_agreement < min {
             failures.push(format!(
                 "top-1 agreement {:.4} is below --min-top1 {min:.4}",
                 report.top1_agreement
@@ -64,9 +76,16 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
         println!("{v}");
     } else {
         println!("model:     {}", model.path.display());
-        println!("reference: {} (logits {})", args.reference.display(), report.reference_dtype);
+        println!(
+            "reference: {} (logits {})",
+            args.reference.display(),
+            report.reference_dtype
+        );
         println!("kernels:   {}", session.backend().kernels().name());
-        println!("{:>6} {:>9} {:>8} {:>11} {:>11} {:>13}", "prompt", "positions", "top1", "mean_kl", "max_kl", "max_abs_err");
+        println!(
+            "{:>6} {:>9} {:>8} {:>11} {:>11} {:>13}",
+            "prompt", "positions", "top1", "mean_kl", "max_kl", "max_abs_err"
+        );
         for p in &report.prompts {
             println!(
                 "{:>6} {:>9} {:>7.2}% {:>11.3e} {:>11.3e} {:>13.4}",

@@ -20,7 +20,9 @@ fn model() -> PathBuf {
 }
 
 fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -37,7 +39,10 @@ fn fails_with(args: &[&str], needle: &str) {
     let (out, err) = text(&o);
     assert!(!o.status.success(), "{args:?} succeeded: {out}");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    assert!(err.contains(needle), "{args:?}: stderr lacks {needle:?}: {err}");
+    assert!(
+        err.contains(needle),
+        "{args:?}: stderr lacks {needle:?}: {err}"
+    );
 }
 
 /// Issue 2 acceptance: `flowrt run smollm2:135m "The capital of France is" --raw --temperature 0 --max-tokens 8` says Paris.
@@ -48,7 +53,17 @@ fn run_default_tag_says_paris() {
         "FLOWRT_HOME must name the model store holding smollm2:135m (scripts/test sets it)"
     );
     let o = flowrt()
-        .args(["run", "smollm2:135m", "The capital of France is", "--raw", "--temperature", "0", "--max-tokens", "8", "--no-fetch"])
+        .args([
+            "run",
+            "smollm2:135m",
+            "The capital of France is",
+            "--raw",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+            "--no-fetch",
+        ])
         .output()
         .unwrap();
     let (out, err) = text(&o);
@@ -60,13 +75,24 @@ fn run_default_tag_says_paris() {
 fn chat_answers_with_the_template() {
     let m = model();
     let o = flowrt()
-        .args(["run", m.to_str().unwrap(), "What is the capital of France?", "--temperature", "0", "--max-tokens", "24"])
+        .args([
+            "run",
+            m.to_str().unwrap(),
+            "What is the capital of France?",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+        ])
         .output()
         .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("Paris"), "answer: {out:?}");
-    assert!(!out.contains("<|im_end|>") && !out.contains("<|im_start|>"), "{out:?}");
+    assert!(
+        !out.contains("<|im_end|>") && !out.contains("<|im_start|>"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -74,7 +100,15 @@ fn interactive_chat_keeps_the_conversation() {
     use std::io::Write;
     let m = model();
     let mut child = flowrt()
-        .args(["run", m.to_str().unwrap(), "--temperature", "0", "--max-tokens", "16", "--stats"])
+        .args([
+            "run",
+            m.to_str().unwrap(),
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "16",
+            "--stats",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -91,7 +125,11 @@ fn interactive_chat_keeps_the_conversation() {
     assert!(o.status.success(), "{err}");
     assert_eq!(err.matches("[prompt ").count(), 2, "two answers: {err}");
     // The second turn reuses the cache of the first.
-    let second = err.lines().filter(|l| l.starts_with("[prompt ")).nth(1).unwrap();
+    let second = err
+        .lines()
+        .filter(|l| l.starts_with("[prompt "))
+        .nth(1)
+        .unwrap();
     assert!(!second.contains("(0 reused)"), "{second}");
     assert!(out.contains("Paris"), "{out}");
 }
@@ -101,20 +139,43 @@ fn verify_json_and_bounds() {
     let m = model();
     let r = fixture("ref/smollm2-q4_1.safetensors");
     let o = flowrt()
-        .args(["verify", m.to_str().unwrap(), "--reference", r.to_str().unwrap(), "--json", "--min-top1", "0.985", "--max-mean-kl", "3e-3"])
+        .args([
+            "verify",
+            m.to_str().unwrap(),
+            "--reference",
+            r.to_str().unwrap(),
+            "--json",
+            "--min-top1",
+            "0.985",
+            "--max-mean-kl",
+            "3e-3",
+        ])
         .output()
         .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    for k in ["positions", "top1_agreement", "mean_kl", "max_kl", "max_abs_logit_err"] {
+    for k in [
+        "positions",
+        "top1_agreement",
+        "mean_kl",
+        "max_kl",
+        "max_abs_logit_err",
+    ] {
         assert!(v.get(k).is_some_and(|x| x.is_number()), "missing {k}: {v}");
     }
     assert!(v["positions"].as_u64().unwrap() >= 200);
 
     // An impossible bound exits 1.
     let o = flowrt()
-        .args(["verify", m.to_str().unwrap(), "--reference", r.to_str().unwrap(), "--max-mean-kl", "1e-12"])
+        .args([
+            "verify",
+            m.to_str().unwrap(),
+            "--reference",
+            r.to_str().unwrap(),
+            "--max-mean-kl",
+            "1e-12",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{:?}", text(&o));
@@ -125,7 +186,19 @@ fn verify_json_and_bounds() {
 fn bench_reports_what_ran() {
     let m = model();
     let o = flowrt()
-        .args(["bench", m.to_str().unwrap(), "-p", "16", "-n", "8", "-r", "2", "--json", "-t", "2"])
+        .args([
+            "bench",
+            m.to_str().unwrap(),
+            "-p",
+            "16",
+            "-n",
+            "8",
+            "-r",
+            "2",
+            "--json",
+            "-t",
+            "2",
+        ])
         .output()
         .unwrap();
     let (out, err) = text(&o);
@@ -136,34 +209,60 @@ fn bench_reports_what_ran() {
     }
     assert_eq!(v["threads"], 2);
     assert_eq!(v["model"], m.display().to_string());
-    assert_eq!(v["model_sha256"], "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53");
+    assert_eq!(
+        v["model_sha256"],
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    );
 }
 
 #[test]
 fn scalar_kernels_are_selectable_and_agree() {
     let m = model();
     let o = flowrt()
-        .args(["run", m.to_str().unwrap(), "The capital of France is", "--raw", "--temperature", "0", "--max-tokens", "4", "--kernels", "scalar"])
+        .args([
+            "run",
+            m.to_str().unwrap(),
+            "The capital of France is",
+            "--raw",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "4",
+            "--kernels",
+            "scalar",
+        ])
         .output()
         .unwrap();
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("Paris"), "{out}");
-    fails_with(&["run", m.to_str().unwrap(), "hi", "--kernels", "sse9"], "sse9");
+    fails_with(
+        &["run", m.to_str().unwrap(), "hi", "--kernels", "sse9"],
+        "sse9",
+    );
 }
 
 #[test]
 fn bad_input_gets_clear_errors() {
     let m = model();
     let m = m.to_str().unwrap();
-    fails_with(&["run", "/nonexistent/model.gguf", "hi"], "/nonexistent/model.gguf");
+    fails_with(
+        &["run", "/nonexistent/model.gguf", "hi"],
+        "/nonexistent/model.gguf",
+    );
     fails_with(&["run", "nosuchmodel:7b", "hi"], "smollm2:135m");
     fails_with(&["run", m, "hi", "--temperature", "-1"], "temperature");
     fails_with(&["run", m, "hi", "--top-p", "0"], "top_p");
     fails_with(&["run", m, "hi", "--threads", "0"], "--threads");
     fails_with(&["run", m, "hi", "--ctx-len", "0"], "context length");
-    fails_with(&["run", m, &"word ".repeat(100), "--raw", "--ctx-len", "32"], "does not fit the context of 32");
-    fails_with(&["verify", m, "--reference", "/nonexistent.safetensors"], "/nonexistent.safetensors");
+    fails_with(
+        &["run", m, &"word ".repeat(100), "--raw", "--ctx-len", "32"],
+        "does not fit the context of 32",
+    );
+    fails_with(
+        &["verify", m, "--reference", "/nonexistent.safetensors"],
+        "/nonexistent.safetensors",
+    );
     fails_with(&["bench", m, "-p", "0"], "-p");
 
     // Hostile and damaged model files.
@@ -171,11 +270,17 @@ fn bad_input_gets_clear_errors() {
     let bytes = std::fs::read(m).unwrap();
     let trunc = dir.path().join("truncated.gguf");
     std::fs::write(&trunc, &bytes[..bytes.len() / 2]).unwrap();
-    fails_with(&["run", trunc.to_str().unwrap(), "hi", "--no-fetch"], "truncated.gguf");
+    fails_with(
+        &["run", trunc.to_str().unwrap(), "hi", "--no-fetch"],
+        "truncated.gguf",
+    );
     let garbage = dir.path().join("garbage.gguf");
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
     fails_with(&["run", garbage.to_str().unwrap(), "hi"], "magic");
     let bad_ref = dir.path().join("bad.safetensors");
     std::fs::write(&bad_ref, b"\x08\x00\x00\x00\x00\x00\x00\x00{}").unwrap();
-    fails_with(&["verify", m, "--reference", bad_ref.to_str().unwrap()], "prompt.0.input_ids");
+    fails_with(
+        &["verify", m, "--reference", bad_ref.to_str().unwrap()],
+        "prompt.0.input_ids",
+    );
 }

@@ -7,7 +7,7 @@ use flowrt_kernels::Kernels;
 use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Model, WeightMatrix};
 
-use crate::kv::{KvCache, KvStore, KvType};
+use crate::kv::{as_f16, as_f16_mut, KvCache, KvStore, KvType};
 use crate::pool::ThreadPool;
 use crate::rope::RopeTable;
 
@@ -54,7 +54,11 @@ pub enum BackendError {
     #[error("token id {id} at batch index {index} is outside the vocabulary (size {vocab})")]
     BadToken { id: u32, index: usize, vocab: usize },
     #[error("positions {pos0}..{end} do not fit the context of {n_ctx} tokens")]
-    ContextFull { pos0: usize, end: usize, n_ctx: usize },
+    ContextFull {
+        pos0: usize,
+        end: usize,
+        n_ctx: usize,
+    },
     #[error("a batch carries 1..={max} tokens, got {got}")]
     BadBatch { got: usize, max: usize },
     #[error("tensor `{tensor}` has type {ty}, which the CPU kernels cannot compute with")]
@@ -82,8 +86,8 @@ pub struct CpuBackend {
     rope: RopeTable,
     kv: KvCache,
     max_batch: usize,
-    bufs: [Vec<f32>; 10],           // indexed by `Buf as usize`, each (max_batch, width)
-    quant: Vec<u8>,                 // quantised activation rows for the current matmul input
+    bufs: [Vec<f32>; 10], // indexed by `Buf as usize`, each (max_batch, width)
+    quant: Vec<u8>,       // quantised activation rows for the current matmul input
     quant_of: Option<(Buf, GgmlType, usize, usize)>, // (buffer, type, first row, rows) held in `quant`
     per_thread: Vec<Mutex<ThreadScratch>>,
     n_logit_rows: usize,
@@ -147,7 +151,13 @@ impl CpuBackend {
             .collect();
         Ok(CpuBackend {
             rope: RopeTable::new(c.rope_dim, c.rope_theta, c.rope_pairing, n_ctx),
-            kv: KvCache::new(opts.kv_type, c.num_hidden_layers, n_ctx, c.num_key_value_heads, c.head_dim),
+            kv: KvCache::new(
+                opts.kv_type,
+                c.num_hidden_layers,
+                n_ctx,
+                c.num_key_value_heads,
+                c.head_dim,
+            ),
             kernels,
             pool,
             max_batch,
@@ -185,7 +195,12 @@ impl CpuBackend {
     }
 
     /// Run `groups` (a contiguous part of the model's plan, in order) over `batch`.
-    pub fn execute(&mut self, groups: &[CommandGroup], first_group: usize, batch: &Batch) -> Result<(), BackendError> {
+    pub fn execute(
+        &mut self,
+        groups: &[CommandGroup],
+        first_group: usize,
+        batch: &Batch,
+    ) -> Result<(), BackendError> {
         let n = batch.tokens.len();
         if n == 0 || n > self.max_batch {
             return Err(BackendError::BadBatch {
@@ -203,12 +218,13 @@ impl CpuBackend {
         }
         for (gi, group) in groups.iter().enumerate() {
             for op in &group.ops {
-                self.run_op(group.kind, op, batch).map_err(|reason| BackendError::Op {
-                    group: first_group + gi,
-                    kind: group.kind,
-                    op: op.name(),
-                    reason,
-                })?;
+                self.run_op(group.kind, op, batch)
+                    .map_err(|reason| BackendError::Op {
+                        group: first_group + gi,
+                        kind: group.kind,
+                        op: op.name(),
+                        reason,
+                    })?;
                 // A matmul leaves its input untouched; anything else may change the quantised input.
                 if !matches!(op, Op::MatMul { .. }) {
                     self.quant_of = None;
@@ -251,7 +267,12 @@ impl CpuBackend {
                 };
                 let (s, d) = two_bufs(&mut self.bufs, src, dst);
                 for t in 0..n {
-                    k.rms_norm(&s[t * h..(t + 1) * h], w, c.rms_norm_eps, &mut d[t * h..(t + 1) * h]);
+                    k.rms_norm(
+                        &s[t * h..(t + 1) * h],
+                        w,
+                        c.rms_norm_eps,
+                        &mut d[t * h..(t + 1) * h],
+                    );
                 }
             }
             Op::MatMul { src, dst, weight } => self.matmul(layer, src, dst, weight, batch)?,
@@ -283,14 +304,19 @@ impl CpuBackend {
                 let nkv = c.num_key_value_heads;
                 for (b, is_k) in [(Buf::K, true), (Buf::V, false)] {
                     let src = &self.bufs[b as usize];
-                    let off = |g, p| self.kv.offset(g, p);
-                    let store = if is_k { &mut self.kv.k[l] } else { &mut self.kv.v[l] };
+                    let (n_ctx, kv_hd) = (self.kv.n_ctx, self.kv.head_dim);
+                    let off = |g: usize, p: usize| (g * n_ctx + p) * kv_hd;
+                    let store = if is_k {
+                        &mut self.kv.k[l]
+                    } else {
+                        &mut self.kv.v[l]
+                    };
                     for t in 0..n {
                         for g in 0..nkv {
                             let o = off(g, batch.pos0 + t);
                             let row = &src[t * kvd + g * hd..t * kvd + (g + 1) * hd];
                             match store {
-                                KvStore::F16(s) => k.f32_to_f16(row, &mut s[o..o + hd]),
+                                KvStore::F16(s) => k.f32_to_f16(row, as_f16_mut(&mut s[o..o + hd])),
                                 KvStore::F32(s) => s[o..o + hd].copy_from_slice(row),
                             }
                         }
@@ -305,8 +331,12 @@ impl CpuBackend {
                 let ff = c.intermediate_size;
                 let (up, gate) = two_bufs(&mut self.bufs, Buf::Up, Buf::Gate);
                 match act {
-                    flowrt_model::Activation::Silu => k.silu_mul(&mut gate[..n * ff], &up[..n * ff]),
-                    flowrt_model::Activation::GeluTanh => k.gelu_tanh_mul(&mut gate[..n * ff], &up[..n * ff]),
+                    flowrt_model::Activation::Silu => {
+                        k.silu_mul(&mut gate[..n * ff], &up[..n * ff])
+                    }
+                    flowrt_model::Activation::GeluTanh => {
+                        k.gelu_tanh_mul(&mut gate[..n * ff], &up[..n * ff])
+                    }
                 }
             }
             Op::AddResidual { src } => {
@@ -317,7 +347,14 @@ impl CpuBackend {
         Ok(())
     }
 
-    fn matmul(&mut self, layer: Option<usize>, src: Buf, dst: Buf, role: MatRole, batch: &Batch) -> Result<(), String> {
+    fn matmul(
+        &mut self,
+        layer: Option<usize>,
+        src: Buf,
+        dst: Buf,
+        role: MatRole,
+        batch: &Batch,
+    ) -> Result<(), String> {
         let model = self.model.clone();
         let (w, bias): (&WeightMatrix, Option<&Vec<f32>>) = match (role, layer) {
             (MatRole::Output, _) => (&model.output, None),
@@ -380,16 +417,26 @@ impl CpuBackend {
         let rows = w.rows;
         let n_blocks = rows.div_ceil(ROW_BLOCK);
         let cols = |i: usize| (i * ROW_BLOCK, ((i + 1) * ROW_BLOCK).min(rows));
-        self.pool.for_each_column_block(out, rows, n_blocks, &cols, &|tid, i, wr| {
-            let (c0, c1) = cols(i);
-            let nr = c1 - c0;
-            let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
-            let tile = &mut scratch.tile[..nsel * nr];
-            kern.matmul(w.dtype, kdim, w.rows_bytes(c0, c1), nr, quant, nsel, tile, nr);
-            for t in 0..nsel {
-                wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
-            }
-        });
+        self.pool
+            .for_each_column_block(out, rows, n_blocks, &cols, &|tid, i, wr| {
+                let (c0, c1) = cols(i);
+                let nr = c1 - c0;
+                let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
+                let tile = &mut scratch.tile[..nsel * nr];
+                kern.matmul(
+                    w.dtype,
+                    kdim,
+                    w.rows_bytes(c0, c1),
+                    nr,
+                    quant,
+                    nsel,
+                    tile,
+                    nr,
+                );
+                for t in 0..nsel {
+                    wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
+                }
+            });
         if let Some(b) = bias {
             for row in out.chunks_exact_mut(rows) {
                 kern.add(row, b);
@@ -412,31 +459,32 @@ impl CpuBackend {
         let (q, attn) = two_bufs(&mut self.bufs, Buf::Q, Buf::Attn);
         let q = &q[..n * qd];
         let per_thread = &self.per_thread;
-        self.pool.for_each_chunk_mut(&mut attn[..n * qd], hd, &|tid, i, out| {
-            let (t, head) = (i / nh, i % nh);
-            let g = head / group;
-            let pos = batch.pos0 + t;
-            let qv = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
-            let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
-            let scores = &mut scratch.scores[..=pos];
-            for (j, s) in scores.iter_mut().enumerate() {
-                let o = kv.offset(g, j);
-                *s = scale
-                    * match kc {
-                        KvStore::F16(kc) => kern.dot_f32_f16(qv, &kc[o..o + hd]),
-                        KvStore::F32(kc) => kern.dot_f32(qv, &kc[o..o + hd]),
-                    };
-            }
-            kern.softmax(scores);
-            out.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                let o = kv.offset(g, j);
-                match vc {
-                    KvStore::F16(vc) => kern.axpy_f16(out, p, &vc[o..o + hd]),
-                    KvStore::F32(vc) => kern.axpy_f32(out, p, &vc[o..o + hd]),
+        self.pool
+            .for_each_chunk_mut(&mut attn[..n * qd], hd, &|tid, i, out| {
+                let (t, head) = (i / nh, i % nh);
+                let g = head / group;
+                let pos = batch.pos0 + t;
+                let qv = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
+                let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
+                let scores = &mut scratch.scores[..=pos];
+                for (j, s) in scores.iter_mut().enumerate() {
+                    let o = kv.offset(g, j);
+                    *s = scale
+                        * match kc {
+                            KvStore::F16(kc) => kern.dot_f32_f16(qv, as_f16(&kc[o..o + hd])),
+                            KvStore::F32(kc) => kern.dot_f32(qv, &kc[o..o + hd]),
+                        };
                 }
-            }
-        });
+                kern.softmax(scores);
+                out.fill(0.0);
+                for (j, &p) in scores.iter().enumerate() {
+                    let o = kv.offset(g, j);
+                    match vc {
+                        KvStore::F16(vc) => kern.axpy_f16(out, p, as_f16(&vc[o..o + hd])),
+                        KvStore::F32(vc) => kern.axpy_f32(out, p, &vc[o..o + hd]),
+                    }
+                }
+            });
     }
 }
 

@@ -1,6 +1,7 @@
 //! The key/value cache: for each layer and KV head, one row of `head_dim` values per position.
 
 use half::f16;
+use half::slice::HalfBitsSliceExt;
 
 /// Element type of the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -22,20 +23,33 @@ impl std::str::FromStr for KvType {
 }
 
 /// Storage of one tensor (all keys or all values of a layer).
+///
+/// Halves are kept as their bits: `vec![0u16; n]` comes from zeroed pages that the OS maps
+/// lazily, so memory is committed only as positions are written (a `vec![f16::ZERO; n]`
+/// would write every element up front).
 #[derive(Debug)]
 pub enum KvStore {
-    F16(Vec<f16>),
+    F16(Vec<u16>),
     F32(Vec<f32>),
 }
 
 impl KvStore {
     fn zeros(ty: KvType, n: usize) -> Self {
-        // `vec![0; n]` maps zeroed pages lazily: memory is committed as positions are written.
         match ty {
-            KvType::F16 => KvStore::F16(vec![f16::ZERO; n]),
+            KvType::F16 => KvStore::F16(vec![0u16; n]),
             KvType::F32 => KvStore::F32(vec![0.0; n]),
         }
     }
+}
+
+/// View f16 bits as halves.
+pub fn as_f16(bits: &[u16]) -> &[f16] {
+    bits.reinterpret_cast()
+}
+
+/// View f16 bits as halves, mutably.
+pub fn as_f16_mut(bits: &mut [u16]) -> &mut [f16] {
+    bits.reinterpret_cast_mut()
 }
 
 /// Keys and values of every layer, laid out `[layer][kv_head][position][head_dim]` so that
@@ -51,7 +65,13 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(ty: KvType, n_layers: usize, n_ctx: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+    pub fn new(
+        ty: KvType,
+        n_layers: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let n = n_kv_heads * n_ctx * head_dim;
         KvCache {
             ty,

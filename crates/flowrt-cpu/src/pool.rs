@@ -95,7 +95,9 @@ impl ThreadPool {
         // SAFETY: the lifetime of `f` is erased only for the duration of this call: workers
         // read the pointer after the generation bump below and we wait until all of them
         // have finished with it before returning.
-        let erased: *const Job = unsafe { std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), *const Job>(f) };
+        let erased: *const Job = unsafe {
+            std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), *const Job>(f)
+        };
         // SAFETY: no worker reads `job` now: all finished the previous generation.
         unsafe { *s.job.get() = Some(erased) };
         s.done.store(0, Ordering::Relaxed);
@@ -147,11 +149,12 @@ fn worker(s: Arc<Shared>, tid: usize, n: usize) {
             }
             let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.sleepers.fetch_add(1, Ordering::SeqCst);
-            let guard = if s.generation.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::SeqCst) {
-                s.wake.wait(guard).unwrap_or_else(|e| e.into_inner())
-            } else {
-                guard
-            };
+            let guard =
+                if s.generation.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::SeqCst) {
+                    s.wake.wait(guard).unwrap_or_else(|e| e.into_inner())
+                } else {
+                    guard
+                };
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
             spins = 0;
@@ -209,8 +212,13 @@ impl<'a, T> DisjointMut<'a, T> {
     ///
     /// # Safety
     /// No other thread may access any element of `range` while the returned slice lives.
+    #[allow(clippy::mut_from_ref)] // the whole point: disjoint parts handed to several threads
     pub unsafe fn range_mut(&self, start: usize, end: usize) -> &mut [T] {
-        assert!(start <= end && end <= self.len, "range {start}..{end} out of {}", self.len);
+        assert!(
+            start <= end && end <= self.len,
+            "range {start}..{end} out of {}",
+            self.len
+        );
         // SAFETY: in bounds (checked); exclusivity is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
     }
@@ -273,12 +281,15 @@ impl ThreadPool {
         f: &(dyn Fn(usize, usize, &mut ColumnWriter<'_, T>) + Sync),
     ) {
         let tasks = TaskCounter::new(n_blocks);
-        let n_rows = if stride == 0 { 0 } else { out.len() / stride };
+        let n_rows = out.len().checked_div(stride).unwrap_or(0);
         let buf = DisjointMut::new(out);
         self.run(&|tid, _| {
             while let Some(i) = tasks.claim() {
                 let (c0, c1) = cols(i);
-                assert!(c0 <= c1 && c1 <= stride, "column block {c0}..{c1} out of {stride}");
+                assert!(
+                    c0 <= c1 && c1 <= stride,
+                    "column block {c0}..{c1} out of {stride}"
+                );
                 let mut w = ColumnWriter {
                     buf: &buf,
                     stride,
@@ -356,13 +367,19 @@ mod tests {
         let (rows, stride) = (5, 37);
         let mut v = vec![0u32; rows * stride];
         let nb = stride.div_ceil(8);
-        pool.for_each_column_block(&mut v, stride, nb, &|i| (i * 8, ((i + 1) * 8).min(stride)), &|_, i, w| {
-            for r in 0..w.n_rows() {
-                for (j, x) in w.row(r).iter_mut().enumerate() {
-                    *x += (r * stride + i * 8 + j) as u32 + 1;
+        pool.for_each_column_block(
+            &mut v,
+            stride,
+            nb,
+            &|i| (i * 8, ((i + 1) * 8).min(stride)),
+            &|_, i, w| {
+                for r in 0..w.n_rows() {
+                    for (j, x) in w.row(r).iter_mut().enumerate() {
+                        *x += (r * stride + i * 8 + j) as u32 + 1;
+                    }
                 }
-            }
-        });
+            },
+        );
         assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32 + 1));
     }
 

@@ -27,13 +27,21 @@ impl RopeTable {
                 sin.push((angle as f64).sin() as f32);
             }
         }
-        RopeTable { half, pairing, cos, sin }
+        RopeTable {
+            half,
+            pairing,
+            cos,
+            sin,
+        }
     }
 
     /// Rotate one head's vector `x` (length >= rope_dim) for position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let h = self.half;
-        let (cos, sin) = (&self.cos[pos * h..(pos + 1) * h], &self.sin[pos * h..(pos + 1) * h]);
+        let (cos, sin) = (
+            &self.cos[pos * h..(pos + 1) * h],
+            &self.sin[pos * h..(pos + 1) * h],
+        );
         match self.pairing {
             RopePairing::Adjacent => {
                 for i in 0..h {
@@ -67,7 +75,15 @@ mod tests {
         let x: Vec<f32> = (0..d).map(|i| i as f32 * 0.37 - 1.0).collect();
         // GGUF permutation: position 2i <- i, 2i+1 <- i + d/2.
         let perm = |v: &[f32]| -> Vec<f32> {
-            (0..d).map(|j| if j % 2 == 0 { v[j / 2] } else { v[j / 2 + d / 2] }).collect()
+            (0..d)
+                .map(|j| {
+                    if j % 2 == 0 {
+                        v[j / 2]
+                    } else {
+                        v[j / 2 + d / 2]
+                    }
+                })
+                .collect()
         };
         for pos in [0, 1, 7, 15] {
             let mut y = x.clone();

@@ -75,7 +75,9 @@ fn bench_prompt(n: usize, vocab: usize) -> Vec<u32> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     (0..n)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 33) % vocab as u64) as u32
         })
         .collect()

@@ -20,7 +20,9 @@ pub enum EngineError {
         n_ctx: usize,
         model_ctx: usize,
     },
-    #[error("context length {requested} is invalid: it must be between 1 and the model's {model_ctx}")]
+    #[error(
+        "context length {requested} is invalid: it must be between 1 and the model's {model_ctx}"
+    )]
     BadContextLength { requested: usize, model_ctx: usize },
     #[error("{0}: the model has no chat template (tokenizer.chat_template); use --raw for plain completion")]
     NoChatTemplate(PathBuf),

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
-use flowrt_text::{TokenStreamDecoder, Tokenizer};
+use flowrt_text::Tokenizer;
 
 use crate::error::EngineError;
 use crate::session::Session;
@@ -61,7 +61,9 @@ pub fn generate(
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<GenerationStats, EngineError> {
     if prompt.is_empty() {
-        return Err(EngineError::Invalid("the prompt is empty (no tokens)".into()));
+        return Err(EngineError::Invalid(
+            "the prompt is empty (no tokens)".into(),
+        ));
     }
     opts.sampler.validate()?;
     // The prompt plus at least one generated token must fit.
@@ -77,8 +79,7 @@ pub fn generate(
     for &t in prompt {
         sampler.accept(t);
     }
-    let eog = tokenizer.eog_ids();
-    let mut decoder = TokenStreamDecoder::new();
+    let mut decoder = tokenizer.stream_decoder(true);
     let mut stops = StopMatcher::new(opts.stop.clone());
     let mut out_tokens = Vec::with_capacity(opts.max_tokens.min(session.n_ctx()));
 
@@ -96,7 +97,7 @@ pub fn generate(
             ttft = Some(t0.elapsed());
             t_first = Instant::now();
         }
-        if eog.contains(&tok) {
+        if tokenizer.is_eog(tok) {
             finish = FinishReason::Stop;
             break;
         }
@@ -122,13 +123,19 @@ pub fn generate(
         logits = session.feed(&[tok])?;
     }
     // Text held back because it might have begun a stop string is the answer's after all.
-    if !stops.stopped() {
-        let rest = stops.finish();
+    if !stops.is_stopped() && finish != FinishReason::Cancelled {
+        let tail = decoder.finish();
+        let mut rest = stops.push(tail).emit.to_string();
+        rest.push_str(stops.finish().emit);
         if !rest.is_empty() {
-            on_text(rest);
+            on_text(&rest);
         }
     }
-    let decode_time = if ttft.is_some() { t_first.elapsed() } else { Duration::ZERO };
+    let decode_time = if ttft.is_some() {
+        t_first.elapsed()
+    } else {
+        Duration::ZERO
+    };
     Ok(GenerationStats {
         prompt_tokens: prompt.len(),
         reused_tokens: reused,

@@ -68,14 +68,7 @@ impl LoadedModel {
         let plan = Arc::new(Plan::new(&model.config));
         let vocab = GgufVocab::from_gguf(&file)?;
         let tokenizer = Tokenizer::from_vocab(&vocab)?;
-        let template = match vocab.chat_template.as_deref() {
-            Some(src) => Some(ChatTemplate::new(
-                src,
-                &tokenizer.bos_text().unwrap_or_default(),
-                &tokenizer.eos_text().unwrap_or_default(),
-            )?),
-            None => None,
-        };
+        let template = ChatTemplate::from_vocab(&vocab)?;
         Ok(LoadedModel {
             path: path.to_path_buf(),
             model,

@@ -54,7 +54,13 @@ impl Acc {
         let kl: f64 = lr
             .iter()
             .zip(&lo)
-            .map(|(&r, &o)| if r.is_finite() { r.exp() * (r - o) } else { 0.0 })
+            .map(|(&r, &o)| {
+                if r.is_finite() {
+                    r.exp() * (r - o)
+                } else {
+                    0.0
+                }
+            })
             .sum();
         let kl = kl.max(0.0);
         self.positions += 1;
@@ -106,7 +112,8 @@ pub fn verify(session: &mut Session, reference: &Path) -> Result<VerifyReport, E
         reason,
     };
     let bytes = std::fs::read(reference).map_err(|e| err(format!("cannot read: {e}")))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(format!("not a safetensors file: {e}")))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| err(format!("not a safetensors file: {e}")))?;
     let vocab = session.vocab_size();
     let mut total = Acc::default();
     let mut prompts = Vec::new();
@@ -145,14 +152,22 @@ pub fn verify(session: &mut Session, reference: &Path) -> Result<VerifyReport, E
                 u32::try_from(v)
                     .ok()
                     .filter(|&v| (v as usize) < vocab)
-                    .ok_or_else(|| err(format!("`{ids_name}` holds token id {v}, outside the vocabulary of {vocab}")))
+                    .ok_or_else(|| {
+                        err(format!(
+                            "`{ids_name}` holds token id {v}, outside the vocabulary of {vocab}"
+                        ))
+                    })
             })
             .collect::<Result<Vec<u32>, _>>()?;
         let (elem, decode): (usize, fn(&[u8]) -> f32) = match logits.dtype() {
             Dtype::F32 => (4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             Dtype::F16 => (2, |c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
             Dtype::BF16 => (2, |c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-            d => return Err(err(format!("`{logits_name}` has dtype {d:?}; use f32, f16 or bf16"))),
+            d => {
+                return Err(err(format!(
+                    "`{logits_name}` has dtype {d:?}; use f32, f16 or bf16"
+                )))
+            }
         };
         ref_dtype.get_or_insert_with(|| format!("{:?}", logits.dtype()).to_lowercase());
         let data = logits.data();

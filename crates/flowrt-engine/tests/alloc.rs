@@ -59,7 +59,10 @@ fn decode_steps_do_not_allocate() {
         s.vocab_size(),
     )
     .unwrap();
-    let prompt = m.tokenizer.encode("Counting allocations while decoding", false, false).unwrap();
+    let prompt = m
+        .tokenizer
+        .encode("Counting allocations while decoding", false, false)
+        .unwrap();
     let mut tok = sampler.sample(s.feed(&prompt).unwrap()).unwrap();
     // Warm up: first decode steps may size buffers.
     for _ in 0..4 {
@@ -72,5 +75,9 @@ fn decode_steps_do_not_allocate() {
         tok = sampler.sample(s.feed(&[tok]).unwrap()).unwrap();
     }
     COUNTING.store(false, Ordering::SeqCst);
-    assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "heap allocations during 32 decode steps");
+    assert_eq!(
+        ALLOCS.load(Ordering::SeqCst),
+        0,
+        "heap allocations during 32 decode steps"
+    );
 }

@@ -14,11 +14,17 @@ pub fn smollm2() -> PathBuf {
         )
     };
     let p = PathBuf::from(p);
-    assert!(p.is_file(), "FLOWRT_SMOLLM2_GGUF={} is not a file", p.display());
+    assert!(
+        p.is_file(),
+        "FLOWRT_SMOLLM2_GGUF={} is not a file",
+        p.display()
+    );
     p
 }
 
 /// A file under the repository's `tests/fixtures`.
 pub fn fixture(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
 }

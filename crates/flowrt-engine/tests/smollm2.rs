@@ -25,12 +25,24 @@ fn opts(max_batch: usize, kv_type: KvType) -> EngineOptions {
 #[test]
 fn smollm2_q4_1_matches_transformers() {
     let m = load();
-    let mut s = Session::new(&m, &EngineOptions { n_ctx: None, ..opts(256, KvType::F16) }).unwrap();
-    let r = flowrt_engine::verify(&mut s, &common::fixture("ref/smollm2-q4_1.safetensors")).unwrap();
+    let mut s = Session::new(
+        &m,
+        &EngineOptions {
+            n_ctx: None,
+            ..opts(256, KvType::F16)
+        },
+    )
+    .unwrap();
+    let r =
+        flowrt_engine::verify(&mut s, &common::fixture("ref/smollm2-q4_1.safetensors")).unwrap();
     eprintln!("{r:#?}");
     assert!(r.positions >= 200, "fixture has {} positions", r.positions);
     assert!(r.prompts.len() >= 4);
-    assert!(r.top1_agreement >= 0.985, "top-1 agreement {}", r.top1_agreement);
+    assert!(
+        r.top1_agreement >= 0.985,
+        "top-1 agreement {}",
+        r.top1_agreement
+    );
     assert!(r.mean_kl <= 3e-3, "mean KL {}", r.mean_kl);
 }
 
@@ -40,7 +52,10 @@ fn last_logits(m: &LoadedModel, o: &EngineOptions, tokens: &[u32]) -> Vec<f32> {
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// Prefill in batches must give the same result as one batch and as token-by-token decode.
@@ -49,7 +64,11 @@ fn batched_prefill_equals_token_by_token() {
     let m = load();
     let tokens = m
         .tokenizer
-        .encode("Batched prefill must equal decoding one token at a time, whatever the batch size.", false, false)
+        .encode(
+            "Batched prefill must equal decoding one token at a time, whatever the batch size.",
+            false,
+            false,
+        )
         .unwrap();
     let whole = last_logits(&m, &opts(256, KvType::F16), &tokens);
     for b in [1, 3, 7] {
@@ -62,20 +81,43 @@ fn batched_prefill_equals_token_by_token() {
 #[test]
 fn f32_kv_cache_agrees_with_f16() {
     let m = load();
-    let tokens = m.tokenizer.encode("The KV cache type changes little.", false, false).unwrap();
+    let tokens = m
+        .tokenizer
+        .encode("The KV cache type changes little.", false, false)
+        .unwrap();
     let a = last_logits(&m, &opts(256, KvType::F16), &tokens);
     let b = last_logits(&m, &opts(256, KvType::F32), &tokens);
     let d = max_diff(&a, &b);
-    assert!(d > 0.0 && d < 0.1, "f16 vs f32 cache: max logit difference {d}");
+    assert!(
+        d > 0.0 && d < 0.1,
+        "f16 vs f32 cache: max logit difference {d}"
+    );
 }
 
 #[test]
 fn prompt_over_the_context_is_a_clear_error() {
     let m = load();
-    let mut s = Session::new(&m, &EngineOptions { n_ctx: Some(8), ..opts(256, KvType::F16) }).unwrap();
+    let mut s = Session::new(
+        &m,
+        &EngineOptions {
+            n_ctx: Some(8),
+            ..opts(256, KvType::F16)
+        },
+    )
+    .unwrap();
     let tokens: Vec<u32> = (100..120).collect();
     let e = s.feed(&tokens).unwrap_err();
-    assert!(matches!(e, EngineError::PromptTooLong { prompt_tokens: 20, n_ctx: 8, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            EngineError::PromptTooLong {
+                prompt_tokens: 20,
+                n_ctx: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("20 tokens"), "{e}");
     let gen = GenerateOptions {
         max_tokens: 4,
@@ -89,9 +131,15 @@ fn prompt_over_the_context_is_a_clear_error() {
 #[test]
 fn context_length_beyond_the_model_is_refused() {
     let m = load();
-    let e = Session::new(&m, &EngineOptions { n_ctx: Some(1 << 20), ..opts(256, KvType::F16) })
-        .err()
-        .expect("a context beyond the model's must be refused");
+    let e = Session::new(
+        &m,
+        &EngineOptions {
+            n_ctx: Some(1 << 20),
+            ..opts(256, KvType::F16)
+        },
+    )
+    .err()
+    .expect("a context beyond the model's must be refused");
     assert!(e.to_string().contains("8192"), "{e}");
 }
 
@@ -103,7 +151,12 @@ fn token_outside_the_vocabulary_is_an_error() {
     assert!(e.to_string().contains("49152"), "{e}");
 }
 
-fn run_generate(m: &LoadedModel, prompt: &str, sampler: SamplerConfig, stop: Vec<String>) -> (String, flowrt_engine::GenerationStats) {
+fn run_generate(
+    m: &LoadedModel,
+    prompt: &str,
+    sampler: SamplerConfig,
+    stop: Vec<String>,
+) -> (String, flowrt_engine::GenerationStats) {
     let mut s = Session::new(m, &opts(256, KvType::F16)).unwrap();
     let tokens = m.tokenizer.encode(prompt, false, false).unwrap();
     let mut text = String::new();
@@ -166,8 +219,18 @@ fn stop_string_ends_generation_before_it() {
 #[test]
 fn prefix_reuse_equals_fresh_prefill() {
     let m = load();
-    let a = m.tokenizer.encode("First turn of a conversation.", false, false).unwrap();
-    let b = m.tokenizer.encode("First turn of a conversation. And the second one.", false, false).unwrap();
+    let a = m
+        .tokenizer
+        .encode("First turn of a conversation.", false, false)
+        .unwrap();
+    let b = m
+        .tokenizer
+        .encode(
+            "First turn of a conversation. And the second one.",
+            false,
+            false,
+        )
+        .unwrap();
     let o = opts(256, KvType::F16);
     let mut s = Session::new(&m, &o).unwrap();
     s.feed(&a).unwrap();

@@ -51,11 +51,12 @@ impl ModelConfig {
                 key: "general.architecture".into(),
             })?
             .to_string();
-        let arch = arch::by_gguf_arch(&arch_name).ok_or_else(|| ModelError::UnknownArchitecture {
-            file: file.clone(),
-            arch: arch_name.clone(),
-            known: arch::known_gguf_archs(),
-        })?;
+        let arch =
+            arch::by_gguf_arch(&arch_name).ok_or_else(|| ModelError::UnknownArchitecture {
+                file: file.clone(),
+                arch: arch_name.clone(),
+                known: arch::known_gguf_archs(),
+            })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let req_u = |k: &str| -> Result<usize, ModelError> {
             let full = key(k);
@@ -63,7 +64,8 @@ impl ModelConfig {
                 file: file.clone(),
                 key: full.clone(),
             })?;
-            usize::try_from(v).map_err(|_| bad(&file, format!("`{full}` = {v} does not fit in memory")))
+            usize::try_from(v)
+                .map_err(|_| bad(&file, format!("`{full}` = {v} does not fit in memory")))
         };
         let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
             let full = key(k);
@@ -154,27 +156,37 @@ impl ModelConfig {
             ("num_attention_heads", self.num_attention_heads, 1 << 10),
             ("head_dim", self.head_dim, 1 << 12),
             ("vocab_size", self.vocab_size, 1 << 22),
-            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                1 << 24,
+            ),
         ];
         for (name, v, cap) in caps {
             if v > cap {
                 return err(format!("{name} = {v} exceeds the supported maximum {cap}"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return err(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return err(format!(
                 "rope dimension count {} must be even and at most head_dim {}",
                 self.rope_dim, self.head_dim
             ));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return err(format!("rms_norm_eps = {} must be positive", self.rms_norm_eps));
+            return err(format!(
+                "rms_norm_eps = {} must be positive",
+                self.rms_norm_eps
+            ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return err(format!("rope_theta = {} must be positive", self.rope_theta));
@@ -201,5 +213,7 @@ fn bad(file: &Path, reason: String) -> ModelError {
 }
 
 pub(crate) fn file_name(f: &GgufFile) -> PathBuf {
-    f.path().map(Path::to_path_buf).unwrap_or_else(|| "<memory>".into())
+    f.path()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| "<memory>".into())
 }

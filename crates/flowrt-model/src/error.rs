@@ -20,7 +20,10 @@ pub enum ModelError {
     BadConfig { file: PathBuf, reason: String },
 
     #[error("{file}: {} tensor problem(s):\n  {}", problems.len(), problems.join("\n  "))]
-    Tensors { file: PathBuf, problems: Vec<String> },
+    Tensors {
+        file: PathBuf,
+        problems: Vec<String>,
+    },
 
     #[error("{file}: tensor `{tensor}` has type {ty}, which flowrt cannot compute with yet")]
     UnsupportedType {

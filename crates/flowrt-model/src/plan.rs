@@ -58,7 +58,11 @@ pub enum Op {
     /// `X[t] = token_embd[token[t]]`.
     Embed,
     /// `dst = rms_norm(src) * weight`.
-    RmsNorm { src: Buf, dst: Buf, weight: NormWeight },
+    RmsNorm {
+        src: Buf,
+        dst: Buf,
+        weight: NormWeight,
+    },
     /// `dst = src · Wᵀ (+ bias when the family has one)`. For `Output`, only the rows whose
     /// logits were requested.
     MatMul { src: Buf, dst: Buf, weight: MatRole },

@@ -56,20 +56,20 @@ impl WeightMatrix {
 /// The weights of one decoder layer. Shapes are `[rows (out), cols (in)]`.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,          // (hidden)
-    pub wq: WeightMatrix,             // (q_dim, hidden)
-    pub wk: WeightMatrix,             // (kv_dim, hidden)
-    pub wv: WeightMatrix,             // (kv_dim, hidden)
-    pub bq: Option<Vec<f32>>,         // (q_dim)
-    pub bk: Option<Vec<f32>>,         // (kv_dim)
-    pub bv: Option<Vec<f32>>,         // (kv_dim)
-    pub q_norm: Option<Vec<f32>>,     // (head_dim)
-    pub k_norm: Option<Vec<f32>>,     // (head_dim)
-    pub wo: WeightMatrix,             // (hidden, q_dim)
-    pub ffn_norm: Vec<f32>,           // (hidden)
-    pub w_gate: WeightMatrix,         // (intermediate, hidden)
-    pub w_up: WeightMatrix,           // (intermediate, hidden)
-    pub w_down: WeightMatrix,         // (hidden, intermediate)
+    pub attn_norm: Vec<f32>,      // (hidden)
+    pub wq: WeightMatrix,         // (q_dim, hidden)
+    pub wk: WeightMatrix,         // (kv_dim, hidden)
+    pub wv: WeightMatrix,         // (kv_dim, hidden)
+    pub bq: Option<Vec<f32>>,     // (q_dim)
+    pub bk: Option<Vec<f32>>,     // (kv_dim)
+    pub bv: Option<Vec<f32>>,     // (kv_dim)
+    pub q_norm: Option<Vec<f32>>, // (head_dim)
+    pub k_norm: Option<Vec<f32>>, // (head_dim)
+    pub wo: WeightMatrix,         // (hidden, q_dim)
+    pub ffn_norm: Vec<f32>,       // (hidden)
+    pub w_gate: WeightMatrix,     // (intermediate, hidden)
+    pub w_up: WeightMatrix,       // (intermediate, hidden)
+    pub w_down: WeightMatrix,     // (hidden, intermediate)
 }
 
 /// A loaded model: config plus every weight, ready for a backend.
@@ -77,10 +77,10 @@ pub struct LayerWeights {
 pub struct Model {
     pub config: ModelConfig,
     pub file: Arc<GgufFile>,
-    pub token_embd: WeightMatrix,     // (vocab, hidden)
-    pub output_norm: Vec<f32>,        // (hidden)
+    pub token_embd: WeightMatrix, // (vocab, hidden)
+    pub output_norm: Vec<f32>,    // (hidden)
     /// Output projection; the same bytes as `token_embd` when the embeddings are tied.
-    pub output: WeightMatrix,         // (vocab, hidden)
+    pub output: WeightMatrix, // (vocab, hidden)
     pub tied_embeddings: bool,
     pub layers: Vec<LayerWeights>,
 }
@@ -103,7 +103,13 @@ impl<'a> Binder<'a> {
         }
     }
 
-    fn matrix(&mut self, role: TensorRole, layer: usize, rows: usize, cols: usize) -> Option<WeightMatrix> {
+    fn matrix(
+        &mut self,
+        role: TensorRole,
+        layer: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Option<WeightMatrix> {
         let name = role.gguf_name(layer);
         let (index, t) = self.info(&name)?;
         let dims: Vec<u64> = t.dims.clone();
@@ -139,7 +145,12 @@ impl<'a> Binder<'a> {
         self.vector_from(t, &name, len)
     }
 
-    fn vector_from(&mut self, t: &flowrt_gguf::TensorInfo, name: &str, len: usize) -> Option<Vec<f32>> {
+    fn vector_from(
+        &mut self,
+        t: &flowrt_gguf::TensorInfo,
+        name: &str,
+        len: usize,
+    ) -> Option<Vec<f32>> {
         if t.dims != [len as u64] {
             self.problems.push(format!(
                 "tensor `{name}` has shape {:?}, expected [{len}]",
@@ -273,7 +284,9 @@ impl Model {
         let layers: u64 = self
             .layers
             .iter()
-            .map(|l| m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down))
+            .map(|l| {
+                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down)
+            })
             .sum();
         layers + m(&self.output) + self.token_embd.row_bytes as u64
     }

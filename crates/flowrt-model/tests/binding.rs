@@ -1,0 +1,127 @@
+//! Binding weights: errors name the file and every missing or mis-shaped tensor.
+
+use std::sync::Arc;
+
+use flowrt_gguf::write::{f32_bytes, GgufBuilder};
+use flowrt_gguf::{GgmlType, GgufFile};
+use flowrt_model::{Model, ModelError, Plan};
+
+const H: u64 = 8;
+const FF: u64 = 16;
+const VOCAB: u64 = 10;
+
+/// A tiny llama GGUF (2 layers, 4:2 heads of 2), with `skip` tensors left out and `edit`
+/// applied to the metadata.
+fn tiny(skip: &[&str], heads_kv: u32, arch: &str) -> GgufFile {
+    let mut b = GgufBuilder::new();
+    b.kv("general.architecture", arch)
+        .kv(format!("{arch}.block_count").as_str(), 2u32)
+        .kv(format!("{arch}.context_length").as_str(), 64u32)
+        .kv(format!("{arch}.embedding_length").as_str(), H as u32)
+        .kv(format!("{arch}.feed_forward_length").as_str(), FF as u32)
+        .kv(format!("{arch}.attention.head_count").as_str(), 4u32)
+        .kv(format!("{arch}.attention.head_count_kv").as_str(), heads_kv)
+        .kv(
+            format!("{arch}.attention.layer_norm_rms_epsilon").as_str(),
+            1e-5f32,
+        )
+        .kv(format!("{arch}.vocab_size").as_str(), VOCAB as u32);
+    let mut add = |name: String, dims: &[u64]| {
+        if skip.contains(&name.as_str()) {
+            return;
+        }
+        let n: u64 = dims.iter().product();
+        b.tensor(name, dims, GgmlType::F32, f32_bytes(&vec![0.5; n as usize]));
+    };
+    add("token_embd.weight".into(), &[H, VOCAB]);
+    add("output_norm.weight".into(), &[H]);
+    let kv = 2 * heads_kv as u64;
+    for l in 0..2 {
+        add(format!("blk.{l}.attn_norm.weight"), &[H]);
+        add(format!("blk.{l}.attn_q.weight"), &[H, H]);
+        add(format!("blk.{l}.attn_k.weight"), &[H, kv]);
+        add(format!("blk.{l}.attn_v.weight"), &[H, kv]);
+        add(format!("blk.{l}.attn_output.weight"), &[H, H]);
+        add(format!("blk.{l}.ffn_norm.weight"), &[H]);
+        add(format!("blk.{l}.ffn_gate.weight"), &[H, FF]);
+        add(format!("blk.{l}.ffn_up.weight"), &[H, FF]);
+        add(format!("blk.{l}.ffn_down.weight"), &[FF, H]);
+    }
+    GgufFile::from_bytes(b.to_bytes()).unwrap()
+}
+
+#[test]
+fn tiny_llama_binds_with_tied_output_and_plan_has_groups_per_layer() {
+    let m = Model::from_gguf(Arc::new(tiny(&[], 2, "llama"))).unwrap();
+    assert!(m.tied_embeddings);
+    assert_eq!(m.config.num_key_value_heads, 2);
+    assert_eq!(m.config.head_dim, 2);
+    let plan = Plan::new(&m.config);
+    // embed + (attention, ffn) per layer + output
+    assert_eq!(plan.groups.len(), 1 + 2 * 2 + 1);
+    assert_eq!(plan.groups[1].kind.layer(), Some(0));
+    assert_eq!(plan.groups[4].kind.layer(), Some(1));
+}
+
+#[test]
+fn every_missing_tensor_is_named() {
+    let e = Model::from_gguf(Arc::new(tiny(
+        &[
+            "blk.0.attn_k.weight",
+            "blk.1.ffn_down.weight",
+            "output_norm.weight",
+        ],
+        2,
+        "llama",
+    )))
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        matches!(e, ModelError::Tensors { ref problems, .. } if problems.len() == 3),
+        "{msg}"
+    );
+    for name in [
+        "blk.0.attn_k.weight",
+        "blk.1.ffn_down.weight",
+        "output_norm.weight",
+    ] {
+        assert!(msg.contains(name), "{msg}");
+    }
+}
+
+#[test]
+fn unknown_architecture_is_refused() {
+    let e = Model::from_gguf(Arc::new(tiny(&[], 2, "mamba"))).unwrap_err();
+    assert!(matches!(e, ModelError::UnknownArchitecture { .. }), "{e}");
+    assert!(e.to_string().contains("mamba"));
+}
+
+#[test]
+fn heads_not_divisible_by_kv_heads_is_a_config_error() {
+    let e = Model::from_gguf(Arc::new(tiny(&[], 3, "llama"))).unwrap_err();
+    assert!(matches!(e, ModelError::BadConfig { .. }), "{e}");
+    assert!(e.to_string().contains("num_key_value_heads"), "{e}");
+}
+
+#[test]
+fn mis_shaped_tensor_is_named_with_both_shapes() {
+    let mut b = GgufBuilder::new();
+    let f = tiny(&[], 2, "llama");
+    for (k, v) in f.metadata() {
+        b.kv(k.as_str(), v.clone());
+    }
+    for t in f.tensors() {
+        let (dims, data) = if t.name == "blk.1.attn_q.weight" {
+            (vec![H, H / 2], f32_bytes(&vec![0.0; (H * H / 2) as usize]))
+        } else {
+            (t.dims.clone(), f.tensor_data(t).to_vec())
+        };
+        b.tensor(t.name.as_str(), &dims, t.ggml_type, data);
+    }
+    let e = Model::from_gguf(Arc::new(GgufFile::from_bytes(b.to_bytes()).unwrap())).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("blk.1.attn_q.weight") && msg.contains("[8, 4]") && msg.contains("[8, 8]"),
+        "{msg}"
+    );
+}
