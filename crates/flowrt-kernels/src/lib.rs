@@ -1,1 +1,550 @@
-//! flowrt-kernels
+//! CPU kernels for flowrt: a scalar reference for every operation, and SIMD versions chosen at
+//! run time from a table (one [`Kernels`] table per instruction set).
+//!
+//! * Quantised rows use ggml's block layouts byte for byte (see [`blocks`]).
+//! * [`Kernels::detect`] picks the best table the host can run (or the one named by the
+//!   `FLOWRT_KERNELS` environment variable); nothing is compiled for a fixed CPU.
+//! * Every table is a copy of the scalar one with some entries replaced, so a type or an
+//!   operation without a SIMD version still works everywhere. Adding a weight type means adding a
+//!   slot to [`SLOT_TYPES`] and its row to the scalar table (then, optionally, SIMD rows).
+//! * Length mismatches are programmer errors and panic at the API boundary, before any SIMD code
+//!   runs, so the SIMD code never reads or writes out of bounds.
+
+use std::sync::OnceLock;
+
+use flowrt_dtype::GgmlType;
+
+pub mod blocks;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86;
+
+#[cfg(target_arch = "aarch64")]
+#[allow(unsafe_code)]
+mod arm;
+
+/// An instruction set a [`Kernels`] table is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Portable Rust, the reference for every other table.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F+BW+DQ+VL (plus AVX2, FMA, F16C).
+    Avx512,
+    /// [`Isa::Avx512`] plus AVX-512 VNNI.
+    Avx512Vnni,
+    /// aarch64 Advanced SIMD.
+    Neon,
+}
+
+impl Isa {
+    /// Every ISA, in the order [`Kernels::available`] lists them.
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+    ];
+
+    /// Lower-case name, as accepted by `FLOWRT_KERNELS` and [`Kernels::select`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512vnni",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// Parses a name accepted by [`Isa::name`] (case-insensitive).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|isa| isa.name().eq_ignore_ascii_case(name.trim()))
+    }
+}
+
+/// Why a kernel table could not be selected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("unknown kernel set {name:?}; expected one of scalar, avx2, avx512, avx512vnni, neon")]
+    UnknownIsa { name: String },
+    #[error("kernel set {isa} needs CPU features this host lacks ({missing}); host has: {host}")]
+    Unsupported {
+        isa: &'static str,
+        missing: String,
+        host: String,
+    },
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+/// Quantise (or convert) one f32 row into a row of the slot's type.
+pub(crate) type QuantizeFn = fn(&[f32], &mut [u8]);
+/// Dequantise one row into f32.
+pub(crate) type DequantizeFn = fn(&[u8], &mut [f32]);
+/// Dot of one weight row with one activation row of `k` values.
+pub(crate) type VecDotFn = fn(usize, &[u8], &[u8]) -> f32;
+/// A weight tile times an activation tile (see [`Kernels::matmul`]).
+pub(crate) type MatmulFn = fn(MatmulArgs<'_>);
+
+/// Arguments of a matmul call, lengths already checked by [`Kernels::matmul`].
+pub(crate) struct MatmulArgs<'a> {
+    /// Values per row.
+    pub k: usize,
+    /// `nrows` weight rows, `row_size(w, k)` bytes each.
+    pub w: &'a [u8],
+    pub nrows: usize,
+    /// `ntok` activation rows of type `vec_dot_type(w)`.
+    pub a: &'a [u8],
+    pub ntok: usize,
+    /// `out[t * out_stride + r]`.
+    pub out: &'a mut [f32],
+    pub out_stride: usize,
+}
+
+/// Per-type entries. `vec_dot`/`matmul` are `None` for types that are not weight types.
+#[derive(Clone, Copy)]
+pub(crate) struct TypeOps {
+    pub quantize: QuantizeFn,
+    pub dequantize: DequantizeFn,
+    pub vec_dot: Option<VecDotFn>,
+    pub matmul: Option<MatmulFn>,
+}
+
+/// f32 element-wise and attention helpers.
+#[derive(Clone, Copy)]
+pub(crate) struct ElemOps {
+    pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
+    pub silu_mul: fn(&mut [f32], &[f32]),
+    pub gelu_tanh_mul: fn(&mut [f32], &[f32]),
+    pub softmax: fn(&mut [f32]),
+    pub add: fn(&mut [f32], &[f32]),
+    pub scale: fn(&mut [f32], f32),
+    pub dot_f32: fn(&[f32], &[f32]) -> f32,
+    pub dot_f32_f16: fn(&[f32], &[half::f16]) -> f32,
+    pub axpy_f32: fn(&mut [f32], f32, &[f32]),
+    pub axpy_f16: fn(&mut [f32], f32, &[half::f16]),
+    pub f32_to_f16: fn(&[f32], &mut [half::f16]),
+}
+
+/// The types with a row in the table, in slot order.
+pub(crate) const SLOT_TYPES: [GgmlType; 7] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q8_1,
+];
+pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
+
+/// Slot of `ty` in [`Kernels`]'s per-type table.
+pub(crate) fn slot(ty: GgmlType) -> Option<usize> {
+    SLOT_TYPES.iter().position(|&t| t == ty)
+}
+
+/// A table of kernels for one instruction set. Obtain one with [`Kernels::detect`],
+/// [`Kernels::select`], [`Kernels::scalar`] or [`Kernels::available`].
+pub struct Kernels {
+    pub(crate) isa: Isa,
+    pub(crate) types: [TypeOps; N_SLOTS],
+    pub(crate) elem: ElemOps,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels")
+            .field("isa", &self.isa)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Bytes of a row of `k` values of type `ty`.
+///
+/// # Panics
+/// If `k` is not a multiple of the type's block size or the size overflows `usize`: both are
+/// programmer errors (shapes from files are checked with [`GgmlType::row_size`] when loading).
+pub fn row_size(ty: GgmlType, k: usize) -> usize {
+    let bytes = ty
+        .row_size(k as u64)
+        .unwrap_or_else(|e| panic!("row_size({ty}, {k}): {e}"));
+    usize::try_from(bytes).unwrap_or_else(|_| panic!("row_size({ty}, {k}) overflows usize"))
+}
+
+fn table_for(isa: Isa) -> Option<&'static Kernels> {
+    match isa {
+        Isa::Scalar => Some(Kernels::scalar()),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => x86::table(isa),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => arm::table(),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
+/// CPU features an ISA needs, as `is_x86_feature_detected!`/`std::arch` names them.
+fn required_features(isa: Isa) -> &'static [&'static str] {
+    match isa {
+        Isa::Scalar => &[],
+        Isa::Avx2 => &["avx2", "fma", "f16c"],
+        Isa::Avx512 => &[
+            "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+        ],
+        Isa::Avx512Vnni => &[
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512dq",
+            "avx512vl",
+            "avx512vnni",
+        ],
+        Isa::Neon => &["neon"],
+    }
+}
+
+impl Kernels {
+    /// The best table this host can run, or the one `FLOWRT_KERNELS` names. If that variable
+    /// names a table the host cannot run (or no table at all), prints one warning line and uses
+    /// the scalar table. Decided once per process.
+    pub fn detect() -> &'static Kernels {
+        static DETECTED: OnceLock<&'static Kernels> = OnceLock::new();
+        DETECTED.get_or_init(|| {
+            let env = std::env::var("FLOWRT_KERNELS")
+                .ok()
+                .filter(|s| !s.trim().is_empty());
+            match Kernels::select(env.as_deref()) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("flowrt: FLOWRT_KERNELS: {e}; using the scalar kernels");
+                    Kernels::scalar()
+                }
+            }
+        })
+    }
+
+    /// The table named `name` (`scalar`, `avx2`, `avx512`, `avx512vnni`, `neon`), or the best
+    /// the host supports for `None`. Errors name what is missing.
+    pub fn select(name: Option<&str>) -> Result<&'static Kernels, KernelError> {
+        let Some(name) = name else {
+            return Ok(*Kernels::available()
+                .last()
+                .expect("scalar is always available"));
+        };
+        let isa =
+            Isa::from_name(name).ok_or_else(|| KernelError::UnknownIsa { name: name.into() })?;
+        table_for(isa).ok_or_else(|| {
+            let host = Kernels::cpu_features();
+            let missing: Vec<&str> = required_features(isa)
+                .iter()
+                .copied()
+                .filter(|f| !host.contains(f))
+                .collect();
+            let missing = if missing.is_empty() {
+                format!("not built for {}", std::env::consts::ARCH)
+            } else {
+                missing.join(", ")
+            };
+            KernelError::Unsupported {
+                isa: isa.name(),
+                missing,
+                host: if host.is_empty() {
+                    "none".into()
+                } else {
+                    host.join(",")
+                },
+            }
+        })
+    }
+
+    /// The portable reference table.
+    pub fn scalar() -> &'static Kernels {
+        static SCALAR: OnceLock<Kernels> = OnceLock::new();
+        SCALAR.get_or_init(scalar::table)
+    }
+
+    /// Every table this host can run, scalar first, best last.
+    pub fn available() -> Vec<&'static Kernels> {
+        Isa::ALL.into_iter().filter_map(table_for).collect()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.isa.name()
+    }
+
+    /// SIMD features detected on this host that the kernels care about.
+    pub fn cpu_features() -> Vec<&'static str> {
+        #[allow(unused_mut)]
+        let mut v: Vec<&'static str> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            macro_rules! check {
+                ($($f:tt),*) => {$( if std::arch::is_x86_feature_detected!($f) { v.push($f); } )*};
+            }
+            check!(
+                "avx2",
+                "fma",
+                "f16c",
+                "avx512f",
+                "avx512bw",
+                "avx512dq",
+                "avx512vl",
+                "avx512vnni",
+                "avx512bf16",
+                "avxvnni"
+            );
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            macro_rules! check {
+                ($($f:tt),*) => {$( if std::arch::is_aarch64_feature_detected!($f) { v.push($f); } )*};
+            }
+            check!("neon", "dotprod", "i8mm", "fp16", "bf16");
+        }
+        v
+    }
+
+    /// Activation type a weight type is multiplied with: Q4_0 -> Q8_0, Q8_0 -> Q8_0,
+    /// Q4_1 -> Q8_1, F32/F16/BF16 -> F32. Meaningful only where [`Kernels::supports`] is true;
+    /// other types map to what ggml pairs them with (Q5_0 -> Q8_0, Q5_1 -> Q8_1, k-quants ->
+    /// Q8_K), or F32.
+    pub fn vec_dot_type(w: GgmlType) -> GgmlType {
+        use GgmlType::*;
+        match w {
+            Q4_0 | Q8_0 | Q5_0 => Q8_0,
+            Q4_1 | Q5_1 => Q8_1,
+            Q2K | Q3K | Q4K | Q5K | Q6K => Q8K,
+            _ => F32,
+        }
+    }
+
+    /// Whether `w` can be used as a weight type with [`Kernels::vec_dot`] and
+    /// [`Kernels::matmul`] (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+    pub fn supports(w: GgmlType) -> bool {
+        slot(w).is_some_and(|s| Kernels::scalar().types[s].vec_dot.is_some())
+    }
+
+    /// Whether [`Kernels::quantize_row`] and [`Kernels::dequantize_row`] handle `ty`
+    /// (the weight types plus Q8_1).
+    pub fn supports_conversion(ty: GgmlType) -> bool {
+        slot(ty).is_some()
+    }
+
+    fn ops(&self, ty: GgmlType) -> &TypeOps {
+        match slot(ty) {
+            Some(s) => &self.types[s],
+            None => panic!("flowrt-kernels: type {ty} is not supported"),
+        }
+    }
+
+    /// Quantises (or converts; copies for F32) one row: `x.len()` must be a multiple of the
+    /// type's block size and `out.len() == row_size(ty, x.len())`.
+    ///
+    /// Q8_0/Q8_1 rounding: `d = amax / 127`, `q = round(x * (1 / d))` with ties away from
+    /// zero (C `roundf`, Rust `f32::round`), as ggml's reference; every table produces the same
+    /// bytes. Q8_1's `s` is `d * sum(q)` with `d` before its rounding to f16.
+    ///
+    /// # Panics
+    /// On an unsupported type or a length mismatch.
+    pub fn quantize_row(&self, ty: GgmlType, x: &[f32], out: &mut [u8]) {
+        let ops = self.ops(ty);
+        assert_eq!(
+            out.len(),
+            row_size(ty, x.len()),
+            "quantize_row({ty}): output length for {} values",
+            x.len()
+        );
+        (ops.quantize)(x, out)
+    }
+
+    /// Dequantises (or converts) one row: `row.len() == row_size(ty, out.len())`.
+    ///
+    /// # Panics
+    /// On an unsupported type or a length mismatch.
+    pub fn dequantize_row(&self, ty: GgmlType, row: &[u8], out: &mut [f32]) {
+        let ops = self.ops(ty);
+        assert_eq!(
+            row.len(),
+            row_size(ty, out.len()),
+            "dequantize_row({ty}): input length for {} values",
+            out.len()
+        );
+        (ops.dequantize)(row, out)
+    }
+
+    /// Dot of one weight row (type `w`, `k` values) with one activation row (type
+    /// `vec_dot_type(w)`). Quantised activation rows must come from [`Kernels::quantize_row`]
+    /// (their values lie in -127..=127).
+    ///
+    /// # Panics
+    /// On an unsupported type or a length mismatch.
+    pub fn vec_dot(&self, w: GgmlType, k: usize, wrow: &[u8], arow: &[u8]) -> f32 {
+        let f = self
+            .ops(w)
+            .vec_dot
+            .unwrap_or_else(|| panic!("vec_dot: {w} is not a weight type"));
+        assert_eq!(
+            wrow.len(),
+            row_size(w, k),
+            "vec_dot({w}): weight row length for k={k}"
+        );
+        let at = Kernels::vec_dot_type(w);
+        assert_eq!(
+            arow.len(),
+            row_size(at, k),
+            "vec_dot({w}): activation row length for k={k}"
+        );
+        f(k, wrow, arow)
+    }
+
+    /// For `r in 0..nrows`, `t in 0..ntok`: `out[t * out_stride + r] = vec_dot(w row r, act row t)`.
+    ///
+    /// `wrows` holds `nrows` consecutive weight rows (`row_size(w, k)` bytes each), `a` holds
+    /// `ntok` consecutive activation rows of type `vec_dot_type(w)`. Single-threaded: callers
+    /// split the rows across threads. Output entries outside the `nrows` columns of each token
+    /// are not touched.
+    ///
+    /// # Panics
+    /// On an unsupported type, a length mismatch, or `out_stride < nrows` with `ntok > 1`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        w: GgmlType,
+        k: usize,
+        wrows: &[u8],
+        nrows: usize,
+        a: &[u8],
+        ntok: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let f = self
+            .ops(w)
+            .matmul
+            .unwrap_or_else(|| panic!("matmul: {w} is not a weight type"));
+        let wsize = row_size(w, k)
+            .checked_mul(nrows)
+            .expect("matmul: weight size overflows");
+        assert_eq!(
+            wrows.len(),
+            wsize,
+            "matmul({w}): weights for nrows={nrows}, k={k}"
+        );
+        let at = Kernels::vec_dot_type(w);
+        let asize = row_size(at, k)
+            .checked_mul(ntok)
+            .expect("matmul: activation size overflows");
+        assert_eq!(
+            a.len(),
+            asize,
+            "matmul({w}): activations for ntok={ntok}, k={k}"
+        );
+        if nrows == 0 || ntok == 0 {
+            return;
+        }
+        assert!(
+            ntok == 1 || out_stride >= nrows,
+            "matmul: out_stride {out_stride} < nrows {nrows}"
+        );
+        let need = (ntok - 1)
+            .checked_mul(out_stride)
+            .and_then(|n| n.checked_add(nrows))
+            .expect("matmul: output size overflows");
+        assert!(
+            out.len() >= need,
+            "matmul: output has {} floats, needs {need}",
+            out.len()
+        );
+        f(MatmulArgs {
+            k,
+            w: wrows,
+            nrows,
+            a,
+            ntok,
+            out,
+            out_stride,
+        })
+    }
+
+    /// `out = x / sqrt(mean(x^2) + eps) * weight`.
+    pub fn rms_norm(&self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+        assert!(
+            x.len() == weight.len() && x.len() == out.len(),
+            "rms_norm: length mismatch"
+        );
+        (self.elem.rms_norm)(x, weight, eps, out)
+    }
+
+    /// `gate = silu(gate) * up`, `silu(x) = x / (1 + exp(-x))`.
+    pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
+        (self.elem.silu_mul)(gate, up)
+    }
+
+    /// `gate = gelu_tanh(gate) * up`,
+    /// `gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    pub fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
+        assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
+        (self.elem.gelu_tanh_mul)(gate, up)
+    }
+
+    /// In-place softmax, max-subtracted. An empty slice is left alone.
+    pub fn softmax(&self, x: &mut [f32]) {
+        if !x.is_empty() {
+            (self.elem.softmax)(x)
+        }
+    }
+
+    /// `acc += x`.
+    pub fn add(&self, acc: &mut [f32], x: &[f32]) {
+        assert_eq!(acc.len(), x.len(), "add: length mismatch");
+        (self.elem.add)(acc, x)
+    }
+
+    /// `x *= s`.
+    pub fn scale(&self, x: &mut [f32], s: f32) {
+        (self.elem.scale)(x, s)
+    }
+
+    pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f32: length mismatch");
+        (self.elem.dot_f32)(a, b)
+    }
+
+    pub fn dot_f32_f16(&self, a: &[f32], b: &[half::f16]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot_f32_f16: length mismatch");
+        (self.elem.dot_f32_f16)(a, b)
+    }
+
+    /// `out += alpha * x`.
+    pub fn axpy_f32(&self, out: &mut [f32], alpha: f32, x: &[f32]) {
+        assert_eq!(out.len(), x.len(), "axpy_f32: length mismatch");
+        (self.elem.axpy_f32)(out, alpha, x)
+    }
+
+    /// `out += alpha * x`.
+    pub fn axpy_f16(&self, out: &mut [f32], alpha: f32, x: &[half::f16]) {
+        assert_eq!(out.len(), x.len(), "axpy_f16: length mismatch");
+        (self.elem.axpy_f16)(out, alpha, x)
+    }
+
+    /// Converts with round-to-nearest-even (the same bits as `half::f16::from_f32`, NaNs aside).
+    pub fn f32_to_f16(&self, x: &[f32], out: &mut [half::f16]) {
+        assert_eq!(x.len(), out.len(), "f32_to_f16: length mismatch");
+        (self.elem.f32_to_f16)(x, out)
+    }
+}

@@ -1,0 +1,88 @@
+//! Scalar f32 element-wise operations and attention helpers (lengths checked by the caller).
+
+use half::f16;
+
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum();
+    let inv = 1.0 / (ss / x.len().max(1) as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * inv * w;
+    }
+}
+
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `0.5 x (1 + tanh(y))` with `y = sqrt(2/pi) (x + 0.044715 x^3)`, computed as
+/// `x / (1 + exp(-2y))` (the same function: `(1 + tanh y) / 2 = sigmoid(2y)`).
+#[inline]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let y = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+    x / (1.0 + (-2.0 * y).exp())
+}
+
+pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+pub(crate) fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
+pub(crate) fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+pub(crate) fn add(acc: &mut [f32], x: &[f32]) {
+    for (a, &v) in acc.iter_mut().zip(x) {
+        *a += v;
+    }
+}
+
+pub(crate) fn scale(x: &mut [f32], s: f32) {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+pub(crate) fn dot_f32_f16(a: &[f32], b: &[f16]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+}
+
+pub(crate) fn axpy_f32(out: &mut [f32], alpha: f32, x: &[f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o += alpha * v;
+    }
+}
+
+pub(crate) fn axpy_f16(out: &mut [f32], alpha: f32, x: &[f16]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o += alpha * v.to_f32();
+    }
+}
+
+pub(crate) fn f32_to_f16(x: &[f32], out: &mut [f16]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = f16::from_f32(v);
+    }
+}

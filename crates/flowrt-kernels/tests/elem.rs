@@ -1,0 +1,211 @@
+//! Element-wise kernels and attention helpers: every table against naive f64 math.
+
+mod common;
+
+use common::*;
+use flowrt_kernels::Kernels;
+use half::f16;
+use proptest::prelude::*;
+use rand::Rng;
+
+const LENS: [usize; 14] = [0, 1, 2, 3, 5, 7, 8, 15, 16, 17, 31, 33, 100, 577];
+
+fn len(rng: &mut TestRng, li: usize) -> usize {
+    LENS.get(li)
+        .copied()
+        .unwrap_or_else(|| rng.random_range(0..300))
+}
+
+/// Values spanning the interesting range of the activation functions.
+fn wide(rng: &mut TestRng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| match rng.random_range(0..8) {
+            0 => rng.random_range(-100.0f32..100.0),
+            1 => rng.random_range(-1e-3f32..1e-3),
+            2 => 0.0,
+            _ => rng.random_range(-8.0f32..8.0),
+        })
+        .collect()
+}
+
+fn close(got: f32, want: f64, rel: f64, abs: f64) -> bool {
+    (got as f64 - want).abs() <= rel * want.abs() + abs
+}
+
+fn silu64(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// gelu_tanh in f64: the tanh form where it is well conditioned; for very negative inner
+/// values `1 + tanh(y)` cancels, so use the identity `(1 + tanh y) / 2 = 1 / (1 + exp(-2y))`.
+fn gelu64(x: f64) -> f64 {
+    let y = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    if y > -3.0 {
+        0.5 * x * (1.0 + y.tanh())
+    } else {
+        x / (1.0 + (-2.0 * y).exp())
+    }
+}
+
+proptest! {
+    #![proptest_config(config(128))]
+
+    #[test]
+    fn activations_match_f64(seed: u64, li in 0..16usize) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li);
+        let g = wide(&mut rng, n);
+        let u = random_f32s(&mut rng, n);
+        for k in Kernels::available() {
+            let mut s = g.clone();
+            k.silu_mul(&mut s, &u);
+            let mut e = g.clone();
+            k.gelu_tanh_mul(&mut e, &u);
+            for i in 0..n {
+                let (x, y) = (g[i] as f64, u[i] as f64);
+                // The logistic's condition number grows with its argument (x, or 2 * inner).
+                let inner = 0.7978845608 * (x + 0.044715 * x * x * x);
+                let (rs, rg) = (1e-6 * (2.0 + x.abs()), 1e-6 * (2.0 + 2.0 * inner.abs()));
+                prop_assert!(close(s[i], silu64(x) * y, rs, 1e-30), "{} silu({x})*{y} = {}", k.name(), s[i]);
+                prop_assert!(close(e[i], gelu64(x) * y, rg, 1e-30), "{} gelu({x})*{y} = {}", k.name(), e[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_matches_f64(seed: u64, li in 1..16usize) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li).max(1);
+        let x = wide(&mut rng, n);
+        let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+        let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
+        for k in Kernels::available() {
+            let mut y = x.clone();
+            k.softmax(&mut y);
+            for i in 0..n {
+                let want = (x[i] as f64 - max).exp() / sum;
+                prop_assert!(close(y[i], want, 1e-5, 1e-30), "{} softmax[{i}] {} vs {want}", k.name(), y[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_f64(seed: u64, li in 1..16usize) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li).max(1);
+        let x = random_f32s(&mut rng, n);
+        let w = random_f32s(&mut rng, n);
+        let eps = 1e-6f32;
+        let ms: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        for k in Kernels::available() {
+            let mut out = vec![0f32; n];
+            k.rms_norm(&x, &w, eps, &mut out);
+            for i in 0..n {
+                let want = x[i] as f64 * inv * w[i] as f64;
+                prop_assert!(close(out[i], want, (n as f64 + 8.0) * 2.0 * EPS, 1e-30), "{} rms_norm[{i}]", k.name());
+            }
+        }
+    }
+
+    #[test]
+    fn dots_and_axpy_match_f64(seed: u64, li in 0..16usize, alpha in -4.0f32..4.0) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li);
+        let a = random_f32s(&mut rng, n);
+        let b = random_f32s(&mut rng, n);
+        let bh: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
+        let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let abs: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
+        let exact_h: f64 = a.iter().zip(&bh).map(|(&x, y)| x as f64 * y.to_f64()).sum();
+        let abs_h: f64 = a.iter().zip(&bh).map(|(&x, y)| (x as f64 * y.to_f64()).abs()).sum();
+        for k in Kernels::available() {
+            let d = k.dot_f32(&a, &b) as f64;
+            prop_assert!((d - exact).abs() <= dot_tol(n, abs), "{} dot_f32 {d} vs {exact}", k.name());
+            let d = k.dot_f32_f16(&a, &bh) as f64;
+            prop_assert!((d - exact_h).abs() <= dot_tol(n, abs_h), "{} dot_f32_f16 {d} vs {exact_h}", k.name());
+
+            let mut out = b.clone();
+            k.axpy_f32(&mut out, alpha, &a);
+            for i in 0..n {
+                let want = b[i] as f64 + alpha as f64 * a[i] as f64;
+                let tol = 2.0 * EPS * (b[i].abs() as f64 + (alpha * a[i]).abs() as f64) + 1e-30;
+                prop_assert!((out[i] as f64 - want).abs() <= tol, "{} axpy_f32[{i}]", k.name());
+            }
+            let mut out = a.clone();
+            k.axpy_f16(&mut out, alpha, &bh);
+            for i in 0..n {
+                let want = a[i] as f64 + alpha as f64 * bh[i].to_f64();
+                let tol = 2.0 * EPS * (a[i].abs() as f64 + (alpha as f64 * bh[i].to_f64()).abs()) + 1e-30;
+                prop_assert!((out[i] as f64 - want).abs() <= tol, "{} axpy_f16[{i}]", k.name());
+            }
+
+            let mut out = a.clone();
+            k.add(&mut out, &b);
+            for i in 0..n {
+                prop_assert_eq!(out[i], a[i] + b[i]);
+            }
+            let mut out = a.clone();
+            k.scale(&mut out, alpha);
+            for i in 0..n {
+                prop_assert_eq!(out[i], a[i] * alpha);
+            }
+        }
+    }
+
+    #[test]
+    fn f32_to_f16_rounds_like_half(seed: u64, li in 0..16usize) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li);
+        let mut x = wide(&mut rng, n);
+        for v in x.iter_mut().step_by(5) {
+            // Include overflow, subnormals and exact ties.
+            *v = match rng.random_range(0..4) {
+                0 => 70000.0,
+                1 => 1e-6,
+                2 => 1.0 + 2f32.powi(-11),
+                _ => -65520.0,
+            };
+        }
+        for k in Kernels::available() {
+            let mut out = vec![f16::ZERO; n];
+            k.f32_to_f16(&x, &mut out);
+            for i in 0..n {
+                prop_assert_eq!(out[i].to_bits(), f16::from_f32(x[i]).to_bits(), "{} {}", k.name(), x[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_handles_extremes() {
+    for k in Kernels::available() {
+        let mut x = vec![
+            -1e30f32,
+            0.0,
+            1e30,
+            -f32::INFINITY,
+            5.0,
+            1e30,
+            -3.0,
+            2.0,
+            1.0,
+        ];
+        k.softmax(&mut x);
+        let sum: f32 = x.iter().sum();
+        assert!((sum - 1.0).abs() < 1e-6, "{} {x:?}", k.name());
+        assert!(
+            (x[2] - 0.5).abs() < 1e-6 && (x[5] - 0.5).abs() < 1e-6,
+            "{} {x:?}",
+            k.name()
+        );
+        let mut empty: [f32; 0] = [];
+        k.softmax(&mut empty);
+    }
+}
+
+#[test]
+#[should_panic(expected = "length mismatch")]
+fn elementwise_rejects_mismatched_lengths() {
+    Kernels::detect().add(&mut [0.0; 3], &[0.0; 4]);
+}
