@@ -188,17 +188,27 @@ impl GgmlType {
     pub fn row_size(self, n: u64) -> Result<u64, DTypeError> {
         let block = self.block_size();
         if n % block != 0 {
-            return Err(DTypeError::RowNotBlockAligned { ty: self, len: n, block });
+            return Err(DTypeError::RowNotBlockAligned {
+                ty: self,
+                len: n,
+                block,
+            });
         }
-        (n / block).checked_mul(self.type_size()).ok_or(DTypeError::Overflow {
-            ty: self,
-            shape: vec![n],
-        })
+        // `ok_or_else`: the error allocates, and this runs on every matmul call.
+        (n / block)
+            .checked_mul(self.type_size())
+            .ok_or_else(|| DTypeError::Overflow {
+                ty: self,
+                shape: vec![n],
+            })
     }
 
     /// Bytes of a tensor of shape `dims` (ggml order: `dims[0]` is the contiguous row length).
     pub fn tensor_size(self, dims: &[u64]) -> Result<u64, DTypeError> {
-        let overflow = || DTypeError::Overflow { ty: self, shape: dims.to_vec() };
+        let overflow = || DTypeError::Overflow {
+            ty: self,
+            shape: dims.to_vec(),
+        };
         let Some((&row, rest)) = dims.split_first() else {
             return Ok(self.type_size());
         };
