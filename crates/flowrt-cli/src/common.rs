@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use flowrt_cpu::KvType;
+use flowrt_cpu::{ActQuant, KvType};
 use flowrt_engine::{EngineOptions, LoadedModel};
 use flowrt_kernels::Kernels;
 use flowrt_store::FetchPolicy;
@@ -29,6 +29,10 @@ pub struct EngineArgs {
     /// also FLOWRT_KERNELS).
     #[arg(long)]
     pub kernels: Option<String>,
+    /// Activation quantisation for quantised weights: q16 (matches f32 reference math to
+    /// rounding noise) or q8 (ggml's 8-bit activations).
+    #[arg(long = "act-quant", default_value = "q16")]
+    pub act_quant: ActQuant,
     /// Never fetch a catalog model that is not in the store.
     #[arg(long = "no-fetch")]
     pub no_fetch: bool,
@@ -54,6 +58,7 @@ impl EngineArgs {
             kv_type: self.kv_type,
             max_batch: self.batch_size,
             kernels,
+            act_quant: self.act_quant,
         })
     }
 }

@@ -14,6 +14,37 @@ use crate::rope::RopeTable;
 /// Rows of a weight matrix one matmul task computes.
 const ROW_BLOCK: usize = 16;
 
+/// How activations are quantised for matmuls with quantised weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ActQuant {
+    /// 16-bit integers per block of 32 (see `flowrt_kernels::q16`): agrees with f32 reference
+    /// math to rounding noise. The default.
+    #[default]
+    Q16,
+    /// ggml's 8-bit activation types (Q8_0/Q8_1): less precise.
+    Q8,
+}
+
+impl std::str::FromStr for ActQuant {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "q16" => Ok(ActQuant::Q16),
+            "q8" => Ok(ActQuant::Q8),
+            _ => Err(format!(
+                "unknown activation quantisation `{s}` (use q16 or q8)"
+            )),
+        }
+    }
+}
+
+/// The format of quantised activation rows held for a matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActRows {
+    Ggml(GgmlType),
+    Q16,
+}
+
 /// Settings of a CPU backend instance.
 #[derive(Clone, Debug)]
 pub struct CpuOptions {
@@ -27,6 +58,8 @@ pub struct CpuOptions {
     pub max_batch: usize,
     /// Kernels to use (defaults to the best the host supports).
     pub kernels: Option<&'static Kernels>,
+    /// Activation quantisation for quantised weights.
+    pub act_quant: ActQuant,
 }
 
 /// Which logits a batch produces.
@@ -88,7 +121,8 @@ pub struct CpuBackend {
     max_batch: usize,
     bufs: [Vec<f32>; 10], // indexed by `Buf as usize`, each (max_batch, width)
     quant: Vec<u8>,       // quantised activation rows for the current matmul input
-    quant_of: Option<(Buf, GgmlType, usize, usize)>, // (buffer, type, first row, rows) held in `quant`
+    quant_of: Option<(Buf, ActRows, usize, usize)>, // (buffer, format, first row, rows) held in `quant`
+    act_quant: ActQuant,
     per_thread: Vec<Mutex<ThreadScratch>>,
     n_logit_rows: usize,
 }
@@ -166,6 +200,7 @@ impl CpuBackend {
             quant_of: None,
             per_thread,
             n_logit_rows: 0,
+            act_quant: opts.act_quant,
             model,
         })
     }
@@ -388,10 +423,17 @@ impl CpuBackend {
             (0, n)
         };
         let kdim = w.cols;
-        let act = Kernels::vec_dot_type(w.dtype);
-        let act_row = flowrt_kernels::row_size(act, kdim);
+        let fmt = if self.act_quant == ActQuant::Q16 && Kernels::supports_q16(w.dtype) {
+            ActRows::Q16
+        } else {
+            ActRows::Ggml(Kernels::vec_dot_type(w.dtype))
+        };
+        let act_row = match fmt {
+            ActRows::Q16 => flowrt_kernels::q16::q16_row_size(kdim),
+            ActRows::Ggml(t) => flowrt_kernels::row_size(t, kdim),
+        };
         let kern = self.kernels;
-        if self.quant_of != Some((src, act, r0, nsel)) {
+        if self.quant_of != Some((src, fmt, r0, nsel)) {
             let need = nsel * act_row;
             if self.quant.len() < need {
                 self.quant.resize(need, 0);
@@ -399,9 +441,13 @@ impl CpuBackend {
             let s = &self.bufs[src as usize];
             for t in 0..nsel {
                 let row = &s[(r0 + t) * kdim..(r0 + t + 1) * kdim];
-                kern.quantize_row(act, row, &mut self.quant[t * act_row..(t + 1) * act_row]);
+                let out = &mut self.quant[t * act_row..(t + 1) * act_row];
+                match fmt {
+                    ActRows::Q16 => kern.quantize_row_q16(row, out),
+                    ActRows::Ggml(t) => kern.quantize_row(t, row, out),
+                }
             }
-            self.quant_of = Some((src, act, r0, nsel));
+            self.quant_of = Some((src, fmt, r0, nsel));
         }
         let out_len = nsel * w.rows;
         if dst == Buf::Logits {
@@ -423,16 +469,11 @@ impl CpuBackend {
                 let nr = c1 - c0;
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
                 let tile = &mut scratch.tile[..nsel * nr];
-                kern.matmul(
-                    w.dtype,
-                    kdim,
-                    w.rows_bytes(c0, c1),
-                    nr,
-                    quant,
-                    nsel,
-                    tile,
-                    nr,
-                );
+                let wb = w.rows_bytes(c0, c1);
+                match fmt {
+                    ActRows::Q16 => kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
+                    ActRows::Ggml(_) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
+                }
                 for t in 0..nsel {
                     wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
                 }

@@ -1,30 +1,42 @@
 //! A small persistent thread pool for the forward pass.
 //!
-//! `run` hands one borrowed closure to every thread (the caller is thread 0) and returns when
-//! all have finished. Workers spin briefly between jobs (ops follow each other within
-//! microseconds during a forward pass) and then sleep on a condition variable, so an idle
-//! runtime costs no CPU. Nothing is allocated per job.
+//! `run` offers one borrowed closure to the pool's threads (the caller is thread 0) and
+//! returns when every thread that took it up has finished. Jobs hand out their work through a
+//! [`TaskCounter`], so the caller alone can complete a job: a worker that the OS has not
+//! scheduled by the time the caller runs out of tasks is simply left out of that job instead of
+//! being waited for. That keeps a loaded machine (more runnable threads than cores) from
+//! turning every op into a wait for a time slice.
+//!
+//! Workers spin briefly between jobs (ops follow each other within microseconds during a
+//! forward pass) and then sleep on a condition variable, so an idle runtime costs no CPU.
+//! Nothing is allocated per job.
 //!
 //! This file holds the crate's only `unsafe`: erasing the lifetime of the borrowed closure
-//! while `run` waits for every worker, and handing disjoint mutable parts of one buffer to
-//! different threads.
+//! while `run` waits for every worker that entered the job, and handing disjoint mutable parts
+//! of one buffer to different threads.
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 type Job = dyn Fn(usize, usize) + Sync;
 
+/// Job state word: generation in the low 32 bits, a "closed" flag, and how many workers
+/// entered the job.
+const GEN_MASK: u64 = 0xFFFF_FFFF;
+const CLOSED: u64 = 1 << 32;
+const ENTERED_ONE: u64 = 1 << 33;
+
 struct Shared {
-    /// The current job. Written only by `run` while no worker reads it (between generations).
+    /// The current job. Written only by `run` while no worker can enter a job.
     job: UnsafeCell<Option<*const Job>>,
-    /// Bumped by `run` to publish a job.
-    generation: AtomicUsize,
-    /// Workers that finished the current generation.
+    /// Generation, closed flag and entered count of the current job.
+    state: AtomicU64,
+    /// Workers that finished the current job.
     done: AtomicUsize,
     /// A worker's job panicked.
     panicked: AtomicBool,
@@ -34,9 +46,9 @@ struct Shared {
     wake: Condvar,
 }
 
-// SAFETY: `job` is only written by the thread inside `run` before it publishes a new
-// generation (Release) and read by workers after they observe it (Acquire); `run` does not
-// return (and so does not write again) until every worker has reported `done`.
+// SAFETY: `job` is written by `run` only between jobs: after the previous job was closed and
+// every worker that entered it reported done, and before the new generation is published.
+// Workers read it only after entering the current (open) generation.
 unsafe impl Sync for Shared {}
 // SAFETY: the raw job pointer is only dereferenced under the protocol above.
 unsafe impl Send for Shared {}
@@ -48,8 +60,8 @@ pub struct ThreadPool {
     n_threads: usize,
 }
 
-/// Spin iterations before a worker goes to sleep (tens of microseconds).
-const SPIN_LIMIT: usize = 1 << 16;
+/// Spin iterations before a waiting thread yields or sleeps.
+const SPIN_LIMIT: usize = 1 << 14;
 
 impl ThreadPool {
     /// A pool of `n_threads` threads in total, the calling thread included.
@@ -57,7 +69,7 @@ impl ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
-            generation: AtomicUsize::new(0),
+            state: AtomicU64::new(CLOSED),
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -85,7 +97,9 @@ impl ThreadPool {
         self.n_threads
     }
 
-    /// Run `f(thread_index, n_threads)` on every thread of the pool and wait for all.
+    /// Offer `f(thread_index, n_threads)` to every thread of the pool and wait for those that
+    /// took it up. The calling thread always runs it; workers may not (see the module docs),
+    /// so `f` must claim its work dynamically (e.g. from a [`TaskCounter`]).
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
         if self.n_threads == 1 {
             f(0, 1);
@@ -93,23 +107,26 @@ impl ThreadPool {
         }
         let s = &*self.shared;
         // SAFETY: the lifetime of `f` is erased only for the duration of this call: workers
-        // read the pointer after the generation bump below and we wait until all of them
-        // have finished with it before returning.
+        // dereference the pointer only after entering this job, and we close the job and wait
+        // for every worker that entered it before returning.
         let erased: *const Job = unsafe {
             std::mem::transmute::<*const (dyn Fn(usize, usize) + Sync + '_), *const Job>(f)
         };
-        // SAFETY: no worker reads `job` now: all finished the previous generation.
+        // SAFETY: the previous job is closed and all who entered it are done: nobody reads.
         unsafe { *s.job.get() = Some(erased) };
         s.done.store(0, Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::SeqCst);
+        let gen = (s.state.load(Ordering::Relaxed).wrapping_add(1)) & GEN_MASK;
+        s.state.store(gen, Ordering::SeqCst);
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| f(0, self.n_threads)));
-        let others = self.n_threads - 1;
+        // Close the job: workers that have not entered yet stay out of it.
+        let closed = s.state.fetch_or(CLOSED, Ordering::SeqCst);
+        let entered = (closed >> 33) as usize;
         let mut spins = 0usize;
-        while s.done.load(Ordering::Acquire) < others {
+        while s.done.load(Ordering::Acquire) < entered {
             spins += 1;
             if spins < SPIN_LIMIT {
                 std::hint::spin_loop();
@@ -117,7 +134,7 @@ impl ThreadPool {
                 std::thread::yield_now();
             }
         }
-        // SAFETY: every worker is done with this generation's job.
+        // SAFETY: the job is closed and every worker that entered it is done.
         unsafe { *s.job.get() = None };
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
@@ -129,15 +146,14 @@ impl ThreadPool {
 }
 
 fn worker(s: Arc<Shared>, tid: usize, n: usize) {
-    let mut seen = 0usize;
+    let mut seen = 0u64;
     loop {
         // Wait for a new generation: spin, then sleep.
         let mut spins = 0usize;
-        loop {
-            let g = s.generation.load(Ordering::Acquire);
+        let gen = loop {
+            let g = s.state.load(Ordering::Acquire) & GEN_MASK;
             if g != seen {
-                seen = g;
-                break;
+                break g;
             }
             if s.stop.load(Ordering::Relaxed) {
                 return;
@@ -149,19 +165,40 @@ fn worker(s: Arc<Shared>, tid: usize, n: usize) {
             }
             let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.sleepers.fetch_add(1, Ordering::SeqCst);
-            let guard =
-                if s.generation.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::SeqCst) {
-                    s.wake.wait(guard).unwrap_or_else(|e| e.into_inner())
-                } else {
-                    guard
-                };
+            let guard = if s.state.load(Ordering::SeqCst) & GEN_MASK == seen
+                && !s.stop.load(Ordering::SeqCst)
+            {
+                s.wake.wait(guard).unwrap_or_else(|e| e.into_inner())
+            } else {
+                guard
+            };
             s.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
             spins = 0;
+        };
+        seen = gen;
+        // Enter the job unless it has moved on or been closed.
+        let mut cur = s.state.load(Ordering::Acquire);
+        let entered = loop {
+            if cur & GEN_MASK != gen || cur & CLOSED != 0 {
+                break false;
+            }
+            match s.state.compare_exchange_weak(
+                cur,
+                cur + ENTERED_ONE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break true,
+                Err(now) => cur = now,
+            }
+        };
+        if !entered {
+            continue;
         }
-        // SAFETY: the job was published before the generation bump we just observed, and
-        // `run` keeps the closure alive until we report done below.
-        let job = unsafe { (*s.job.get()).expect("a published generation has a job") };
+        // SAFETY: we entered the open job `gen`; its pointer was written before the generation
+        // was published, and `run` keeps the closure alive until we report done below.
+        let job = unsafe { (*s.job.get()).expect("an open job has a closure") };
         // SAFETY: see above; the pointer refers to a live `Fn + Sync`.
         let f = unsafe { &*job };
         if catch_unwind(AssertUnwindSafe(|| f(tid, n))).is_err() {
@@ -332,21 +369,70 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_thread_runs_each_job() {
+    fn every_task_runs_once_and_the_caller_always_takes_part() {
         for n in [1, 2, 3, 5] {
             let pool = ThreadPool::new(n);
-            for _ in 0..200 {
-                let count = AtomicUsize::new(0);
+            let mut helped = false;
+            for _ in 0..300 {
+                let tasks = TaskCounter::new(64);
+                let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
                 let mask = AtomicUsize::new(0);
                 pool.run(&|tid, nth| {
                     assert_eq!(nth, n);
-                    count.fetch_add(1, Ordering::Relaxed);
                     mask.fetch_or(1 << tid, Ordering::Relaxed);
+                    while let Some(i) = tasks.claim() {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                        // A little work per task, so that workers have time to join.
+                        let mut x = i as u64;
+                        for _ in 0..2000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
                 });
-                assert_eq!(count.load(Ordering::Relaxed), n);
-                assert_eq!(mask.load(Ordering::Relaxed), (1 << n) - 1);
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                let m = mask.load(Ordering::Relaxed);
+                assert_eq!(m & 1, 1, "the caller runs every job");
+                helped |= m != 1;
             }
+            assert!(n == 1 || helped, "workers never joined a job");
         }
+    }
+
+    /// A worker that is busy (or not scheduled) when a job is offered is not waited for.
+    #[test]
+    fn a_stalled_worker_is_not_waited_for() {
+        let pool = ThreadPool::new(2);
+        let release = AtomicBool::new(false);
+        let stalled = AtomicBool::new(false);
+        // Job 1: whichever thread is the worker blocks until released... but the caller may
+        // finish job 1 alone only if the worker never entered it; so stall the worker in a job
+        // it entered, from another thread's point of view, by blocking inside job 1 on tid 1.
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                release.store(true, Ordering::SeqCst);
+            });
+            pool.run(&|tid, _| {
+                if tid == 1 {
+                    stalled.store(true, Ordering::SeqCst);
+                    while !release.load(Ordering::SeqCst) {
+                        std::hint::spin_loop();
+                    }
+                }
+            });
+        });
+        // Job 1 waited for the worker that entered it (required for soundness).
+        assert!(!stalled.load(Ordering::SeqCst) || release.load(Ordering::SeqCst));
+        let tasks = TaskCounter::new(1000);
+        let count = AtomicUsize::new(0);
+        pool.run(&|_, _| {
+            while tasks.claim().is_some() {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 1000);
     }
 
     #[test]
@@ -388,10 +474,17 @@ mod tests {
         let pool = ThreadPool::new(2);
         pool.run(&|_, _| {});
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let count = AtomicUsize::new(0);
-        pool.run(&|_, _| {
-            count.fetch_add(1, Ordering::Relaxed);
-        });
-        assert_eq!(count.load(Ordering::Relaxed), 2);
+        let mask = AtomicUsize::new(0);
+        // Offer jobs until the sleeping worker wakes up and takes one.
+        for _ in 0..10_000 {
+            pool.run(&|tid, _| {
+                mask.fetch_or(1 << tid, Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            });
+            if mask.load(Ordering::Relaxed) == 3 {
+                break;
+            }
+        }
+        assert_eq!(mask.load(Ordering::Relaxed), 3);
     }
 }

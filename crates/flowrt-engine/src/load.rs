@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowrt_cpu::KvType;
+use flowrt_cpu::{ActQuant, KvType};
 use flowrt_gguf::GgufFile;
 use flowrt_kernels::Kernels;
 use flowrt_model::{Model, Plan};
@@ -25,6 +25,8 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Kernels to use; `None` = the best the host supports (or `FLOWRT_KERNELS`).
     pub kernels: Option<&'static Kernels>,
+    /// Activation quantisation for quantised weights.
+    pub act_quant: ActQuant,
 }
 
 impl Default for EngineOptions {
@@ -35,6 +37,7 @@ impl Default for EngineOptions {
             kv_type: KvType::F16,
             max_batch: 256,
             kernels: None,
+            act_quant: ActQuant::Q16,
         }
     }
 }

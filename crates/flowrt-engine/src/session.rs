@@ -27,6 +27,7 @@ impl Session {
                 kv_type: opts.kv_type,
                 max_batch: opts.max_batch,
                 kernels: opts.kernels,
+                act_quant: opts.act_quant,
             },
         )?;
         Ok(Session {

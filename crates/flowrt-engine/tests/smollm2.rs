@@ -17,6 +17,7 @@ fn opts(max_batch: usize, kv_type: KvType) -> EngineOptions {
         kv_type,
         max_batch,
         kernels: None,
+        ..EngineOptions::default()
     }
 }
 

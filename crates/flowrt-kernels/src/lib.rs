@@ -6,15 +6,23 @@
 //!   `FLOWRT_KERNELS` environment variable); nothing is compiled for a fixed CPU.
 //! * Every table is a copy of the scalar one with some entries replaced, so a type or an
 //!   operation without a SIMD version still works everywhere. Adding a weight type means adding a
-//!   slot to [`SLOT_TYPES`] and its row to the scalar table (then, optionally, SIMD rows).
+//!   slot to `SLOT_TYPES` and its row to the scalar table (then, optionally, SIMD rows).
 //! * Length mismatches are programmer errors and panic at the API boundary, before any SIMD code
 //!   runs, so the SIMD code never reads or writes out of bounds.
+//!
+//! The hot path is [`Kernels::matmul`] on quantised weights. The x86 tables compute it in tiles
+//! of a few weight rows by a few tokens (`x86/quant.rs`): a weight block is unpacked once and
+//! used for every token of the tile, an activation block once for every row, the accumulators
+//! stay in registers, and integer block sums are exact (`maddubs` on AVX2, `vpdpbusd` with
+//! VNNI). Decoding (one token) uses tiles of several rows so that one activation load and
+//! scale serve them all.
 
 use std::sync::OnceLock;
 
 use flowrt_dtype::GgmlType;
 
 pub mod blocks;
+pub mod q16;
 mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -436,48 +444,56 @@ impl Kernels {
             .ops(w)
             .matmul
             .unwrap_or_else(|| panic!("matmul: {w} is not a weight type"));
-        let wsize = row_size(w, k)
-            .checked_mul(nrows)
-            .expect("matmul: weight size overflows");
-        assert_eq!(
-            wrows.len(),
-            wsize,
-            "matmul({w}): weights for nrows={nrows}, k={k}"
-        );
-        let at = Kernels::vec_dot_type(w);
-        let asize = row_size(at, k)
-            .checked_mul(ntok)
-            .expect("matmul: activation size overflows");
-        assert_eq!(
-            a.len(),
-            asize,
-            "matmul({w}): activations for ntok={ntok}, k={k}"
-        );
-        if nrows == 0 || ntok == 0 {
-            return;
-        }
-        assert!(
-            ntok == 1 || out_stride >= nrows,
-            "matmul: out_stride {out_stride} < nrows {nrows}"
-        );
-        let need = (ntok - 1)
-            .checked_mul(out_stride)
-            .and_then(|n| n.checked_add(nrows))
-            .expect("matmul: output size overflows");
-        assert!(
-            out.len() >= need,
-            "matmul: output has {} floats, needs {need}",
-            out.len()
-        );
-        f(MatmulArgs {
+        let arow = row_size(Kernels::vec_dot_type(w), k);
+        checked_matmul(f, w, k, wrows, nrows, a, arow, ntok, out, out_stride);
+    }
+
+    /// Like [`Kernels::matmul`], with activation rows quantised to Q16 by
+    /// [`Kernels::quantize_row_q16`] (see [`q16`]) instead of `vec_dot_type(w)`.
+    ///
+    /// # Panics
+    /// If `w` has no Q16 matmul (see [`Kernels::supports_q16`]) or on a length mismatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_q16(
+        &self,
+        w: GgmlType,
+        k: usize,
+        wrows: &[u8],
+        nrows: usize,
+        a: &[u8],
+        ntok: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let f = q16::matmul_fn(self.isa, w)
+            .unwrap_or_else(|| panic!("matmul_q16: {w} has no Q16 matmul"));
+        checked_matmul(
+            f,
+            w,
             k,
-            w: wrows,
+            wrows,
             nrows,
             a,
+            q16::q16_row_size(k),
             ntok,
             out,
             out_stride,
-        })
+        );
+    }
+
+    /// Weight types [`Kernels::matmul_q16`] takes.
+    pub fn supports_q16(w: GgmlType) -> bool {
+        q16::supports(w)
+    }
+
+    /// Quantise one activation row to Q16 (`x.len()` a multiple of 32).
+    pub fn quantize_row_q16(&self, x: &[f32], out: &mut [u8]) {
+        assert_eq!(
+            out.len(),
+            q16::q16_row_size(x.len()),
+            "quantize_row_q16: output length"
+        );
+        q16::quantize_fn(self.isa)(x, out)
     }
 
     /// `out = x / sqrt(mean(x^2) + eps) * weight`.
@@ -547,4 +563,62 @@ impl Kernels {
         assert_eq!(x.len(), out.len(), "f32_to_f16: length mismatch");
         (self.elem.f32_to_f16)(x, out)
     }
+}
+
+/// Check a matmul's lengths (programmer errors panic here, before any SIMD code runs) and call
+/// `f`. `arow` is the byte size of one activation row.
+#[allow(clippy::too_many_arguments)]
+fn checked_matmul(
+    f: MatmulFn,
+    w: GgmlType,
+    k: usize,
+    wrows: &[u8],
+    nrows: usize,
+    a: &[u8],
+    arow: usize,
+    ntok: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let wsize = row_size(w, k)
+        .checked_mul(nrows)
+        .expect("matmul: weight size overflows");
+    assert_eq!(
+        wrows.len(),
+        wsize,
+        "matmul({w}): weights for nrows={nrows}, k={k}"
+    );
+    let asize = arow
+        .checked_mul(ntok)
+        .expect("matmul: activation size overflows");
+    assert_eq!(
+        a.len(),
+        asize,
+        "matmul({w}): activations for ntok={ntok}, k={k}"
+    );
+    if nrows == 0 || ntok == 0 {
+        return;
+    }
+    assert!(
+        ntok == 1 || out_stride >= nrows,
+        "matmul: out_stride {out_stride} < nrows {nrows}"
+    );
+    let need = (ntok - 1)
+        .checked_mul(out_stride)
+        .and_then(|n| n.checked_add(nrows))
+        .expect("matmul: output size overflows");
+    assert!(
+        out.len() >= need,
+        "matmul: output has {} floats, needs {need}",
+        out.len()
+    );
+    f(MatmulArgs {
+        k,
+        w: wrows,
+        nrows,
+        a,
+        ntok,
+        out,
+        out_stride,
+    })
 }

@@ -11,6 +11,7 @@
 mod avx2;
 mod avx512;
 mod elem;
+pub(crate) mod q16;
 mod quant;
 
 use std::sync::OnceLock;

@@ -1,0 +1,267 @@
+//! AVX2 (+FMA+F16C) kernels for Q16 activations (see `crate::q16`): `vpmaddwd` on 16-bit
+//! pairs, one f32 FMA per block and row/token pair, weights unpacked once per tile and reused
+//! for every token of it.
+
+use core::arch::x86_64::*;
+
+use flowrt_dtype::GgmlType;
+
+use crate::blocks::QK;
+use crate::q16::{q16_row_size, Q16_BLOCK_BYTES};
+use crate::{MatmulArgs, MatmulFn};
+
+/// A weight type's block, unpacked to two vectors of 16 i16 values (elements 0..16, 16..32).
+trait Unpack {
+    const BYTES: usize;
+    /// # Safety
+    /// `p` points to a whole block; the host has AVX2 and F16C.
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32);
+}
+
+struct W4_0;
+struct W4_1;
+struct W8_0;
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn nibbles(x: __m128i) -> (__m256i, __m256i) {
+    let m = _mm_set1_epi8(0x0F);
+    let lo = _mm_and_si128(x, m);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(x), m);
+    (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees two readable bytes at p.
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+        unsafe { p.cast::<u16>().read_unaligned() } as i32,
+    )))
+}
+
+impl Unpack for W4_0 {
+    const BYTES: usize = 18;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: a Q4_0 block is 18 bytes: d at 0, 16 bytes of nibbles at 2.
+        unsafe {
+            let d = half(p);
+            let (lo, hi) = nibbles(_mm_loadu_si128(p.add(2).cast()));
+            (lo, hi, d, -8.0 * d)
+        }
+    }
+}
+
+impl Unpack for W4_1 {
+    const BYTES: usize = 20;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: a Q4_1 block is 20 bytes: d at 0, m at 2, 16 bytes of nibbles at 4.
+        unsafe {
+            let (lo, hi) = nibbles(_mm_loadu_si128(p.add(4).cast()));
+            (lo, hi, half(p), half(p.add(2)))
+        }
+    }
+}
+
+impl Unpack for W8_0 {
+    const BYTES: usize = 34;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: a Q8_0 block is 34 bytes: d at 0, 32 i8 at 2.
+        unsafe {
+            let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2).cast()));
+            let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18).cast()));
+            (lo, hi, half(p), 0.0)
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Rows `r0..r0+R` times tokens `t0..t0+T`.
+///
+/// # Safety
+/// The rows and tokens exist in `g` (whose lengths `Kernels::matmul_q16` checked), and the host
+/// has AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<W: Unpack, const R: usize, const T: usize>(
+    g: &MatmulArgs<'_>,
+    r0: usize,
+    t0: usize,
+) {
+    let nb = g.k / QK;
+    let wstride = nb * W::BYTES;
+    let astride = nb * Q16_BLOCK_BYTES;
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut off = [[0.0f32; T]; R];
+    let w = g.w.as_ptr();
+    let a = g.a.as_ptr();
+    // SAFETY (loop): block b of rows r0..r0+R and tokens t0..t0+T lies inside `g.w`/`g.a`.
+    unsafe {
+        for b in 0..nb {
+            let mut wlo = [_mm256_setzero_si256(); R];
+            let mut whi = [_mm256_setzero_si256(); R];
+            let mut dw = [0.0f32; R];
+            let mut cw = [0.0f32; R];
+            for r in 0..R {
+                let (lo, hi, d, c) = W::unpack(w.add((r0 + r) * wstride + b * W::BYTES));
+                wlo[r] = lo;
+                whi[r] = hi;
+                dw[r] = d;
+                cw[r] = c;
+            }
+            for t in 0..T {
+                let ap = a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES);
+                let da = ap.cast::<f32>().read_unaligned();
+                let sa = ap.add(4).cast::<f32>().read_unaligned();
+                let alo = _mm256_loadu_si256(ap.add(8).cast());
+                let ahi = _mm256_loadu_si256(ap.add(40).cast());
+                for r in 0..R {
+                    let p = _mm256_add_epi32(
+                        _mm256_madd_epi16(wlo[r], alo),
+                        _mm256_madd_epi16(whi[r], ahi),
+                    );
+                    acc[r][t] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(p),
+                        _mm256_set1_ps(dw[r] * da),
+                        acc[r][t],
+                    );
+                    off[r][t] += cw[r] * sa;
+                }
+            }
+        }
+        for r in 0..R {
+            for t in 0..T {
+                *g.out
+                    .as_ptr()
+                    .cast_mut()
+                    .add((t0 + t) * g.out_stride + r0 + r) = hsum(acc[r][t]) + off[r][t];
+            }
+        }
+    }
+}
+
+/// The whole matmul: 4-token tiles of 2 rows for prompts, 4-row tiles for single tokens.
+///
+/// # Safety
+/// As for [`tile`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<W: Unpack>(g: &MatmulArgs<'_>) {
+    let (nr, nt) = (g.nrows, g.ntok);
+    // SAFETY: every tile stays within 0..nr rows and 0..nt tokens.
+    unsafe {
+        let mut t = 0;
+        while t + 4 <= nt {
+            let mut r = 0;
+            while r + 2 <= nr {
+                tile::<W, 2, 4>(g, r, t);
+                r += 2;
+            }
+            if r < nr {
+                tile::<W, 1, 4>(g, r, t);
+            }
+            t += 4;
+        }
+        while t < nt {
+            let mut r = 0;
+            while r + 4 <= nr {
+                tile::<W, 4, 1>(g, r, t);
+                r += 4;
+            }
+            while r < nr {
+                tile::<W, 1, 1>(g, r, t);
+                r += 1;
+            }
+            t += 1;
+        }
+    }
+}
+
+fn matmul_q4_0(g: MatmulArgs<'_>) {
+    // SAFETY: this function is only reachable from tables built after AVX2/FMA/F16C were
+    // detected, with lengths checked by `Kernels::matmul_q16`.
+    unsafe { run::<W4_0>(&g) }
+}
+fn matmul_q4_1(g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<W4_1>(&g) }
+}
+fn matmul_q8_0(g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<W8_0>(&g) }
+}
+
+pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
+    match w {
+        GgmlType::Q4_0 => Some(matmul_q4_0),
+        GgmlType::Q4_1 => Some(matmul_q4_1),
+        GgmlType::Q8_0 => Some(matmul_q8_0),
+        _ => None,
+    }
+}
+
+/// Quantise one row to Q16 (round to nearest, ties to even: may differ from the scalar
+/// reference's ties-away by one unit on exact ties).
+pub(crate) fn quantize_row(x: &[f32], out: &mut [u8]) {
+    assert_eq!(out.len(), q16_row_size(x.len()));
+    // SAFETY: reachable only from AVX2 tables (see `matmul_q4_0`); lengths checked above.
+    unsafe { quantize_row_avx2(x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_row_avx2(x: &[f32], out: &mut [u8]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(Q16_BLOCK_BYTES))
+    {
+        // SAFETY: xb has 32 floats, ob 72 bytes.
+        unsafe {
+            let p = xb.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let m = _mm256_max_ps(
+                _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])),
+            );
+            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let d = amax / 32767.0;
+            let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let q: [__m256i; 4] = std::array::from_fn(|i| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<
+                    { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                >(_mm256_mul_ps(v[i], id)))
+            });
+            let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            let sum = _mm_cvtsi128_si32(s);
+            let p01 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[0], q[1]));
+            let p23 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(q[2], q[3]));
+            let o = ob.as_mut_ptr();
+            o.cast::<f32>().write_unaligned(d);
+            o.add(4).cast::<f32>().write_unaligned(d * sum as f32);
+            _mm256_storeu_si256(o.add(8).cast(), p01);
+            _mm256_storeu_si256(o.add(40).cast(), p23);
+        }
+    }
+}

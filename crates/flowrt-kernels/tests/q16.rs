@@ -1,0 +1,152 @@
+//! Q16-activation matmuls: every table the host can run against the scalar reference, and the
+//! scalar reference against plain f64 math on dequantised values.
+
+use flowrt_dtype::GgmlType;
+use flowrt_kernels::q16::{q16_row_size, quantize_row_ref, Q16_BLOCK_BYTES};
+use flowrt_kernels::{row_size, Kernels};
+use proptest::prelude::*;
+
+const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+/// Random weight rows of type `ty`: sane f16 scales, random payload bytes.
+fn weights(ty: GgmlType, k: usize, rows: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let bs = ty.type_size() as usize;
+    let mut out = vec![0u8; row_size(ty, k) * rows];
+    for blk in out.chunks_exact_mut(bs) {
+        for b in blk.iter_mut() {
+            *b = next() as u8;
+        }
+        let scale =
+            |r: u64| half::f16::from_f32(((r % 2000) as f32 / 1000.0 - 1.0) * 0.05).to_le_bytes();
+        blk[0..2].copy_from_slice(&scale(next()));
+        if ty == GgmlType::Q4_1 {
+            blk[2..4].copy_from_slice(&scale(next()));
+        }
+    }
+    out
+}
+
+fn acts(k: usize, ntok: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..k * ntok)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = (state % 20001) as f32 / 10000.0 - 1.0;
+            // A few outliers, as real activations have.
+            if i % 97 == 0 {
+                v * 40.0
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+fn quantize(x: &[f32], k: usize) -> Vec<u8> {
+    let mut a = vec![0u8; q16_row_size(x.len())];
+    for (xr, ar) in x.chunks_exact(k).zip(a.chunks_exact_mut(q16_row_size(k))) {
+        quantize_row_ref(xr, ar);
+    }
+    a
+}
+
+fn matmul(
+    kern: &Kernels,
+    ty: GgmlType,
+    k: usize,
+    w: &[u8],
+    nrows: usize,
+    a: &[u8],
+    ntok: usize,
+) -> Vec<f32> {
+    let mut out = vec![f32::NAN; ntok * nrows];
+    kern.matmul_q16(ty, k, w, nrows, a, ntok, &mut out, nrows);
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn every_table_matches_the_scalar_reference(
+        ty_i in 0usize..3, nb in 1usize..=48, nrows in 1usize..=9, ntok in 1usize..=9, seed in any::<u64>()
+    ) {
+        let ty = TYPES[ty_i];
+        let k = nb * 32;
+        let w = weights(ty, k, nrows, seed);
+        let a = quantize(&acts(k, ntok, seed), k);
+        let want = matmul(Kernels::scalar(), ty, k, &w, nrows, &a, ntok);
+        for kern in Kernels::available() {
+            let got = matmul(kern, ty, k, &w, nrows, &a, ntok);
+            for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                let tol = 1e-5 * (1.0 + r.abs()) * (k as f32).sqrt();
+                prop_assert!((g - r).abs() <= tol, "{} {ty} k={k} [{i}]: {g} vs {r}", kern.name());
+            }
+        }
+    }
+
+    #[test]
+    fn simd_quantisation_matches_the_reference(nb in 1usize..=20, seed in any::<u64>()) {
+        let k = nb * 32;
+        let x = acts(k, 1, seed);
+        let want = quantize(&x, k);
+        for kern in Kernels::available() {
+            let mut got = vec![0u8; q16_row_size(k)];
+            kern.quantize_row_q16(&x, &mut got);
+            for (gb, wb) in got.chunks_exact(Q16_BLOCK_BYTES).zip(want.chunks_exact(Q16_BLOCK_BYTES)) {
+                prop_assert_eq!(&gb[0..4], &wb[0..4], "{}: scale", kern.name());
+                for (g, w) in gb[8..].chunks_exact(2).zip(wb[8..].chunks_exact(2)) {
+                    let (g, w) = (i16::from_le_bytes([g[0], g[1]]), i16::from_le_bytes([w[0], w[1]]));
+                    prop_assert!((g as i32 - w as i32).abs() <= 1, "{}: {g} vs {w}", kern.name());
+                }
+            }
+        }
+    }
+}
+
+/// The reference itself: Q16 activations give the f64 dot of dequantised weights with the
+/// unquantised activations to about 1e-4 relative (8-bit activations: about 1e-2).
+#[test]
+fn scalar_reference_is_close_to_exact_math() {
+    for ty in TYPES {
+        for (k, nrows, seed) in [(32, 3, 1u64), (576, 5, 2), (1536, 4, 3)] {
+            let w = weights(ty, k, nrows, seed);
+            let x = acts(k, 1, seed + 10);
+            let a = quantize(&x, k);
+            let got = matmul(Kernels::scalar(), ty, k, &w, nrows, &a, 1);
+            let mut wf = vec![0f32; k];
+            for r in 0..nrows {
+                let rb = row_size(ty, k);
+                Kernels::scalar().dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut wf);
+                let exact: f64 = wf.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let scale: f64 = wf
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let err = (got[r] as f64 - exact).abs() / scale.max(1e-30);
+                assert!(
+                    err < 2e-4,
+                    "{ty} k={k} row {r}: {} vs {exact} (relative {err:e})",
+                    got[r]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_rows_quantise_to_zero() {
+    let mut out = vec![0xFFu8; Q16_BLOCK_BYTES];
+    quantize_row_ref(&[0.0; 32], &mut out);
+    assert!(out.iter().all(|&b| b == 0));
+}
