@@ -25,10 +25,9 @@ struct W8_0;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn nibbles(x: __m128i) -> (__m256i, __m256i) {
-    let m = _mm_set1_epi8(0x0F);
-    let lo = _mm_and_si128(x, m);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(x), m);
-    (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+    // Widen the 16 bytes once; each 16-bit lane then holds `lo + 16 * hi`.
+    let b = _mm256_cvtepu8_epi16(x);
+    (_mm256_and_si256(b, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16::<4>(b))
 }
 
 #[inline]
