@@ -8,11 +8,13 @@ use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Model, WeightMatrix};
 
 use crate::kv::{as_f16, as_f16_mut, KvCache, KvStore, KvType};
-use crate::pool::ThreadPool;
+use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
 
 /// Rows of a weight matrix one matmul task computes.
 const ROW_BLOCK: usize = 16;
+/// Most matmuls of one input that run as one parallel job.
+const MAX_FUSED: usize = 3;
 
 /// How activations are quantised for matmuls with quantised weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -252,18 +254,41 @@ impl CpuBackend {
             });
         }
         for (gi, group) in groups.iter().enumerate() {
-            for op in &group.ops {
-                self.run_op(group.kind, op, batch)
-                    .map_err(|reason| BackendError::Op {
-                        group: first_group + gi,
-                        kind: group.kind,
-                        op: op.name(),
-                        reason,
-                    })?;
-                // A matmul leaves its input untouched; anything else may change the quantised input.
-                if !matches!(op, Op::MatMul { .. }) {
-                    self.quant_of = None;
+            let mut i = 0;
+            while i < group.ops.len() {
+                let op = &group.ops[i];
+                let err = |reason| BackendError::Op {
+                    group: first_group + gi,
+                    kind: group.kind,
+                    op: op.name(),
+                    reason,
+                };
+                if let Op::MatMul { src, .. } = *op {
+                    // Consecutive matmuls of one input (Q/K/V, gate/up) run as one parallel job.
+                    let mut items = [(Buf::X, MatRole::Q); MAX_FUSED];
+                    let mut n = 0;
+                    while n < MAX_FUSED && i + n < group.ops.len() {
+                        match group.ops[i + n] {
+                            Op::MatMul {
+                                src: s,
+                                dst,
+                                weight,
+                            } if s == src && dst != src => {
+                                items[n] = (dst, weight);
+                                n += 1;
+                            }
+                            _ => break,
+                        }
+                    }
+                    self.matmuls(group.kind.layer(), src, &items[..n.max(1)], batch)
+                        .map_err(err)?;
+                    i += n.max(1);
+                    continue;
                 }
+                self.run_op(group.kind, op, batch).map_err(err)?;
+                // Anything but a matmul may change the quantised input.
+                self.quant_of = None;
+                i += 1;
             }
         }
         Ok(())
@@ -310,7 +335,7 @@ impl CpuBackend {
                     );
                 }
             }
-            Op::MatMul { src, dst, weight } => self.matmul(layer, src, dst, weight, batch)?,
+            Op::MatMul { src, dst, weight } => self.matmuls(layer, src, &[(dst, weight)], batch)?,
             Op::QkNorm => {
                 let l = layer.ok_or("qk_norm outside a layer")?;
                 let lw = &self.model.layers[l];
@@ -382,16 +407,13 @@ impl CpuBackend {
         Ok(())
     }
 
-    fn matmul(
-        &mut self,
+    /// A matmul's weight and bias.
+    fn weight(
+        model: &Model,
         layer: Option<usize>,
-        src: Buf,
-        dst: Buf,
         role: MatRole,
-        batch: &Batch,
-    ) -> Result<(), String> {
-        let model = self.model.clone();
-        let (w, bias): (&WeightMatrix, Option<&Vec<f32>>) = match (role, layer) {
+    ) -> Result<(&WeightMatrix, Option<&Vec<f32>>), String> {
+        Ok(match (role, layer) {
             (MatRole::Output, _) => (&model.output, None),
             (r, Some(l)) => {
                 let lw = &model.layers[l];
@@ -407,10 +429,50 @@ impl CpuBackend {
                 }
             }
             (_, None) => return Err("a layer matmul outside a layer group".into()),
-        };
+        })
+    }
+
+    /// How activations are quantised for weights of type `ty`.
+    fn act_rows(&self, ty: GgmlType) -> ActRows {
+        if self.act_quant == ActQuant::Q16 && Kernels::supports_q16(ty) {
+            ActRows::Q16
+        } else {
+            ActRows::Ggml(Kernels::vec_dot_type(ty))
+        }
+    }
+
+    /// `dst_j = src · W_jᵀ (+ bias_j)` for each item, as one parallel job over row blocks of
+    /// all the matrices (they share the input and its quantisation).
+    fn matmuls(
+        &mut self,
+        layer: Option<usize>,
+        src: Buf,
+        items: &[(Buf, MatRole)],
+        batch: &Batch,
+    ) -> Result<(), String> {
+        let model = self.model.clone();
+        let mut ws: [Option<(&WeightMatrix, Option<&Vec<f32>>)>; MAX_FUSED] = [None; MAX_FUSED];
+        for (j, &(_, role)) in items.iter().enumerate() {
+            // Borrowed from the cloned `Arc`, so `self`'s buffers stay free below.
+            ws[j] = Some(Self::weight(&model, layer, role)?);
+        }
+        let first = ws[0].expect("at least one matmul").0;
+        let fmt = self.act_rows(first.dtype);
+        let fusable = items.len() > 1
+            && ws[..items.len()]
+                .iter()
+                .flatten()
+                .all(|(w, _)| w.cols == first.cols && self.act_rows(w.dtype) == fmt);
+        if items.len() > 1 && !fusable {
+            for &item in items {
+                self.matmuls(layer, src, &[item], batch)?;
+            }
+            return Ok(());
+        }
         let n = batch.tokens.len();
-        // Which rows of `src` feed this matmul.
-        let (r0, nsel) = if dst == Buf::Logits {
+        let produces_logits = items[0].0 == Buf::Logits;
+        // Which rows of `src` feed the matmul.
+        let (r0, nsel) = if produces_logits {
             match batch.logits {
                 LogitsWanted::All => (0, n),
                 LogitsWanted::Last => (n - 1, 1),
@@ -422,12 +484,7 @@ impl CpuBackend {
         } else {
             (0, n)
         };
-        let kdim = w.cols;
-        let fmt = if self.act_quant == ActQuant::Q16 && Kernels::supports_q16(w.dtype) {
-            ActRows::Q16
-        } else {
-            ActRows::Ggml(Kernels::vec_dot_type(w.dtype))
-        };
+        let kdim = first.cols;
         let act_row = match fmt {
             ActRows::Q16 => flowrt_kernels::q16::q16_row_size(kdim),
             ActRows::Ggml(t) => flowrt_kernels::row_size(t, kdim),
@@ -449,38 +506,97 @@ impl CpuBackend {
             }
             self.quant_of = Some((src, fmt, r0, nsel));
         }
-        let out_len = nsel * w.rows;
-        if dst == Buf::Logits {
+        if produces_logits {
+            let out_len = nsel * first.rows;
             let lb = &mut self.bufs[Buf::Logits as usize];
             if lb.len() < out_len {
                 lb.resize(out_len, 0.0);
             }
             self.n_logit_rows = nsel;
         }
-        let out = &mut self.bufs[dst as usize][..out_len];
+        // Row blocks of every matrix, numbered consecutively.
+        let mut starts = [0usize; MAX_FUSED + 1];
+        for (j, w) in ws[..items.len()].iter().flatten().enumerate() {
+            starts[j + 1] = starts[j] + w.0.rows.div_ceil(ROW_BLOCK);
+        }
+        let n_blocks = starts[items.len()];
+        let block = |i: usize| {
+            let j = (0..items.len()).rfind(|&j| starts[j] <= i).unwrap_or(0);
+            let rows = ws[j].map_or(0, |w| w.0.rows);
+            let b = i - starts[j];
+            (j, b * ROW_BLOCK, ((b + 1) * ROW_BLOCK).min(rows))
+        };
         let quant = &self.quant[..nsel * act_row];
         let per_thread = &self.per_thread;
-        let rows = w.rows;
-        let n_blocks = rows.div_ceil(ROW_BLOCK);
-        let cols = |i: usize| (i * ROW_BLOCK, ((i + 1) * ROW_BLOCK).min(rows));
-        self.pool
-            .for_each_column_block(out, rows, n_blocks, &cols, &|tid, i, wr| {
-                let (c0, c1) = cols(i);
-                let nr = c1 - c0;
-                let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
-                let tile = &mut scratch.tile[..nsel * nr];
-                let wb = w.rows_bytes(c0, c1);
-                match fmt {
-                    ActRows::Q16 => kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
-                    ActRows::Ggml(_) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
+        let job = |tid: usize, i: usize, wr: &mut ColumnWriter<'_, f32>| {
+            let (j, c0, c1) = block(i);
+            let Some((w, _)) = ws[j] else { return };
+            let nr = c1 - c0;
+            let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
+            let tile = &mut scratch.tile[..nsel * nr];
+            let wb = w.rows_bytes(c0, c1);
+            match fmt {
+                ActRows::Q16 => kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
+                ActRows::Ggml(_) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
+            }
+            for t in 0..nsel {
+                wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
+            }
+        };
+        let len = |j: usize| nsel * ws[j].map_or(0, |w| w.0.rows);
+        let strides: [usize; MAX_FUSED] = std::array::from_fn(|j| ws[j].map_or(1, |w| w.0.rows));
+        match items {
+            [(d0, _)] => {
+                let [o0] = self
+                    .bufs
+                    .get_disjoint_mut([*d0 as usize])
+                    .map_err(|e| e.to_string())?;
+                self.pool.for_each_column_block(
+                    [&mut o0[..len(0)]],
+                    [strides[0]],
+                    n_blocks,
+                    &block,
+                    &job,
+                );
+            }
+            [(d0, _), (d1, _)] => {
+                let [o0, o1] = self
+                    .bufs
+                    .get_disjoint_mut([*d0 as usize, *d1 as usize])
+                    .map_err(|e| e.to_string())?;
+                self.pool.for_each_column_block(
+                    [&mut o0[..len(0)], &mut o1[..len(1)]],
+                    [strides[0], strides[1]],
+                    n_blocks,
+                    &block,
+                    &job,
+                );
+            }
+            [(d0, _), (d1, _), (d2, _)] => {
+                let [o0, o1, o2] = self
+                    .bufs
+                    .get_disjoint_mut([*d0 as usize, *d1 as usize, *d2 as usize])
+                    .map_err(|e| e.to_string())?;
+                self.pool.for_each_column_block(
+                    [&mut o0[..len(0)], &mut o1[..len(1)], &mut o2[..len(2)]],
+                    strides,
+                    n_blocks,
+                    &block,
+                    &job,
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "{} fused matmuls (at most {MAX_FUSED})",
+                    items.len()
+                ))
+            }
+        }
+        for (j, &(dst, _)) in items.iter().enumerate() {
+            if let Some((w, Some(b))) = ws[j] {
+                for row in self.bufs[dst as usize][..len(j)].chunks_exact_mut(w.rows) {
+                    kern.add(row, b);
                 }
-                for t in 0..nsel {
-                    wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
-                }
-            });
-        if let Some(b) = bias {
-            for row in out.chunks_exact_mut(rows) {
-                kern.add(row, b);
             }
         }
         Ok(())

@@ -306,31 +306,34 @@ impl ThreadPool {
         });
     }
 
-    /// For a row-major `out` of `n_rows_out` rows of `stride` elements, let tasks own column
-    /// blocks: task `i` may write columns `cols(i)` of every row. `f(tid, i, writer)` gets a
-    /// [`ColumnWriter`] restricted to its block.
-    pub fn for_each_column_block<T: Send>(
+    /// For `N` row-major buffers (`outs[j]` has rows of `strides[j]` elements), let tasks own
+    /// column blocks: task `i` writes columns `c0..c1` of every row of buffer `j`, where
+    /// `(j, c0, c1) = block(i)`, through the [`ColumnWriter`] that `f(tid, i, writer)` gets.
+    /// Blocks must not overlap (each task's block is written by that task only).
+    pub fn for_each_column_block<T: Send, const N: usize>(
         &self,
-        out: &mut [T],
-        stride: usize,
+        outs: [&mut [T]; N],
+        strides: [usize; N],
         n_blocks: usize,
-        cols: &(dyn Fn(usize) -> (usize, usize) + Sync),
+        block: &(dyn Fn(usize) -> (usize, usize, usize) + Sync),
         f: &(dyn Fn(usize, usize, &mut ColumnWriter<'_, T>) + Sync),
     ) {
         let tasks = TaskCounter::new(n_blocks);
-        let n_rows = out.len().checked_div(stride).unwrap_or(0);
-        let buf = DisjointMut::new(out);
+        let n_rows: [usize; N] =
+            std::array::from_fn(|j| outs[j].len().checked_div(strides[j]).unwrap_or(0));
+        let bufs = outs.map(DisjointMut::new);
         self.run(&|tid, _| {
             while let Some(i) = tasks.claim() {
-                let (c0, c1) = cols(i);
+                let (j, c0, c1) = block(i);
                 assert!(
-                    c0 <= c1 && c1 <= stride,
-                    "column block {c0}..{c1} out of {stride}"
+                    c0 <= c1 && c1 <= strides[j],
+                    "column block {c0}..{c1} out of {}",
+                    strides[j]
                 );
                 let mut w = ColumnWriter {
-                    buf: &buf,
-                    stride,
-                    n_rows,
+                    buf: &bufs[j],
+                    stride: strides[j],
+                    n_rows: n_rows[j],
                     c0,
                     c1,
                 };
