@@ -13,6 +13,9 @@ use crate::rope::RopeTable;
 
 /// Rows of a weight matrix one matmul task computes.
 const ROW_BLOCK: usize = 16;
+/// A matmul's weight and optional bias.
+type WeightAndBias<'a> = (&'a WeightMatrix, Option<&'a Vec<f32>>);
+
 /// Most matmuls of one input that run as one parallel job.
 const MAX_FUSED: usize = 3;
 
@@ -451,7 +454,7 @@ impl CpuBackend {
         batch: &Batch,
     ) -> Result<(), String> {
         let model = self.model.clone();
-        let mut ws: [Option<(&WeightMatrix, Option<&Vec<f32>>)>; MAX_FUSED] = [None; MAX_FUSED];
+        let mut ws: [Option<WeightAndBias>; MAX_FUSED] = [None; MAX_FUSED];
         for (j, &(_, role)) in items.iter().enumerate() {
             // Borrowed from the cloned `Arc`, so `self`'s buffers stay free below.
             ws[j] = Some(Self::weight(&model, layer, role)?);

@@ -453,23 +453,31 @@ mod tests {
     #[test]
     fn column_blocks_cover_the_buffer_once() {
         let pool = ThreadPool::new(2);
-        let (rows, stride) = (5, 37);
-        let mut v = vec![0u32; rows * stride];
-        let nb = stride.div_ceil(8);
+        let rows = 5;
+        let strides = [37usize, 16];
+        let mut a = vec![0u32; rows * strides[0]];
+        let mut b = vec![0u32; rows * strides[1]];
+        let nb = [strides[0].div_ceil(8), strides[1].div_ceil(8)];
+        let block = |i: usize| {
+            let (j, k) = if i < nb[0] { (0, i) } else { (1, i - nb[0]) };
+            (j, k * 8, ((k + 1) * 8).min(strides[j]))
+        };
         pool.for_each_column_block(
-            &mut v,
-            stride,
-            nb,
-            &|i| (i * 8, ((i + 1) * 8).min(stride)),
+            [&mut a, &mut b],
+            strides,
+            nb[0] + nb[1],
+            &block,
             &|_, i, w| {
+                let (j, c0, _) = block(i);
                 for r in 0..w.n_rows() {
-                    for (j, x) in w.row(r).iter_mut().enumerate() {
-                        *x += (r * stride + i * 8 + j) as u32 + 1;
+                    for (c, x) in w.row(r).iter_mut().enumerate() {
+                        *x += (j * 1000 + r * strides[j] + c0 + c) as u32 + 1;
                     }
                 }
             },
         );
-        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u32 + 1));
+        assert!(a.iter().enumerate().all(|(i, &x)| x == i as u32 + 1));
+        assert!(b.iter().enumerate().all(|(i, &x)| x == 1000 + i as u32 + 1));
     }
 
     #[test]
