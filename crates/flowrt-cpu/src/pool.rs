@@ -416,6 +416,9 @@ mod tests {
                     inside.store(true, Ordering::SeqCst);
                     std::thread::sleep(std::time::Duration::from_millis(20));
                     finished.store(true, Ordering::SeqCst);
+                } else {
+                    // Give the worker time to enter before the job closes.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
                 }
             });
             if inside.load(Ordering::SeqCst) {
