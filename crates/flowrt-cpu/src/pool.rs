@@ -422,11 +422,17 @@ mod tests {
                 }
             });
             if inside.load(Ordering::SeqCst) {
-                assert!(finished.load(Ordering::SeqCst), "run returned while a worker was inside");
+                assert!(
+                    finished.load(Ordering::SeqCst),
+                    "run returned while a worker was inside"
+                );
                 break;
             }
         }
-        assert!(inside.load(Ordering::SeqCst), "the worker never entered a job");
+        assert!(
+            inside.load(Ordering::SeqCst),
+            "the worker never entered a job"
+        );
         let tasks = TaskCounter::new(1000);
         let count = AtomicUsize::new(0);
         pool.run(&|_, _| {
