@@ -9,7 +9,9 @@ fn main() {
     let kern = Kernels::detect();
     let (k, rows) = (576usize, 1536usize);
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
-        let w: Vec<u8> = (0..row_size(ty, k) * rows).map(|i| (i * 7 % 251) as u8 & 0x3F).collect();
+        let w: Vec<u8> = (0..row_size(ty, k) * rows)
+            .map(|i| (i * 7 % 251) as u8 & 0x3F)
+            .collect();
         let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
         let mut a16 = vec![0u8; q16::q16_row_size(k)];
         kern.quantize_row_q16(&x, &mut a16);
@@ -28,7 +30,12 @@ fn main() {
                 }
             }
             let s = t.elapsed().as_secs_f64() / iters as f64;
-            println!("{} {ty} {name}: {:.1} us, {:.1} GB/s of weights", kern.name(), s * 1e6, w.len() as f64 / s / 1e9);
+            println!(
+                "{} {ty} {name}: {:.1} us, {:.1} GB/s of weights",
+                kern.name(),
+                s * 1e6,
+                w.len() as f64 / s / 1e9
+            );
         }
     }
 }

@@ -27,7 +27,10 @@ struct W8_0;
 fn nibbles(x: __m128i) -> (__m256i, __m256i) {
     // Widen the 16 bytes once; each 16-bit lane then holds `lo + 16 * hi`.
     let b = _mm256_cvtepu8_epi16(x);
-    (_mm256_and_si256(b, _mm256_set1_epi16(0x0F)), _mm256_srli_epi16::<4>(b))
+    (
+        _mm256_and_si256(b, _mm256_set1_epi16(0x0F)),
+        _mm256_srli_epi16::<4>(b),
+    )
 }
 
 #[inline]
