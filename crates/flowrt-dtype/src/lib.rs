@@ -187,7 +187,7 @@ impl GgmlType {
     /// Bytes of a row of `n` values. `n` must be a whole number of blocks.
     pub fn row_size(self, n: u64) -> Result<u64, DTypeError> {
         let block = self.block_size();
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return Err(DTypeError::RowNotBlockAligned {
                 ty: self,
                 len: n,
