@@ -251,7 +251,7 @@ fn bad_input_gets_clear_errors() {
         "/nonexistent/model.gguf",
     );
     fails_with(&["run", "nosuchmodel:7b", "hi"], "smollm2:135m");
-    fails_with(&["run", m, "hi", "--temperature", "-1"], "temperature");
+    fails_with(&["run", m, "hi", "--temperature=-1"], "temperature");
     fails_with(&["run", m, "hi", "--top-p", "0"], "top_p");
     fails_with(&["run", m, "hi", "--threads", "0"], "--threads");
     fails_with(&["run", m, "hi", "--ctx-len", "0"], "context length");
@@ -278,7 +278,8 @@ fn bad_input_gets_clear_errors() {
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
     fails_with(&["run", garbage.to_str().unwrap(), "hi"], "magic");
     let bad_ref = dir.path().join("bad.safetensors");
-    std::fs::write(&bad_ref, b"\x08\x00\x00\x00\x00\x00\x00\x00{}").unwrap();
+    // A valid, empty safetensors file: an 8-byte header `{}` padded with spaces.
+    std::fs::write(&bad_ref, b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ").unwrap();
     fails_with(
         &["verify", m, "--reference", bad_ref.to_str().unwrap()],
         "prompt.0.input_ids",
