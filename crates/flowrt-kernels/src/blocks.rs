@@ -210,3 +210,38 @@ pub fn bf16_to_f32(h: [u8; 2]) -> f32 {
 pub fn f32_to_bf16(x: f32) -> [u8; 2] {
     half::bf16::from_f32(x).to_bits().to_le_bytes()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_trip_through_bytes() {
+        let bytes: Vec<u8> = (0..36u8).map(|i| i.wrapping_mul(37)).collect();
+        let mut out = vec![0u8; 36];
+        BlockQ4_0::read(&bytes).write(&mut out);
+        assert_eq!(out[..18], bytes[..18]);
+        BlockQ4_1::read(&bytes).write(&mut out);
+        assert_eq!(out[..20], bytes[..20]);
+        BlockQ8_0::read(&bytes).write(&mut out);
+        assert_eq!(out[..34], bytes[..34]);
+        BlockQ8_1::read(&bytes).write(&mut out);
+        assert_eq!(out, bytes);
+    }
+
+    #[test]
+    fn nibble_order_is_low_then_high() {
+        let mut b = BlockQ4_0::default();
+        b.qs[3] = 0xA5;
+        assert_eq!(b.q(3), 5);
+        assert_eq!(b.q(3 + 16), 10);
+    }
+
+    #[test]
+    fn half_helpers() {
+        assert_eq!(f16_to_f32(f32_to_f16(1.5)), 1.5);
+        assert_eq!(f32_to_f16(1.0), [0x00, 0x3C]);
+        assert_eq!(bf16_to_f32(f32_to_bf16(-2.0)), -2.0);
+        assert_eq!(f32_to_bf16(1.0), [0x80, 0x3F]);
+    }
+}
