@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use crate::error::EngineError;
 use crate::session::Session;
+use crate::verify::argmax;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -60,16 +61,6 @@ pub struct BenchReport {
     pub kernels: String,
 }
 
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// Prompt of `n` token ids spread over the vocabulary (deterministic).
 fn bench_prompt(n: usize, vocab: usize) -> Vec<u32> {
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -98,11 +89,11 @@ pub fn bench(session: &mut Session, opts: &BenchOptions) -> Result<BenchReport, 
         let t0 = Instant::now();
         let logits = session.feed(&prompt)?;
         let prefill = t0.elapsed().as_secs_f64();
-        let mut tok = argmax(logits);
+        let mut tok = argmax(logits) as u32;
         let ttft = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         for _ in 0..n_gen {
-            tok = argmax(session.feed(&[tok])?);
+            tok = argmax(session.feed(&[tok])?) as u32;
         }
         let decode = t1.elapsed().as_secs_f64();
         Ok((prefill, ttft, decode))

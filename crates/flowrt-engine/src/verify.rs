@@ -95,7 +95,8 @@ fn log_softmax(x: &[f32]) -> Vec<f64> {
     x.iter().map(|&v| v as f64 - lse).collect()
 }
 
-fn argmax(x: &[f32]) -> usize {
+/// Index of the largest value (the first of ties).
+pub(crate) fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
         if v > x[best] {
