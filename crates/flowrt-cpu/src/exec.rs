@@ -11,8 +11,9 @@ use crate::kv::{as_f16, as_f16_mut, KvCache, KvStore, KvType};
 use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
 
-/// Rows of a weight matrix one matmul task computes.
-const ROW_BLOCK: usize = 16;
+/// Rows of a weight matrix one matmul task computes: enough that the kernels' software
+/// prefetch (16 rows ahead) runs inside each task's slice of the weights.
+const ROW_BLOCK: usize = 64;
 /// A matmul's weight and optional bias.
 type WeightAndBias<'a> = (&'a WeightMatrix, Option<&'a Vec<f32>>);
 

@@ -1,5 +1,6 @@
 //! Rough single-thread speed of the Q16 matmul vs the 8-bit one (decode shape).
-//! `cargo run --release -p flowrt-kernels --example q16_speed`
+//! `cargo run --release -p flowrt-kernels --example q16_speed [-- K ROWS]` (large ROWS: weights
+//! stream from memory, as in decode)
 use std::time::Instant;
 
 use flowrt_dtype::GgmlType;
@@ -7,7 +8,14 @@ use flowrt_kernels::{q16, row_size, Kernels};
 
 fn main() {
     let kern = Kernels::detect();
-    let (k, rows) = (576usize, 1536usize);
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (k, rows) = (
+        args.first().copied().unwrap_or(576),
+        args.get(1).copied().unwrap_or(1536),
+    );
     for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
         let w: Vec<u8> = (0..row_size(ty, k) * rows)
             .map(|i| (i * 7 % 251) as u8 & 0x3F)
@@ -19,7 +27,7 @@ fn main() {
         let mut a8 = vec![0u8; row_size(at, k)];
         kern.quantize_row(at, &x, &mut a8);
         let mut out = vec![0f32; rows];
-        let iters = 2000;
+        let iters = (2_000_000_000 / w.len()).clamp(3, 2000);
         for (name, q16) in [("q16", true), ("q8", false)] {
             let t = Instant::now();
             for _ in 0..iters {

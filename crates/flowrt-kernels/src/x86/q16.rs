@@ -11,7 +11,7 @@ use crate::q16::{q16_row_size, Q16_BLOCK_BYTES};
 use crate::{MatmulArgs, MatmulFn};
 
 /// How many rows ahead of a tile the weights are prefetched.
-const PREFETCH_ROWS: usize = 8;
+const PREFETCH_ROWS: usize = 16;
 
 /// A weight type's block, unpacked to two vectors of 16 i16 values (elements 0..16, 16..32).
 trait Unpack {
