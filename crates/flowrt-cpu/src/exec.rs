@@ -7,7 +7,7 @@ use flowrt_kernels::Kernels;
 use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Model, WeightMatrix};
 
-use crate::kv::{as_f16, as_f16_mut, KvCache, KvStore, KvType};
+use crate::kv::{self, as_f16, as_f16_mut, KvCache, KvStore, KvType};
 use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
 
@@ -369,7 +369,7 @@ impl CpuBackend {
                 for (b, is_k) in [(Buf::K, true), (Buf::V, false)] {
                     let src = &self.bufs[b as usize];
                     let (n_ctx, kv_hd) = (self.kv.n_ctx, self.kv.head_dim);
-                    let off = |g: usize, p: usize| (g * n_ctx + p) * kv_hd;
+                    let off = |g, p| kv::offset(n_ctx, kv_hd, g, p);
                     let store = if is_k {
                         &mut self.kv.k[l]
                     } else {

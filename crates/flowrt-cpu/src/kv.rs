@@ -42,6 +42,11 @@ impl KvStore {
     }
 }
 
+/// Offset of `(head, pos)` within a layer's store of `n_ctx` positions of `head_dim` values.
+pub fn offset(n_ctx: usize, head_dim: usize, head: usize, pos: usize) -> usize {
+    (head * n_ctx + pos) * head_dim
+}
+
 /// View f16 bits as halves.
 pub fn as_f16(bits: &[u16]) -> &[f16] {
     bits.reinterpret_cast()
@@ -85,7 +90,7 @@ impl KvCache {
 
     /// Offset of `(head, pos)` within a layer's store.
     pub fn offset(&self, head: usize, pos: usize) -> usize {
-        (head * self.n_ctx + pos) * self.head_dim
+        offset(self.n_ctx, self.head_dim, head, pos)
     }
 
     /// Bytes the cache takes when full.
