@@ -376,7 +376,11 @@ mod tests {
         for n in [1, 2, 3, 5] {
             let pool = ThreadPool::new(n);
             let mut helped = false;
-            for _ in 0..300 {
+            let mut jobs = 0;
+            // At least 300 jobs, and more until a worker has helped (a loaded machine may
+            // not schedule the workers for a while).
+            while jobs < 300 || (n > 1 && !helped && jobs < 20_000) {
+                jobs += 1;
                 let tasks = TaskCounter::new(64);
                 let hits: Vec<AtomicUsize> = (0..64).map(|_| AtomicUsize::new(0)).collect();
                 let mask = AtomicUsize::new(0);
@@ -410,7 +414,8 @@ mod tests {
         let pool = ThreadPool::new(2);
         let inside = AtomicBool::new(false);
         let finished = AtomicBool::new(false);
-        for _ in 0..50 {
+        // Retry until the worker gets in (a loaded machine may not schedule it at once).
+        for _ in 0..1000 {
             pool.run(&|tid, _| {
                 if tid == 1 {
                     inside.store(true, Ordering::SeqCst);
