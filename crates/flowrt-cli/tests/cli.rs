@@ -32,6 +32,14 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
+/// Runs `flowrt ARGS`, checks that it succeeded, and returns its stdout.
+fn ok(args: &[&str]) -> String {
+    let o = flowrt().args(args).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{args:?} failed: {out}\n{err}");
+    out
+}
+
 /// Runs and checks that the process failed cleanly: non-zero exit, an `error:` line naming
 /// the problem, and no panic.
 fn fails_with(args: &[&str], needle: &str) {
@@ -52,42 +60,32 @@ fn run_default_tag_says_paris() {
         std::env::var_os("FLOWRT_HOME").is_some(),
         "FLOWRT_HOME must name the model store holding smollm2:135m (scripts/test sets it)"
     );
-    let o = flowrt()
-        .args([
-            "run",
-            "smollm2:135m",
-            "The capital of France is",
-            "--raw",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "8",
-            "--no-fetch",
-        ])
-        .output()
-        .unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
+    let out = ok(&[
+        "run",
+        "smollm2:135m",
+        "The capital of France is",
+        "--raw",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--no-fetch",
+    ]);
     assert!(out.contains("Paris"), "answer: {out:?}");
 }
 
 #[test]
 fn chat_answers_with_the_template() {
     let m = model();
-    let o = flowrt()
-        .args([
-            "run",
-            m.to_str().unwrap(),
-            "What is the capital of France?",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "24",
-        ])
-        .output()
-        .unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
+    let out = ok(&[
+        "run",
+        m.to_str().unwrap(),
+        "What is the capital of France?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+    ]);
     assert!(out.contains("Paris"), "answer: {out:?}");
     assert!(
         !out.contains("<|im_end|>") && !out.contains("<|im_start|>"),
@@ -138,22 +136,17 @@ fn interactive_chat_keeps_the_conversation() {
 fn verify_json_and_bounds() {
     let m = model();
     let r = fixture("ref/smollm2-q4_1.safetensors");
-    let o = flowrt()
-        .args([
-            "verify",
-            m.to_str().unwrap(),
-            "--reference",
-            r.to_str().unwrap(),
-            "--json",
-            "--min-top1",
-            "0.985",
-            "--max-mean-kl",
-            "3e-3",
-        ])
-        .output()
-        .unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{out}\n{err}");
+    let out = ok(&[
+        "verify",
+        m.to_str().unwrap(),
+        "--reference",
+        r.to_str().unwrap(),
+        "--json",
+        "--min-top1",
+        "0.985",
+        "--max-mean-kl",
+        "3e-3",
+    ]);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     for k in [
         "positions",
@@ -185,24 +178,19 @@ fn verify_json_and_bounds() {
 #[test]
 fn bench_reports_what_ran() {
     let m = model();
-    let o = flowrt()
-        .args([
-            "bench",
-            m.to_str().unwrap(),
-            "-p",
-            "16",
-            "-n",
-            "8",
-            "-r",
-            "2",
-            "--json",
-            "-t",
-            "2",
-        ])
-        .output()
-        .unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
+    let out = ok(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "16",
+        "-n",
+        "8",
+        "-r",
+        "2",
+        "--json",
+        "-t",
+        "2",
+    ]);
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     for k in ["prefill_tok_s", "ttft_ms", "decode_tok_s"] {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
@@ -218,23 +206,18 @@ fn bench_reports_what_ran() {
 #[test]
 fn scalar_kernels_are_selectable_and_agree() {
     let m = model();
-    let o = flowrt()
-        .args([
-            "run",
-            m.to_str().unwrap(),
-            "The capital of France is",
-            "--raw",
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "4",
-            "--kernels",
-            "scalar",
-        ])
-        .output()
-        .unwrap();
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
+    let out = ok(&[
+        "run",
+        m.to_str().unwrap(),
+        "The capital of France is",
+        "--raw",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "4",
+        "--kernels",
+        "scalar",
+    ]);
     assert!(out.contains("Paris"), "{out}");
     fails_with(
         &["run", m.to_str().unwrap(), "hi", "--kernels", "sse9"],

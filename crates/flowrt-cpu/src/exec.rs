@@ -651,15 +651,10 @@ impl CpuBackend {
 
 /// Borrow buffer `a` shared and buffer `b` mutably (they must differ).
 fn two_bufs(bufs: &mut [Vec<f32>; 10], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
-    let (ia, ib) = (a as usize, b as usize);
-    assert_ne!(ia, ib, "an op reads and writes the same buffer");
-    if ia < ib {
-        let (lo, hi) = bufs.split_at_mut(ib);
-        (&lo[ia], &mut hi[0])
-    } else {
-        let (lo, hi) = bufs.split_at_mut(ia);
-        (&hi[0], &mut lo[ib])
-    }
+    let [a, b] = bufs
+        .get_disjoint_mut([a as usize, b as usize])
+        .expect("an op reads and writes the same buffer");
+    (a, b)
 }
 
 fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {

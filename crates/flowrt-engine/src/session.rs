@@ -67,8 +67,7 @@ impl Session {
     /// Check that `n_new` more tokens plus `reserve` generated ones fit the context.
     pub fn check_fits(&self, n_new: usize, reserve: usize) -> Result<(), EngineError> {
         let n_ctx = self.n_ctx();
-        if self.n_past() + n_new + reserve > n_ctx || n_new + reserve == 0 && self.n_past() >= n_ctx
-        {
+        if self.n_past() + n_new + reserve > n_ctx {
             return Err(EngineError::PromptTooLong {
                 prompt_tokens: self.n_past() + n_new,
                 reserve,
