@@ -4,8 +4,13 @@
 //! so a row of blocks is exactly `nblocks * SIZE` bytes with no padding, as in a GGUF file.
 //! The kernels' public API works on `&[u8]` rows; these structs are the readable description of
 //! those bytes and what the scalar reference code decodes with [`BlockQ4_0::read`] and friends.
+//! Q5_0, Q5_1 and the k-quants (`BlockQ4K`, `BlockQ5K`, `BlockQ6K`, `BlockQ8K`) are in the
+//! `k` submodule, re-exported here.
 
 use std::mem::size_of;
+
+mod k;
+pub use k::*;
 
 /// Values per block of Q4_0, Q4_1, Q8_0 and Q8_1.
 pub const QK: usize = 32;

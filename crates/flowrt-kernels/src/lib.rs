@@ -143,7 +143,7 @@ pub(crate) struct ElemOps {
 }
 
 /// The types with a row in the table, in slot order.
-pub(crate) const SLOT_TYPES: [GgmlType; 7] = [
+pub(crate) const SLOT_TYPES: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -151,6 +151,12 @@ pub(crate) const SLOT_TYPES: [GgmlType; 7] = [
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q8_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8K,
 ];
 pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
 
@@ -326,10 +332,10 @@ impl Kernels {
         v
     }
 
-    /// Activation type a weight type is multiplied with: Q4_0 -> Q8_0, Q8_0 -> Q8_0,
-    /// Q4_1 -> Q8_1, F32/F16/BF16 -> F32. Meaningful only where [`Kernels::supports`] is true;
-    /// other types map to what ggml pairs them with (Q5_0 -> Q8_0, Q5_1 -> Q8_1, k-quants ->
-    /// Q8_K), or F32.
+    /// Activation type a weight type is multiplied with, as in ggml: Q4_0, Q5_0, Q8_0 -> Q8_0;
+    /// Q4_1, Q5_1 -> Q8_1; k-quants (Q4_K, Q5_K, Q6_K, and the unsupported Q2_K, Q3_K) ->
+    /// Q8_K; F32/F16/BF16 -> F32. Meaningful only where [`Kernels::supports`] is true; other
+    /// types map to F32.
     pub fn vec_dot_type(w: GgmlType) -> GgmlType {
         use GgmlType::*;
         match w {
@@ -341,13 +347,13 @@ impl Kernels {
     }
 
     /// Whether `w` can be used as a weight type with [`Kernels::vec_dot`] and
-    /// [`Kernels::matmul`] (F32, F16, BF16, Q4_0, Q4_1, Q8_0).
+    /// [`Kernels::matmul`] (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
     pub fn supports(w: GgmlType) -> bool {
         slot(w).is_some_and(|s| Kernels::scalar().types[s].vec_dot.is_some())
     }
 
     /// Whether [`Kernels::quantize_row`] and [`Kernels::dequantize_row`] handle `ty`
-    /// (the weight types plus Q8_1).
+    /// (the weight types plus the activation types Q8_1 and Q8_K).
     pub fn supports_conversion(ty: GgmlType) -> bool {
         slot(ty).is_some()
     }
@@ -364,7 +370,12 @@ impl Kernels {
     ///
     /// Q8_0/Q8_1 rounding: `d = amax / 127`, `q = round(x * (1 / d))` with ties away from
     /// zero (C `roundf`, Rust `f32::round`), as ggml's reference; every table produces the same
-    /// bytes. Q8_1's `s` is `d * sum(q)` with `d` before its rounding to f16.
+    /// bytes. Q8_1's `s` is `d * sum(q)` with `d` before its rounding to f16. Q8_K uses the
+    /// same rule with `d` kept in f32 (ggml's own Q8_K quantiser differs slightly).
+    ///
+    /// Q5_0/Q5_1 follow ggml's reference quantisers. The k-quant quantisers (Q4_K, Q5_K,
+    /// Q6_K) are simple min/max ones, correct but not ggml's search-based ones: they serve
+    /// tests, not the production of model files.
     ///
     /// # Panics
     /// On an unsupported type or a length mismatch.
@@ -481,7 +492,8 @@ impl Kernels {
         );
     }
 
-    /// Weight types [`Kernels::matmul_q16`] takes.
+    /// Weight types [`Kernels::matmul_q16`] takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+    /// Q6_K.
     pub fn supports_q16(w: GgmlType) -> bool {
         q16::supports(w)
     }

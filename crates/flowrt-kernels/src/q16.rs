@@ -1,5 +1,7 @@
 //! Q16 activations: rows quantised to 16-bit integers in blocks of 32, for matmuls with
-//! Q4_0, Q4_1 and Q8_0 weights.
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights. A k-quant super-block of 256
+//! values meets 8 activation blocks: each lines up with one Q4_K/Q5_K sub-block (one scale,
+//! one min) or with two 16-value Q6_K sub-blocks (two scales).
 //!
 //! 8-bit activations (Q8_0/Q8_1, ggml's choice) lose enough precision that a small model's
 //! next-token distribution drifts measurably from the reference implementation (on SmolLM2-135M
@@ -10,11 +12,16 @@
 //!
 //! Block layout (72 bytes, little-endian): `d: f32` (scale, `amax / 32767`), `s: f32`
 //! (`d * sum(q)`, for the weight types' offsets), `q: [i16; 32]`.
-//! Sums of products fit in i32: `|q_w| <= 128`, `|q_a| <= 32767`, 32 per block.
+//! Sums of products fit in i32 for the 32-value types (`|q_w| <= 128`, `|q_a| <= 32767`, 32
+//! per block); Q6_K's integers times their sub-block scale reach 4096, so the scalar reference
+//! sums in i64 and the SIMD kernels keep at most 4 products per i32 lane.
 
 use flowrt_dtype::GgmlType;
 
-use crate::blocks::{f16_to_f32, QK};
+use crate::blocks::{
+    f16_to_f32, get_scale_min_k4, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, QK,
+};
 use crate::{Isa, MatmulArgs, MatmulFn};
 
 /// Bytes of one Q16 block.
@@ -35,7 +42,8 @@ pub fn q16_row_size(k: usize) -> usize {
 
 /// Weight types with a Q16-activation matmul.
 pub fn supports(w: GgmlType) -> bool {
-    matches!(w, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    use GgmlType::*;
+    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
 /// Scalar reference: quantise one row.
@@ -70,71 +78,148 @@ pub(crate) fn act_ds(a: &[u8], b: usize) -> (f32, f32) {
 
 /// Weight block geometry and decoding, per type.
 pub(crate) trait Q16Weight {
+    /// Bytes of one weight block.
     const BYTES: usize;
-    /// `(d, offset_coefficient)`: the block's value is `d * q_int + c * s_act` summed, where
-    /// `c` is `-8 d` (Q4_0), `m` (Q4_1) or 0 (Q8_0).
-    fn scales(b: &[u8]) -> (f32, f32);
-    /// The block's 32 integer values.
-    fn ints(b: &[u8], out: &mut [i32; QK]);
+    /// 32-value sub-blocks (one Q16 activation block each) per weight block: 1, or 8 for the
+    /// 256-value k-quants.
+    const SUBS: usize;
+    /// Sub-block `j` of the weight block `b`: its 32 integers into `out`, and `(d, c)` such
+    /// that its dot with an activation block `(d_a, s_a, q_a)` is
+    /// `d * d_a * sum(ints * q_a) + c * s_a`. `c` is `-8 d` (Q4_0), `-16 d` (Q5_0), `m`
+    /// (Q4_1, Q5_1), `-dmin m_j` (Q4_K, Q5_K) or 0 (Q8_0, Q6_K; Q6_K's integers are
+    /// `(q - 32)` times their 16-value sub-block's scale, `d` the super-block's).
+    fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32);
 }
 
 pub(crate) struct W4_0;
 pub(crate) struct W4_1;
+pub(crate) struct W5_0;
+pub(crate) struct W5_1;
 pub(crate) struct W8_0;
+pub(crate) struct W4K;
+pub(crate) struct W5K;
+pub(crate) struct W6K;
 
 impl Q16Weight for W4_0 {
     const BYTES: usize = 18;
-    fn scales(b: &[u8]) -> (f32, f32) {
-        let d = f16_to_f32([b[0], b[1]]);
-        (d, -8.0 * d)
-    }
-    fn ints(b: &[u8], out: &mut [i32; QK]) {
-        for j in 0..16 {
-            out[j] = (b[2 + j] & 0x0F) as i32;
-            out[j + 16] = (b[2 + j] >> 4) as i32;
+    const SUBS: usize = 1;
+    fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ4_0::read(b);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = blk.q(j) as i32;
         }
+        let d = f16_to_f32(blk.d);
+        (d, -8.0 * d)
     }
 }
 
 impl Q16Weight for W4_1 {
     const BYTES: usize = 20;
-    fn scales(b: &[u8]) -> (f32, f32) {
-        (f16_to_f32([b[0], b[1]]), f16_to_f32([b[2], b[3]]))
-    }
-    fn ints(b: &[u8], out: &mut [i32; QK]) {
-        for j in 0..16 {
-            out[j] = (b[4 + j] & 0x0F) as i32;
-            out[j + 16] = (b[4 + j] >> 4) as i32;
+    const SUBS: usize = 1;
+    fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ4_1::read(b);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = blk.q(j) as i32;
         }
+        (f16_to_f32(blk.d), f16_to_f32(blk.m))
+    }
+}
+
+impl Q16Weight for W5_0 {
+    const BYTES: usize = 22;
+    const SUBS: usize = 1;
+    fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ5_0::read(b);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = blk.q(j) as i32;
+        }
+        let d = f16_to_f32(blk.d);
+        (d, -16.0 * d)
+    }
+}
+
+impl Q16Weight for W5_1 {
+    const BYTES: usize = 24;
+    const SUBS: usize = 1;
+    fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ5_1::read(b);
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = blk.q(j) as i32;
+        }
+        (f16_to_f32(blk.d), f16_to_f32(blk.m))
     }
 }
 
 impl Q16Weight for W8_0 {
     const BYTES: usize = 34;
-    fn scales(b: &[u8]) -> (f32, f32) {
-        (f16_to_f32([b[0], b[1]]), 0.0)
-    }
-    fn ints(b: &[u8], out: &mut [i32; QK]) {
+    const SUBS: usize = 1;
+    fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
         for j in 0..QK {
             out[j] = b[2 + j] as i8 as i32;
         }
+        (f16_to_f32([b[0], b[1]]), 0.0)
     }
 }
 
-/// Scalar reference dot of one weight row with one Q16 activation row.
+impl Q16Weight for W4K {
+    const BYTES: usize = 144;
+    const SUBS: usize = 8;
+    fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ4K::read(b);
+        for (l, o) in out.iter_mut().enumerate() {
+            *o = blk.q(32 * j + l) as i32;
+        }
+        let (sc, m) = get_scale_min_k4(j, &blk.scales);
+        (
+            f16_to_f32(blk.d) * sc as f32,
+            -(f16_to_f32(blk.dmin) * m as f32),
+        )
+    }
+}
+
+impl Q16Weight for W5K {
+    const BYTES: usize = 176;
+    const SUBS: usize = 8;
+    fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ5K::read(b);
+        for (l, o) in out.iter_mut().enumerate() {
+            *o = blk.q(32 * j + l) as i32;
+        }
+        let (sc, m) = get_scale_min_k4(j, &blk.scales);
+        (
+            f16_to_f32(blk.d) * sc as f32,
+            -(f16_to_f32(blk.dmin) * m as f32),
+        )
+    }
+}
+
+impl Q16Weight for W6K {
+    const BYTES: usize = 210;
+    const SUBS: usize = 8;
+    fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        let blk = BlockQ6K::read(b);
+        for (l, o) in out.iter_mut().enumerate() {
+            let i = 32 * j + l;
+            *o = blk.q(i) as i32 * blk.scales[i / 16] as i32;
+        }
+        (f16_to_f32(blk.d), 0.0)
+    }
+}
+
+/// Scalar reference dot of one weight row with one Q16 activation row. Integer sums are exact
+/// (i64: Q6_K's scaled integers reach 4096 in magnitude), scaled once per 32-value block.
 pub(crate) fn dot_ref<W: Q16Weight>(k: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut wi = [0i32; QK];
     let mut sum = 0.0f32;
     for b in 0..k / QK {
-        let wb = &w[b * W::BYTES..(b + 1) * W::BYTES];
-        W::ints(wb, &mut wi);
-        let (dw, cw) = W::scales(wb);
+        let wb = &w[b / W::SUBS * W::BYTES..(b / W::SUBS + 1) * W::BYTES];
+        let (dw, cw) = W::sub(wb, b % W::SUBS, &mut wi);
         let (da, sa) = act_ds(a, b);
         let ab = &a[b * Q16_BLOCK_BYTES + 8..(b + 1) * Q16_BLOCK_BYTES];
-        let isum: i32 = wi
+        let isum: i64 = wi
             .iter()
             .zip(ab.chunks_exact(2))
-            .map(|(&x, q)| x * i16::from_le_bytes([q[0], q[1]]) as i32)
+            .map(|(&x, q)| x as i64 * i16::from_le_bytes([q[0], q[1]]) as i64)
             .sum();
         sum += dw * da * isum as f32 + cw * sa;
     }
@@ -142,7 +227,7 @@ pub(crate) fn dot_ref<W: Q16Weight>(k: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 fn matmul_ref<W: Q16Weight>(g: MatmulArgs<'_>) {
-    let wrow = g.k / QK * W::BYTES;
+    let wrow = g.k / (QK * W::SUBS) * W::BYTES;
     let arow = q16_row_size(g.k);
     for t in 0..g.ntok {
         let a = &g.a[t * arow..(t + 1) * arow];
@@ -164,6 +249,11 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q4_0 => Some(matmul_ref::<W4_0>),
         GgmlType::Q4_1 => Some(matmul_ref::<W4_1>),
         GgmlType::Q8_0 => Some(matmul_ref::<W8_0>),
+        GgmlType::Q5_0 => Some(matmul_ref::<W5_0>),
+        GgmlType::Q5_1 => Some(matmul_ref::<W5_1>),
+        GgmlType::Q4K => Some(matmul_ref::<W4K>),
+        GgmlType::Q5K => Some(matmul_ref::<W5K>),
+        GgmlType::Q6K => Some(matmul_ref::<W6K>),
         _ => None,
     }
 }

@@ -3,6 +3,9 @@
 //! Quantised dots sum `q_w * q_a` exactly in i32 within a block, then scale by the two block
 //! scales in f32 and accumulate in f32, block by block.
 
+use super::kquants::{
+    vec_dot_q4_k_q8_k, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1, vec_dot_q5_k_q8_k, vec_dot_q6_k_q8_k,
+};
 use crate::blocks::{bf16_to_f32, f16_to_f32, BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
 use crate::{MatmulArgs, MatmulFn, VecDotFn};
 use flowrt_dtype::GgmlType;
@@ -109,4 +112,9 @@ scalar_matmuls! {
     matmul_q4_0: Q4_0 => vec_dot_q4_0_q8_0;
     matmul_q4_1: Q4_1 => vec_dot_q4_1_q8_1;
     matmul_q8_0: Q8_0 => vec_dot_q8_0_q8_0;
+    matmul_q5_0: Q5_0 => vec_dot_q5_0_q8_0;
+    matmul_q5_1: Q5_1 => vec_dot_q5_1_q8_1;
+    matmul_q4_k: Q4K => vec_dot_q4_k_q8_k;
+    matmul_q5_k: Q5K => vec_dot_q5_k_q8_k;
+    matmul_q6_k: Q6K => vec_dot_q6_k_q8_k;
 }

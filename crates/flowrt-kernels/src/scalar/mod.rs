@@ -5,6 +5,7 @@
 
 pub(crate) mod dot;
 pub(crate) mod elem;
+pub(crate) mod kquants;
 pub(crate) mod quant;
 
 use crate::{slot, ElemOps, Kernels, TypeOps, N_SLOTS, SLOT_TYPES};
@@ -46,6 +47,36 @@ fn type_ops(ty: GgmlType) -> TypeOps {
         Q8_1 => (
             quant::quantize_row_q8_1 as _,
             quant::dequantize_row_q8_1 as _,
+            None,
+        ),
+        Q5_0 => (
+            kquants::quantize_row_q5_0 as _,
+            kquants::dequantize_row_q5_0 as _,
+            Some(kquants::vec_dot_q5_0_q8_0 as _),
+        ),
+        Q5_1 => (
+            kquants::quantize_row_q5_1 as _,
+            kquants::dequantize_row_q5_1 as _,
+            Some(kquants::vec_dot_q5_1_q8_1 as _),
+        ),
+        Q4K => (
+            kquants::quantize_row_q4_k as _,
+            kquants::dequantize_row_q4_k as _,
+            Some(kquants::vec_dot_q4_k_q8_k as _),
+        ),
+        Q5K => (
+            kquants::quantize_row_q5_k as _,
+            kquants::dequantize_row_q5_k as _,
+            Some(kquants::vec_dot_q5_k_q8_k as _),
+        ),
+        Q6K => (
+            kquants::quantize_row_q6_k as _,
+            kquants::dequantize_row_q6_k as _,
+            Some(kquants::vec_dot_q6_k_q8_k as _),
+        ),
+        Q8K => (
+            kquants::quantize_row_q8_k as _,
+            kquants::dequantize_row_q8_k as _,
             None,
         ),
         other => unreachable!("no scalar kernels for {other}"),
