@@ -13,6 +13,15 @@ REF format (safetensors), for each prompt i = 0, 1, ...:
                                           flowrt must add nothing)
   prompt.{i}.logits_all  F32|F16|BF16 [T, vocab]
                                           logits at every position for those ids
+Compact variant for big vocabularies (--topk K): instead of logits_all,
+  prompt.{i}.topk_ids    I64 [T, K]       ids of the K largest logits per position,
+                                          sorted by logit, descending (torch.topk)
+  prompt.{i}.topk_logits F32 [T, K]       those logits (f32, as computed)
+  prompt.{i}.logsumexp   F32 [T]          logsumexp of the full f32 logits row, so
+                                          log-probabilities of the stored ids are
+                                          topk_logits - logsumexp
+and the metadata records "topk" (K) with "logits_dtype" "topk-f32".
+
 The `__metadata__` map (strings) records the model file and its sha256, the
 library versions, the prompts (JSON), which were chat-templated, how many ids of
 each sequence came from the prompt (the rest are greedy tokens appended with
@@ -33,8 +42,9 @@ Prompts file: a JSON list of objects
   {"text": "...", "chat": false}                      plain completion
   {"text": "...", "chat": true, "system": "..."}      chat; "system" optional
   optional per prompt: "append_greedy": N             overrides --append-greedy
-Chat prompts are rendered with the tokenizer's chat template
-(add_generation_prompt=True) and then tokenised without adding special tokens.
+Chat prompts are rendered with the tokenizer's chat template (or the Jinja file
+given with --chat-template, for GGUF files that carry none; recorded in the
+metadata as "chat_template_override"; add_generation_prompt=True) and then tokenised without adding special tokens.
 Plain prompts are tokenised with only the BOS token the tokenizer adds by
 default (none if it adds none); any other special tokens it would add are not
 added.
@@ -78,8 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
         epilog=(
             "Output tensors per prompt i: prompt.{i}.input_ids (I64 [T]) and "
-            "prompt.{i}.logits_all ([T, vocab]). See the module docstring for "
-            "the prompts file format."
+            "prompt.{i}.logits_all ([T, vocab]), or with --topk K prompt.{i}.topk_ids, "
+            "prompt.{i}.topk_logits ([T, K]) and prompt.{i}.logsumexp ([T]). See the "
+            "module docstring for the prompts file format."
         ),
     )
     p.add_argument(
@@ -134,6 +145,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
     )
     p.add_argument(
+        "--topk",
+        type=int,
+        default=0,
+        metavar="K",
+        help=(
+            "store only the K largest logits per position (prompt.{i}.topk_ids, "
+            "prompt.{i}.topk_logits, F32) and the full-row logsumexp (prompt.{i}.logsumexp) "
+            "instead of logits_all; for big vocabularies (default 0: store logits_all)"
+        ),
+    )
+    p.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="Jinja chat template to use instead of the tokenizer's own (e.g. a GGUF without one)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -144,6 +172,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--append-greedy must be >= 0")
     if args.threads < 1:
         p.error("--threads must be >= 1")
+    if args.topk < 0:
+        p.error("--topk must be >= 0")
+    if args.topk and args.logits_dtype != "f32":
+        p.error("--topk stores f32 logits; leave --logits-dtype at f32")
     return args
 
 
@@ -486,6 +518,12 @@ def run(args: argparse.Namespace) -> int:
     info = describe_model(args.model)
     log(f"model {args.model} sha256 {info['model_sha256']}")
     tok, lm = load_model(args.model)
+    template_override = None
+    if args.chat_template is not None:
+        if not args.chat_template.is_file():
+            raise RefError(f"chat template file not found: {args.chat_template}")
+        template_override = args.chat_template.read_text(encoding="utf-8")
+        tok.chat_template = template_override
     t_load = time.perf_counter()
     log(f"loaded in {t_load - t0:.1f}s: {lm.config.model_type}, {lm.config.num_hidden_layers} layers, "
         f"vocab {lm.config.vocab_size}")
@@ -521,9 +559,17 @@ def run(args: argparse.Namespace) -> int:
             if int(logits[p - 1].argmax()) != seq[p]:
                 log(f"warning: prompt {i} position {p - 1}: argmax of stored logits "
                     f"{int(logits[p - 1].argmax())} != greedy token {seq[p]} (near-tie)")
-        arr, st_dtype = to_storage(logits, args.logits_dtype)
         tensors.append((f"prompt.{i}.input_ids", np.asarray(seq, dtype="<i8"), "I64"))
-        tensors.append((f"prompt.{i}.logits_all", arr, st_dtype))
+        if args.topk:
+            k = min(args.topk, vocab)
+            top_all = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+            lse = torch.logsumexp(logits, dim=-1)
+            tensors.append((f"prompt.{i}.topk_ids", top_all.indices.numpy().astype("<i8"), "I64"))
+            tensors.append((f"prompt.{i}.topk_logits", top_all.values.numpy().astype("<f4"), "F32"))
+            tensors.append((f"prompt.{i}.logsumexp", lse.numpy().astype("<f4"), "F32"))
+        else:
+            arr, st_dtype = to_storage(logits, args.logits_dtype)
+            tensors.append((f"prompt.{i}.logits_all", arr, st_dtype))
         prompt_lens.append(len(ids))
         total_len.append(len(seq))
         rendered_texts.append(rendered)
@@ -554,7 +600,7 @@ def run(args: argparse.Namespace) -> int:
         "torch_version": torch.__version__,
         "torch_threads": str(args.threads),
         "compute_dtype": "f32",
-        "logits_dtype": args.logits_dtype,
+        "logits_dtype": "topk-f32" if args.topk else args.logits_dtype,
         "n_prompts": str(len(prompts)),
         "prompts": json.dumps(
             [{"text": p["text"], "chat": p["chat"], "system": p["system"]} for p in prompts],
@@ -573,6 +619,10 @@ def run(args: argparse.Namespace) -> int:
         metadata["gguf_version"] = getattr(gguf, "__version__", None) or _dist_version("gguf")
     except ImportError:
         pass
+    if args.topk:
+        metadata["topk"] = str(args.topk)
+    if template_override is not None:
+        metadata["chat_template_override"] = template_override
     if dequant is not None:
         metadata["dequant_check"] = json.dumps(
             {k: v for k, v in dequant.items() if k != "details"})
