@@ -69,7 +69,13 @@ fn check_matmul(
     Ok(())
 }
 
-fn quant_k(rng: &mut TestRng, ki: usize) -> usize {
+fn quant_k(rng: &mut TestRng, ty: GgmlType, ki: usize) -> usize {
+    if ty.block_size() == 256 {
+        return K_KS
+            .get(ki)
+            .copied()
+            .unwrap_or_else(|| 256 * rng.random_range(1..=12));
+    }
     QUANT_KS
         .get(ki)
         .copied()
@@ -80,10 +86,10 @@ proptest! {
     #![proptest_config(config(96))]
 
     #[test]
-    fn quant_vec_dot_matches_reference(seed: u64, ki in 0..8usize, ti in 0..3usize) {
+    fn quant_vec_dot_matches_reference(seed: u64, ki in 0..8usize, ti in 0..8usize) {
         let mut rng = rng(seed);
         let ty = QUANT_TYPES[ti];
-        let k = quant_k(&mut rng, ki);
+        let k = quant_k(&mut rng, ty, ki);
         let w = random_weight_row(&mut rng, ty, k);
         let a = random_act_row(&mut rng, Kernels::vec_dot_type(ty), k);
         check_dot(ty, k, &w, &a)?;
@@ -100,11 +106,11 @@ proptest! {
 
     #[test]
     fn quant_matmul_matches_reference(
-        seed: u64, ki in 0..8usize, ti in 0..3usize, nrows in 1..=9usize, ntok in 1..=9usize,
+        seed: u64, ki in 0..8usize, ti in 0..8usize, nrows in 1..=9usize, ntok in 1..=9usize,
         gap in 0..3usize,
     ) {
         let mut rng = rng(seed);
-        let k = quant_k(&mut rng, ki);
+        let k = quant_k(&mut rng, QUANT_TYPES[ti], ki);
         check_matmul(&mut rng, QUANT_TYPES[ti], k, nrows, ntok, gap)?;
     }
 
@@ -123,7 +129,13 @@ proptest! {
 fn large_matmul_shapes_match_reference() {
     let mut rng = rng(7);
     for ty in QUANT_TYPES.into_iter().chain(FLOAT_TYPES) {
-        for (k, nrows, ntok) in [(576, 101, 13), (64, 700, 5), (1536, 37, 2)] {
+        for (k, nrows, ntok) in [(576usize, 101, 13), (64, 700, 5), (1536, 37, 2)] {
+            // k-quant rows are whole 256-value super-blocks.
+            let k = if ty.block_size() == 256 {
+                k.div_ceil(256) * 256
+            } else {
+                k
+            };
             check_matmul(&mut rng, ty, k, nrows, ntok, 1).unwrap();
         }
     }

@@ -1,12 +1,54 @@
 //! Q16-activation matmuls: every table the host can run against the scalar reference, and the
 //! scalar reference against plain f64 math on dequantised values.
 
+mod common;
+
+use common::decode_parts_f64;
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::q16::{q16_row_size, quantize_row_ref, Q16_BLOCK_BYTES};
 use flowrt_kernels::{row_size, Kernels};
 use proptest::prelude::*;
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Offsets of the f16 scale fields in a block of `ty`, and the largest integer factor (sub-block
+/// scale) that multiplies them.
+fn scale_fields(ty: GgmlType) -> (&'static [usize], f32) {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => (&[0, 2], 1.0),
+        GgmlType::Q4K | GgmlType::Q5K => (&[0, 2], 63.0),
+        GgmlType::Q6K => (&[208], 127.0),
+        _ => (&[0], 1.0),
+    }
+}
+
+/// Row length for a type from a block count in 1..=48 (k-quants: 1..=9 super-blocks).
+fn k_for(ty: GgmlType, nb: usize) -> usize {
+    if ty.block_size() == 256 {
+        256 * (1 + nb % 9)
+    } else {
+        32 * nb
+    }
+}
+
+/// The sum of `(|scaled part| + |offset part|) * |x|` over a row: every term a kernel adds is
+/// bounded by it, so f32 rounding differences are a small multiple of it.
+fn abs_terms(ty: GgmlType, wrow: &[u8], x: &[f32]) -> f64 {
+    decode_parts_f64(ty, wrow)
+        .iter()
+        .zip(x)
+        .map(|((p, o), &v)| (p.abs() + o.abs()) * (v as f64).abs())
+        .sum()
+}
 
 /// Random weight rows of type `ty`: sane f16 scales, random payload bytes.
 fn weights(ty: GgmlType, k: usize, rows: usize, seed: u64) -> Vec<u8> {
@@ -23,11 +65,12 @@ fn weights(ty: GgmlType, k: usize, rows: usize, seed: u64) -> Vec<u8> {
         for b in blk.iter_mut() {
             *b = next() as u8;
         }
-        let scale =
-            |r: u64| half::f16::from_f32(((r % 2000) as f32 / 1000.0 - 1.0) * 0.05).to_le_bytes();
-        blk[0..2].copy_from_slice(&scale(next()));
-        if ty == GgmlType::Q4_1 {
-            blk[2..4].copy_from_slice(&scale(next()));
+        let (fields, factor) = scale_fields(ty);
+        let scale = |r: u64| {
+            half::f16::from_f32(((r % 2000) as f32 / 1000.0 - 1.0) * 0.05 / factor).to_le_bytes()
+        };
+        for &o in fields {
+            blk[o..o + 2].copy_from_slice(&scale(next()));
         }
     }
     out
@@ -78,18 +121,22 @@ proptest! {
 
     #[test]
     fn every_table_matches_the_scalar_reference(
-        ty_i in 0usize..3, nb in 1usize..=48, nrows in 1usize..=9, ntok in 1usize..=9, seed in any::<u64>()
+        ty_i in 0usize..8, nb in 1usize..=48, nrows in 1usize..=9, ntok in 1usize..=9, seed in any::<u64>()
     ) {
         let ty = TYPES[ty_i];
-        let k = nb * 32;
+        let k = k_for(ty, nb);
         let w = weights(ty, k, nrows, seed);
-        let a = quantize(&acts(k, ntok, seed), k);
+        let x = acts(k, ntok, seed);
+        let a = quantize(&x, k);
         let want = matmul(Kernels::scalar(), ty, k, &w, nrows, &a, ntok);
+        let rb = row_size(ty, k);
         for kern in Kernels::available() {
             let got = matmul(kern, ty, k, &w, nrows, &a, ntok);
             for (i, (g, r)) in got.iter().zip(&want).enumerate() {
-                let tol = 1e-5 * (1.0 + r.abs()) * (k as f32).sqrt();
-                prop_assert!((g - r).abs() <= tol, "{} {ty} k={k} [{i}]: {g} vs {r}", kern.name());
+                let (t, row) = (i / nrows, i % nrows);
+                let abs = abs_terms(ty, &w[row * rb..(row + 1) * rb], &x[t * k..(t + 1) * k]);
+                let tol = 1e-6 * (1.0 + abs) * (k as f64).sqrt();
+                prop_assert!(((g - r).abs() as f64) <= tol, "{} {ty} k={k} [{i}]: {g} vs {r} (tol {tol:e})", kern.name());
             }
         }
     }
@@ -118,7 +165,12 @@ proptest! {
 #[test]
 fn scalar_reference_is_close_to_exact_math() {
     for ty in TYPES {
-        for (k, nrows, seed) in [(32, 3, 1u64), (576, 5, 2), (1536, 4, 3)] {
+        for (k, nrows, seed) in [(32usize, 3, 1u64), (576, 5, 2), (1536, 4, 3)] {
+            let k = if ty.block_size() == 256 {
+                k.div_ceil(256) * 256
+            } else {
+                k
+            };
             let w = weights(ty, k, nrows, seed);
             let x = acts(k, 1, seed + 10);
             let a = quantize(&x, k);
@@ -128,11 +180,7 @@ fn scalar_reference_is_close_to_exact_math() {
                 let rb = row_size(ty, k);
                 Kernels::scalar().dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut wf);
                 let exact: f64 = wf.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let scale: f64 = wf
-                    .iter()
-                    .zip(&x)
-                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                    .sum();
+                let scale = abs_terms(ty, &w[r * rb..(r + 1) * rb], &x);
                 let err = (got[r] as f64 - exact).abs() / scale.max(1e-30);
                 assert!(
                     err < 2e-4,

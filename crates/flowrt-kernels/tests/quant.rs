@@ -9,7 +9,9 @@ use flowrt_kernels::{row_size, Kernels};
 use proptest::prelude::*;
 use rand::Rng;
 
-const ALL_TYPES: [GgmlType; 7] = [
+/// The first 7 are checked for round-trip error here; the rest (Q5_0, Q5_1, k-quants, Q8_K)
+/// in `kquants.rs`.
+const ALL_TYPES: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -17,6 +19,12 @@ const ALL_TYPES: [GgmlType; 7] = [
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q8_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::Q8K,
 ];
 
 fn quantize(k: &Kernels, ty: GgmlType, x: &[f32]) -> Vec<u8> {
@@ -42,7 +50,7 @@ proptest! {
 
     /// SIMD quantisers write exactly the scalar reference's bytes.
     #[test]
-    fn quantize_matches_scalar_bytes(seed: u64, nblocks in 1..=40usize, ti in 0..7usize) {
+    fn quantize_matches_scalar_bytes(seed: u64, nblocks in 1..=40usize, ti in 0..13usize) {
         let mut rng = rng(seed);
         let ty = ALL_TYPES[ti];
         let n = nblocks * ty.block_size() as usize * if ty.block_size() == 1 { 7 } else { 1 };
@@ -55,23 +63,21 @@ proptest! {
 
     /// Every table decodes like an independent decoder working from the bytes.
     #[test]
-    fn dequantize_matches_independent_decoder(seed: u64, nblocks in 1..=20usize, ti in 0..7usize) {
+    fn dequantize_matches_independent_decoder(seed: u64, nblocks in 1..=20usize, ti in 0..13usize) {
         let mut rng = rng(seed);
         let ty = ALL_TYPES[ti];
         let n = nblocks * ty.block_size() as usize;
         let row = match ty {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q8_1 => {
-                random_quant_row(&mut rng, ty, n)
-            }
-            _ => random_weight_row(&mut rng, ty, n),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => random_weight_row(&mut rng, ty, n),
+            _ => random_quant_row(&mut rng, ty, n),
         };
         let want = decode_f64(ty, &row);
         for k in Kernels::available() {
             let got = dequantize(k, ty, &row, n);
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                 // d * q (+ m) rounds once in f32 (twice with m).
-                let tol = 4.0 * EPS * w.abs().max(1e-30) + if ty == GgmlType::Q4_1 {
-                    4.0 * EPS * (scale_of(ty, &row, i / 32).abs() * 15.0 + w.abs())
+                let tol = 4.0 * EPS * w.abs().max(1e-30) + if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                    4.0 * EPS * (scale_of(ty, &row, i / 32).abs() * 31.0 + w.abs())
                 } else { 0.0 };
                 prop_assert!((g as f64 - w).abs() <= tol, "{} {ty}[{i}]: {g} vs {w}", k.name());
             }

@@ -60,6 +60,11 @@ fn vec_dot_types_and_support() {
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q4_0), GgmlType::Q8_0);
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q8_0), GgmlType::Q8_0);
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q4_1), GgmlType::Q8_1);
+    assert_eq!(Kernels::vec_dot_type(GgmlType::Q5_0), GgmlType::Q8_0);
+    assert_eq!(Kernels::vec_dot_type(GgmlType::Q5_1), GgmlType::Q8_1);
+    for t in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
+        assert_eq!(Kernels::vec_dot_type(t), GgmlType::Q8K);
+    }
     for t in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
         assert_eq!(Kernels::vec_dot_type(t), GgmlType::F32);
     }
@@ -71,9 +76,18 @@ fn vec_dot_types_and_support() {
                 | GgmlType::BF16
                 | GgmlType::Q4_0
                 | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
                 | GgmlType::Q8_0
+                | GgmlType::Q4K
+                | GgmlType::Q5K
+                | GgmlType::Q6K
         );
         assert_eq!(Kernels::supports(t), want, "{t}");
+        let q16 = want && !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        assert_eq!(Kernels::supports_q16(t), q16, "{t}");
+        let conv = want || matches!(t, GgmlType::Q8_1 | GgmlType::Q8K);
+        assert_eq!(Kernels::supports_conversion(t), conv, "{t}");
     }
 }
 

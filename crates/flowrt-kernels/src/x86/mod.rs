@@ -12,6 +12,7 @@ mod avx2;
 mod avx512;
 mod elem;
 pub(crate) mod q16;
+mod q16k;
 mod quant;
 
 use std::sync::OnceLock;

@@ -1,6 +1,7 @@
 //! AVX2 (+FMA+F16C) kernels for Q16 activations (see `crate::q16`): `vpmaddwd` on 16-bit
 //! pairs, one f32 FMA per block and row/token pair, weights unpacked once per tile and reused
-//! for every token of it.
+//! for every token of it. This file has the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0) and the tile walker; `q16k.rs` the k-quants. AVX-512 tables use these kernels too.
 
 use core::arch::x86_64::*;
 
@@ -11,7 +12,7 @@ use crate::q16::{q16_row_size, Q16_BLOCK_BYTES};
 use crate::{MatmulArgs, MatmulFn};
 
 /// How many rows ahead of a tile the weights are prefetched.
-const PREFETCH_ROWS: usize = 16;
+pub(super) const PREFETCH_ROWS: usize = 16;
 
 /// A weight type's block, unpacked to two vectors of 16 i16 values (elements 0..16, 16..32).
 trait Unpack {
@@ -23,6 +24,8 @@ trait Unpack {
 
 struct W4_0;
 struct W4_1;
+struct W5_0;
+struct W5_1;
 struct W8_0;
 
 #[inline]
@@ -36,9 +39,42 @@ fn nibbles(x: __m128i) -> (__m256i, __m256i) {
     )
 }
 
+/// The fifth bits of a Q5_0/Q5_1 block (`qh`, bit `j` for value `j`) as 16 (bit set) or 0 in
+/// two vectors of 16 i16 lanes (values 0..16, 16..32).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn half(p: *const u8) -> f32 {
+fn fifth_bits(qh: u32) -> (__m256i, __m256i) {
+    (fifth_bits16(qh as u16), fifth_bits16((qh >> 16) as u16))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn fifth_bits16(h: u16) -> __m256i {
+    let bit = _mm256_setr_epi16(
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        4096,
+        8192,
+        16384,
+        i16::MIN,
+    );
+    let set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(h as i16), bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi16(16))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn half(p: *const u8) -> f32 {
     // SAFETY: the caller guarantees two readable bytes at p.
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
         unsafe { p.cast::<u16>().read_unaligned() } as i32,
@@ -72,6 +108,45 @@ impl Unpack for W4_1 {
     }
 }
 
+impl Unpack for W5_0 {
+    const BYTES: usize = 22;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: a Q5_0 block is 22 bytes: d at 0, qh (u32) at 2, 16 bytes of nibbles at 6.
+        unsafe {
+            let d = half(p);
+            let (lo, hi) = nibbles(_mm_loadu_si128(p.add(6).cast()));
+            let (hlo, hhi) = fifth_bits(p.add(2).cast::<u32>().read_unaligned());
+            (
+                _mm256_or_si256(lo, hlo),
+                _mm256_or_si256(hi, hhi),
+                d,
+                -16.0 * d,
+            )
+        }
+    }
+}
+
+impl Unpack for W5_1 {
+    const BYTES: usize = 24;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: a Q5_1 block is 24 bytes: d at 0, m at 2, qh at 4, 16 bytes of nibbles at 8.
+        unsafe {
+            let (lo, hi) = nibbles(_mm_loadu_si128(p.add(8).cast()));
+            let (hlo, hhi) = fifth_bits(p.add(4).cast::<u32>().read_unaligned());
+            (
+                _mm256_or_si256(lo, hlo),
+                _mm256_or_si256(hi, hhi),
+                half(p),
+                half(p.add(2)),
+            )
+        }
+    }
+}
+
 impl Unpack for W8_0 {
     const BYTES: usize = 34;
     #[inline]
@@ -88,7 +163,7 @@ impl Unpack for W8_0 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
+pub(super) fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -166,12 +241,33 @@ unsafe fn tile<W: Unpack, const R: usize, const T: usize>(
     }
 }
 
+/// A family of tile kernels: `tile::<R, T>(g, r0, t0)` computes rows `r0..r0+R` times tokens
+/// `t0..t0+T` (R, T in 1..=4).
+pub(super) trait Tiles {
+    /// # Safety
+    /// The rows and tokens exist in `g` (whose lengths `Kernels::matmul_q16` checked), and the
+    /// host has AVX2, FMA and F16C.
+    unsafe fn tile<const R: usize, const T: usize>(g: &MatmulArgs<'_>, r0: usize, t0: usize);
+}
+
+/// The tiles of a 32-value block type.
+struct Blocks<W>(std::marker::PhantomData<W>);
+
+impl<W: Unpack> Tiles for Blocks<W> {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const R: usize, const T: usize>(g: &MatmulArgs<'_>, r0: usize, t0: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { tile::<W, R, T>(g, r0, t0) }
+    }
+}
+
 /// The whole matmul: 4-token tiles of 2 rows for prompts, 4-row tiles for single tokens.
 ///
 /// # Safety
-/// As for [`tile`].
+/// As for [`Tiles::tile`].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<W: Unpack>(g: &MatmulArgs<'_>) {
+pub(super) unsafe fn run<X: Tiles>(g: &MatmulArgs<'_>) {
     let (nr, nt) = (g.nrows, g.ntok);
     // SAFETY: every tile stays within 0..nr rows and 0..nt tokens.
     unsafe {
@@ -179,22 +275,22 @@ unsafe fn run<W: Unpack>(g: &MatmulArgs<'_>) {
         while t + 4 <= nt {
             let mut r = 0;
             while r + 2 <= nr {
-                tile::<W, 2, 4>(g, r, t);
+                X::tile::<2, 4>(g, r, t);
                 r += 2;
             }
             if r < nr {
-                tile::<W, 1, 4>(g, r, t);
+                X::tile::<1, 4>(g, r, t);
             }
             t += 4;
         }
         while t < nt {
             let mut r = 0;
             while r + 4 <= nr {
-                tile::<W, 4, 1>(g, r, t);
+                X::tile::<4, 1>(g, r, t);
                 r += 4;
             }
             while r < nr {
-                tile::<W, 1, 1>(g, r, t);
+                X::tile::<1, 1>(g, r, t);
                 r += 1;
             }
             t += 1;
@@ -205,23 +301,33 @@ unsafe fn run<W: Unpack>(g: &MatmulArgs<'_>) {
 fn matmul_q4_0(g: MatmulArgs<'_>) {
     // SAFETY: this function is only reachable from tables built after AVX2/FMA/F16C were
     // detected, with lengths checked by `Kernels::matmul_q16`.
-    unsafe { run::<W4_0>(&g) }
+    unsafe { run::<Blocks<W4_0>>(&g) }
 }
 fn matmul_q4_1(g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<W4_1>(&g) }
+    unsafe { run::<Blocks<W4_1>>(&g) }
+}
+fn matmul_q5_0(g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<Blocks<W5_0>>(&g) }
+}
+fn matmul_q5_1(g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<Blocks<W5_1>>(&g) }
 }
 fn matmul_q8_0(g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<W8_0>(&g) }
+    unsafe { run::<Blocks<W8_0>>(&g) }
 }
 
 pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
     match w {
         GgmlType::Q4_0 => Some(matmul_q4_0),
         GgmlType::Q4_1 => Some(matmul_q4_1),
+        GgmlType::Q5_0 => Some(matmul_q5_0),
+        GgmlType::Q5_1 => Some(matmul_q5_1),
         GgmlType::Q8_0 => Some(matmul_q8_0),
-        _ => None,
+        other => super::q16k::matmul_fn(other),
     }
 }
 

@@ -50,6 +50,9 @@ fn f16_bytes(x: f32) -> [u8; 2] {
 
 /// A random weight row of `k` values of quantised type `ty` (random scales and contents).
 pub fn random_quant_row(rng: &mut TestRng, ty: GgmlType, k: usize) -> Vec<u8> {
+    if ty.block_size() == 256 {
+        return random_k_row(rng, ty, k);
+    }
     let nb = k / 32;
     let mut out = Vec::with_capacity(row_size(ty, k));
     for _ in 0..nb {
@@ -67,6 +70,15 @@ pub fn random_quant_row(rng: &mut TestRng, ty: GgmlType, k: usize) -> Vec<u8> {
                 out.extend(f16_bytes(random_scale(rng)));
                 out.extend((0..32).map(|_| rng.random::<u8>()));
             }
+            GgmlType::Q5_0 => {
+                out.extend(f16_bytes(random_scale(rng)));
+                out.extend((0..20).map(|_| rng.random::<u8>()));
+            }
+            GgmlType::Q5_1 => {
+                out.extend(f16_bytes(random_scale(rng)));
+                out.extend(f16_bytes(random_scale(rng)));
+                out.extend((0..20).map(|_| rng.random::<u8>()));
+            }
             GgmlType::Q8_1 => {
                 // Activation block: values in -127..=127, s from d and the values (d small
                 // enough that s fits f16, as for any activation quantised from real data).
@@ -78,6 +90,37 @@ pub fn random_quant_row(rng: &mut TestRng, ty: GgmlType, k: usize) -> Vec<u8> {
                 out.extend(qs.iter().map(|&q| q as u8));
             }
             other => panic!("not a block type: {other}"),
+        }
+    }
+    out
+}
+
+/// A random k-quant row: random bytes, with random (sane) f16 super-block scales.
+pub fn random_k_row(rng: &mut TestRng, ty: GgmlType, k: usize) -> Vec<u8> {
+    let size = ty.type_size() as usize;
+    if ty == GgmlType::Q8K {
+        // Activation block: f32 d, values in -127..=127, exact 16-value sums.
+        let mut out = Vec::with_capacity(k / 256 * size);
+        for _ in 0..k / 256 {
+            let qs: Vec<i8> = (0..256).map(|_| rng.random_range(-127i8..=127)).collect();
+            out.extend(random_scale(rng).to_le_bytes());
+            out.extend(qs.iter().map(|&q| q as u8));
+            for c in qs.chunks_exact(16) {
+                out.extend(c.iter().map(|&q| q as i16).sum::<i16>().to_le_bytes());
+            }
+        }
+        return out;
+    }
+    let mut out: Vec<u8> = (0..k / 256 * size).map(|_| rng.random::<u8>()).collect();
+    let f16_fields: &[usize] = match ty {
+        GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+        GgmlType::Q6K => &[208],
+        other => panic!("not a k-quant weight type: {other}"),
+    };
+    for blk in out.chunks_exact_mut(size) {
+        for &o in f16_fields {
+            // Sub-block scales multiply d by up to 63 (127 for Q6_K): keep the product finite.
+            blk[o..o + 2].copy_from_slice(&f16_bytes(random_scale(rng) / 128.0));
         }
     }
     out
@@ -189,6 +232,109 @@ pub fn decode_f64(ty: GgmlType, row: &[u8]) -> Vec<f64> {
                 out.extend(b[4..].iter().map(|&q| d * (q as i8) as f64));
             }
         }
+        _ => out.extend(decode_parts_f64(ty, row).iter().map(|(p, o)| p + o)),
+    }
+    out
+}
+
+/// 6-bit scale and min `j` of a Q4_K/Q5_K block's 12 packed bytes (written from the format's
+/// description, independently of the crate's decoder).
+pub fn k4_scale_min(s: &[u8], j: usize) -> (f64, f64) {
+    let (sc, m) = if j < 4 {
+        (s[j] & 0x3F, s[j + 4] & 0x3F)
+    } else {
+        (
+            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    };
+    (sc as f64, m as f64)
+}
+
+/// Each value of a row of a quantised weight type as `(scaled part, offset part)`, the value
+/// being their sum: `(d q, -8 d)` for Q4_0, `(d q, m)` for Q4_1, `(d sc q, -dmin m)` for Q4_K,
+/// and so on. The sum of `(|part| + |offset|) |x|` bounds the terms any kernel adds.
+pub fn decode_parts_f64(ty: GgmlType, row: &[u8]) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let nib = |qs: &[u8], j: usize| if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+    let bit =
+        |qh: &[u8], j: usize| ((u32::from_le_bytes(qh[..4].try_into().unwrap()) >> j) & 1) as u8;
+    match ty {
+        GgmlType::Q4_0 => {
+            for b in row.chunks_exact(18) {
+                let d = h(b, 0);
+                out.extend((0..32).map(|j| (d * nib(&b[2..], j) as f64, -8.0 * d)));
+            }
+        }
+        GgmlType::Q4_1 => {
+            for b in row.chunks_exact(20) {
+                let (d, m) = (h(b, 0), h(b, 2));
+                out.extend((0..32).map(|j| (d * nib(&b[4..], j) as f64, m)));
+            }
+        }
+        GgmlType::Q5_0 => {
+            for b in row.chunks_exact(22) {
+                let d = h(b, 0);
+                out.extend((0..32).map(|j| {
+                    let q = nib(&b[6..], j) | (bit(&b[2..], j) << 4);
+                    (d * q as f64, -16.0 * d)
+                }));
+            }
+        }
+        GgmlType::Q5_1 => {
+            for b in row.chunks_exact(24) {
+                let (d, m) = (h(b, 0), h(b, 2));
+                out.extend((0..32).map(|j| {
+                    let q = nib(&b[8..], j) | (bit(&b[4..], j) << 4);
+                    (d * q as f64, m)
+                }));
+            }
+        }
+        GgmlType::Q8_0 => {
+            for b in row.chunks_exact(34) {
+                let d = h(b, 0);
+                out.extend(b[2..].iter().map(|&q| (d * (q as i8) as f64, 0.0)));
+            }
+        }
+        GgmlType::Q4K | GgmlType::Q5K => {
+            let size = ty.type_size() as usize;
+            for b in row.chunks_exact(size) {
+                let (d, dmin) = (h(b, 0), h(b, 2));
+                let (qh, qs) = if ty == GgmlType::Q5K {
+                    (Some(&b[16..48]), &b[48..176])
+                } else {
+                    (None, &b[16..144])
+                };
+                for i in 0..256 {
+                    let (j, l) = (i / 32, i % 32);
+                    let (sc, m) = k4_scale_min(&b[4..16], j);
+                    let mut q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+                    if let Some(qh) = qh {
+                        q |= ((qh[l] >> j) & 1) << 4;
+                    }
+                    out.push((d * sc * q as f64, -dmin * m));
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            for b in row.chunks_exact(210) {
+                let d = h(b, 208);
+                for i in 0..256 {
+                    let (half, s, l) = (i / 128, (i % 128) / 32, i % 32);
+                    let lo = (b[64 * half + 32 * (s % 2) + l] >> (4 * (s / 2))) & 15;
+                    let hi = (b[128 + 32 * half + l] >> (2 * s)) & 3;
+                    let q = (lo | (hi << 4)) as i32 - 32;
+                    let sc = b[192 + i / 16] as i8 as f64;
+                    out.push((d * sc * q as f64, 0.0));
+                }
+            }
+        }
+        GgmlType::Q8K => {
+            for b in row.chunks_exact(292) {
+                let d = f32::from_le_bytes(b[0..4].try_into().unwrap()) as f64;
+                out.extend(b[4..260].iter().map(|&q| (d * (q as i8) as f64, 0.0)));
+            }
+        }
         other => panic!("no decoder for {other}"),
     }
     out
@@ -197,7 +343,7 @@ pub fn decode_f64(ty: GgmlType, row: &[u8]) -> Vec<f64> {
 /// The exact dot of a weight row with an activation row, in f64, from dequantised values,
 /// and the sum of absolute terms (for error bounds).
 ///
-/// For Q4_1 the kernels use Q8_1's stored `s` (ggml's `d * sum(q)` with `d` before rounding)
+/// For Q4_1 and Q5_1 the kernels use Q8_1's stored `s` (ggml's `d * sum(q)` with `d` before rounding)
 /// instead of `d_f16 * sum(q)`; the expected value follows that definition:
 /// `dequant(w) . dequant(a) + sum_b m_b (s_b - d_b sum(q_b))`.
 pub fn dot_f64(w: GgmlType, wrow: &[u8], arow: &[u8]) -> (f64, f64) {
@@ -207,8 +353,17 @@ pub fn dot_f64(w: GgmlType, wrow: &[u8], arow: &[u8]) -> (f64, f64) {
     assert_eq!(wv.len(), av.len());
     let mut dot: f64 = wv.iter().zip(&av).map(|(x, y)| x * y).sum();
     let mut abs: f64 = wv.iter().zip(&av).map(|(x, y)| (x * y).abs()).sum();
-    if w == GgmlType::Q4_1 {
-        for (wb, ab) in wrow.chunks_exact(20).zip(arow.chunks_exact(36)) {
+    if matches!(w, GgmlType::Q4K | GgmlType::Q5K) {
+        // The kernels add the scaled and offset parts separately.
+        abs = decode_parts_f64(w, wrow)
+            .iter()
+            .zip(&av)
+            .map(|((p, o), y)| (p * y).abs() + (o * y).abs())
+            .sum();
+    }
+    if matches!(w, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        let wsize = w.type_size() as usize;
+        for (wb, ab) in wrow.chunks_exact(wsize).zip(arow.chunks_exact(36)) {
             let (m, d, s) = (h(wb, 2), h(ab, 0), h(ab, 2));
             let sum: f64 = ab[4..].iter().map(|&q| (q as i8) as f64).sum();
             dot += m * (s - d * sum);
@@ -224,14 +379,25 @@ pub fn dot_tol(n: usize, abs: f64) -> f64 {
     (n as f64 + 16.0) * 2.0 * EPS * abs + 1e-30
 }
 
-pub const QUANT_TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+pub const QUANT_TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+/// Row lengths for the 256-value k-quants.
+pub const K_KS: [usize; 5] = [256, 512, 768, 1280, 2304];
 pub const FLOAT_TYPES: [GgmlType; 3] = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 pub const QUANT_KS: [usize; 6] = [32, 64, 96, 160, 576, 1536];
 pub const FLOAT_KS: [usize; 10] = [1, 2, 3, 5, 7, 15, 17, 31, 33, 100];
 
 /// The "number of terms" of a dot for error bounds: blocks for quantised types.
 pub fn terms(w: GgmlType, k: usize) -> usize {
-    if w.block_size() == 32 {
+    if w.block_size() >= 32 {
         k / 32 + 32
     } else {
         k
