@@ -123,6 +123,8 @@ pub struct CpuBackend {
     kernels: &'static Kernels,
     pool: ThreadPool,
     rope: RopeTable,
+    /// RoPE of sliding-window layers that have their own (Gemma 3).
+    rope_local: Option<RopeTable>,
     kv: KvCache,
     max_batch: usize,
     bufs: [Vec<f32>; 10], // indexed by `Buf as usize`, each (max_batch, width)
@@ -190,7 +192,11 @@ impl CpuBackend {
             })
             .collect();
         Ok(CpuBackend {
-            rope: RopeTable::new(c.rope_dim, c.rope_theta, c.rope_pairing, n_ctx),
+            rope: RopeTable::new(c.rope_dim, &c.rope, c.rope_pairing, n_ctx),
+            rope_local: c
+                .rope_local
+                .as_ref()
+                .map(|r| RopeTable::new(c.rope_dim, r, c.rope_pairing, n_ctx)),
             kv: KvCache::new(
                 opts.kv_type,
                 c.num_hidden_layers,
@@ -305,7 +311,7 @@ impl CpuBackend {
         let layer = kind.layer();
         let k = self.kernels;
         match *op {
-            Op::Embed => {
+            Op::Embed { scale } => {
                 let emb = &self.model.token_embd;
                 let x = &mut self.bufs[Buf::X as usize];
                 for (t, &id) in batch.tokens.iter().enumerate() {
@@ -320,12 +326,23 @@ impl CpuBackend {
                     let row = emb.rows_bytes(id as usize, id as usize + 1);
                     k.dequantize_row(emb.dtype, row, &mut x[t * h..(t + 1) * h]);
                 }
+                if scale != 1.0 {
+                    k.scale(&mut x[..n * h], scale);
+                }
             }
             Op::RmsNorm { src, dst, weight } => {
                 let model = &self.model;
                 let w = match (weight, layer) {
                     (NormWeight::Attn, Some(l)) => &model.layers[l].attn_norm,
                     (NormWeight::Ffn, Some(l)) => &model.layers[l].ffn_norm,
+                    (NormWeight::AttnPost, Some(l)) => model.layers[l]
+                        .attn_post_norm
+                        .as_ref()
+                        .ok_or("the model has no attention output norm")?,
+                    (NormWeight::FfnPost, Some(l)) => model.layers[l]
+                        .ffn_post_norm
+                        .as_ref()
+                        .ok_or("the model has no feed-forward output norm")?,
                     (NormWeight::Output, _) => &model.output_norm,
                     _ => return Err("a layer norm outside a layer group".into()),
                 };
@@ -353,12 +370,17 @@ impl CpuBackend {
                     }
                 }
             }
-            Op::Rope => {
+            Op::Rope { local } => {
+                let rope = match (local, &self.rope_local) {
+                    (false, _) => &self.rope,
+                    (true, Some(r)) => r,
+                    (true, None) => return Err("the model has no local RoPE".into()),
+                };
                 for (b, width) in [(Buf::Q, qd), (Buf::K, kvd)] {
                     let buf = &mut self.bufs[b as usize];
                     for t in 0..n {
                         for head in buf[t * width..(t + 1) * width].chunks_exact_mut(hd) {
-                            self.rope.apply(head, batch.pos0 + t);
+                            rope.apply(head, batch.pos0 + t);
                         }
                     }
                 }
@@ -387,9 +409,21 @@ impl CpuBackend {
                     }
                 }
             }
-            Op::Attention => {
+            Op::Attention { window } => {
                 let l = layer.ok_or("attention outside a layer")?;
-                self.attention(l, batch);
+                self.attention(l, window, batch);
+            }
+            Op::ScaleLogits { scale, softcap } => {
+                let logits =
+                    &mut self.bufs[Buf::Logits as usize][..self.n_logit_rows * c.vocab_size];
+                if scale != 1.0 {
+                    k.scale(logits, scale);
+                }
+                if let Some(cap) = softcap {
+                    for v in logits.iter_mut() {
+                        *v = cap * (*v / cap).tanh();
+                    }
+                }
             }
             Op::GatedAct(act) => {
                 let ff = c.intermediate_size;
@@ -403,9 +437,15 @@ impl CpuBackend {
                     }
                 }
             }
-            Op::AddResidual { src } => {
+            Op::AddResidual { src, scale } => {
                 let (s, x) = two_bufs(&mut self.bufs, src, Buf::X);
-                k.add(&mut x[..n * h], &s[..n * h]);
+                if scale == 1.0 {
+                    k.add(&mut x[..n * h], &s[..n * h]);
+                } else {
+                    for (xi, si) in x[..n * h].iter_mut().zip(&s[..n * h]) {
+                        *xi += si * scale;
+                    }
+                }
             }
         }
         Ok(())
@@ -607,8 +647,9 @@ impl CpuBackend {
     }
 
     /// `Attn[t, head] = softmax(Q[t, head] · K[g]ᵀ · scale) · V[g]` over positions `0..=pos0+t`,
-    /// where `g = head / (n_heads / n_kv_heads)`.
-    fn attention(&mut self, l: usize, batch: &Batch) {
+    /// where `g = head / (n_heads / n_kv_heads)`; with a window `w`, over positions
+    /// `pos0+t+1-w ..= pos0+t` only.
+    fn attention(&mut self, l: usize, window: Option<usize>, batch: &Batch) {
         let c = &self.model.config;
         let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
         let group = nh / c.num_key_value_heads;
@@ -625,10 +666,12 @@ impl CpuBackend {
                 let (t, head) = (i / nh, i % nh);
                 let g = head / group;
                 let pos = batch.pos0 + t;
+                // First visible position.
+                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let qv = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
-                let scores = &mut scratch.scores[..=pos];
-                for (j, s) in scores.iter_mut().enumerate() {
+                let scores = &mut scratch.scores[first..=pos];
+                for (j, s) in (first..).zip(scores.iter_mut()) {
                     let o = kv.offset(g, j);
                     *s = scale
                         * match kc {
@@ -638,7 +681,7 @@ impl CpuBackend {
                 }
                 kern.softmax(scores);
                 out.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
+                for (j, &p) in (first..).zip(scores.iter()) {
                     let o = kv.offset(g, j);
                     match vc {
                         KvStore::F16(vc) => kern.axpy_f16(out, p, as_f16(&vc[o..o + hd])),

@@ -1,7 +1,7 @@
 //! Rotary position embeddings: a table of cos/sin per position, computed like HF transformers
 //! (inverse frequencies and angles in f32) so that flowrt matches the reference numerically.
 
-use flowrt_model::RopePairing;
+use flowrt_model::{RopeConfig, RopePairing};
 
 #[derive(Debug)]
 pub struct RopeTable {
@@ -12,19 +12,24 @@ pub struct RopeTable {
 }
 
 impl RopeTable {
-    pub fn new(rope_dim: usize, theta: f32, pairing: RopePairing, n_ctx: usize) -> Self {
+    pub fn new(rope_dim: usize, rope: &RopeConfig, pairing: RopePairing, n_ctx: usize) -> Self {
         let half = rope_dim / 2;
-        // inv_freq[i] = 1 / theta^(2i / rope_dim), in f32 as the reference computes it.
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / rope_dim as f32))
-            .collect();
+        let spans = rope.freqs(rope_dim);
+        let factor = rope.attention_factor();
         let mut cos = Vec::with_capacity(n_ctx * half);
         let mut sin = Vec::with_capacity(n_ctx * half);
         for p in 0..n_ctx {
-            for &f in &inv_freq {
+            // The last span starting at or before `p` (the first starts at 0).
+            let span = spans
+                .iter()
+                .rev()
+                .find(|s| s.from_pos <= p)
+                .unwrap_or(&spans[0]);
+            for &f in &span.inv_freq {
+                // The angle in f32 as the reference computes it; cos/sin rounded from f64.
                 let angle = p as f32 * f;
-                cos.push((angle as f64).cos() as f32);
-                sin.push((angle as f64).sin() as f32);
+                cos.push((angle as f64).cos() as f32 * factor);
+                sin.push((angle as f64).sin() as f32 * factor);
             }
         }
         RopeTable {
@@ -70,8 +75,8 @@ mod tests {
     #[test]
     fn adjacent_on_permuted_equals_half_split() {
         let d = 8;
-        let a = RopeTable::new(d, 10000.0, RopePairing::Adjacent, 16);
-        let hs = RopeTable::new(d, 10000.0, RopePairing::HalfSplit, 16);
+        let a = RopeTable::new(d, &RopeConfig::plain(10000.0), RopePairing::Adjacent, 16);
+        let hs = RopeTable::new(d, &RopeConfig::plain(10000.0), RopePairing::HalfSplit, 16);
         let x: Vec<f32> = (0..d).map(|i| i as f32 * 0.37 - 1.0).collect();
         // GGUF permutation: position 2i <- i, 2i+1 <- i + d/2.
         let perm = |v: &[f32]| -> Vec<f32> {
@@ -99,7 +104,7 @@ mod tests {
 
     #[test]
     fn rotation_preserves_norm_and_position_zero_is_identity() {
-        let t = RopeTable::new(4, 10000.0, RopePairing::Adjacent, 8);
+        let t = RopeTable::new(4, &RopeConfig::plain(10000.0), RopePairing::Adjacent, 8);
         let mut x = vec![1.0, 2.0, 3.0, 4.0];
         t.apply(&mut x, 0);
         assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);

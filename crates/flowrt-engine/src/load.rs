@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use flowrt_cpu::{ActQuant, KvType};
 use flowrt_gguf::GgufFile;
 use flowrt_kernels::Kernels;
-use flowrt_model::{Model, Plan};
+use flowrt_model::{LoadOptions, Model, ModelConfig, ModelError, Plan};
 use flowrt_text::{ChatTemplate, GgufVocab, Tokenizer};
 
 use crate::error::EngineError;
@@ -52,7 +52,7 @@ impl EngineOptions {
     }
 }
 
-/// A model file, bound and ready for sessions.
+/// A model (GGUF file or HF directory), bound and ready for sessions.
 pub struct LoadedModel {
     pub path: PathBuf,
     pub model: Arc<Model>,
@@ -62,16 +62,37 @@ pub struct LoadedModel {
     pub load_time: Duration,
 }
 
+/// Largest `config.json` read (real ones are a few KB).
+const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 impl LoadedModel {
-    /// Open and bind a GGUF model file.
+    /// Open and bind a model: a GGUF file, or a Hugging Face checkpoint directory.
     pub fn load(path: &Path) -> Result<LoadedModel, EngineError> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// [`LoadedModel::load`] with load options (quantisation on load applies to HF
+    /// directories; GGUF files are used as they are).
+    pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, EngineError> {
         let t0 = Instant::now();
-        let file = Arc::new(GgufFile::open(path)?);
-        let model = Arc::new(Model::from_gguf(file.clone())?);
+        let (model, tokenizer, template) = if path.is_dir() {
+            Self::load_hf_dir(path, opts)?
+        } else {
+            if let Some(q) = opts.quant {
+                return Err(EngineError::Invalid(format!(
+                    "{}: --quant {q} applies to Hugging Face directories; a GGUF file runs with the types it holds",
+                    path.display()
+                )));
+            }
+            let file = Arc::new(GgufFile::open(path)?);
+            let model = Model::from_gguf(file.clone())?;
+            let vocab = GgufVocab::from_gguf(&file)?;
+            let tokenizer = Tokenizer::from_vocab(&vocab)?;
+            let template = ChatTemplate::from_vocab(&vocab)?;
+            (model, tokenizer, template)
+        };
+        let model = Arc::new(model);
         let plan = Arc::new(Plan::new(&model.config));
-        let vocab = GgufVocab::from_gguf(&file)?;
-        let tokenizer = Tokenizer::from_vocab(&vocab)?;
-        let template = ChatTemplate::from_vocab(&vocab)?;
         Ok(LoadedModel {
             path: path.to_path_buf(),
             model,
@@ -80,6 +101,34 @@ impl LoadedModel {
             template,
             load_time: t0.elapsed(),
         })
+    }
+
+    fn load_hf_dir(
+        dir: &Path,
+        opts: &LoadOptions,
+    ) -> Result<(Model, Tokenizer, Option<ChatTemplate>), EngineError> {
+        let config_path = dir.join("config.json");
+        let bad = |reason: String| ModelError::BadCheckpoint {
+            path: config_path.clone(),
+            reason,
+        };
+        let len = std::fs::metadata(&config_path)
+            .map_err(|e| {
+                bad(format!(
+                    "{e} (a Hugging Face model directory needs config.json)"
+                ))
+            })?
+            .len();
+        if len > MAX_CONFIG_BYTES {
+            return Err(bad(format!("{len} bytes is too large for a config")).into());
+        }
+        let text = std::fs::read_to_string(&config_path).map_err(|e| bad(e.to_string()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let config = ModelConfig::from_hf_json(&config_path, &json)?;
+        let model = Model::from_hf_dir(dir, config, *opts)?;
+        let text = flowrt_text::hf::load_dir(dir)?;
+        Ok((model, text.tokenizer, text.template))
     }
 
     /// The model's trained context length.

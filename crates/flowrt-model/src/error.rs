@@ -13,6 +13,9 @@ pub enum ModelError {
         known: String,
     },
 
+    #[error("{path}: {reason}")]
+    BadCheckpoint { path: PathBuf, reason: String },
+
     #[error("{file}: missing metadata key `{key}`")]
     MissingKey { file: PathBuf, key: String },
 

@@ -2,7 +2,9 @@
 //!
 //! - [`arch`]: architecture families as rows of data ([`ArchSpec`]); the decoder branches on
 //!   fields, never on a family's name.
-//! - [`config`]: hyperparameters read from a model file ([`ModelConfig`]).
+//! - [`config`]: hyperparameters read from a GGUF file or an HF `config.json` ([`ModelConfig`]).
+//! - [`rope`]: RoPE frequencies and scalings.
+//! - [`safetensors_dir`]: the tensors of an HF checkpoint directory.
 //! - [`names`]: tensor roles and their names in each format.
 //! - [`weights`]: the model's tensors bound to roles, checked against the config.
 //! - [`plan`]: the forward pass as a sequence of per-layer command groups that a backend executes.
@@ -12,11 +14,16 @@ pub mod config;
 pub mod error;
 pub mod names;
 pub mod plan;
+pub mod rope;
+pub mod safetensors_dir;
 pub mod weights;
 
 pub use arch::{Activation, ArchSpec, RopePairing};
-pub use config::ModelConfig;
+pub use config::{LayerType, ModelConfig};
 pub use error::ModelError;
 pub use names::TensorRole;
 pub use plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op, Plan};
-pub use weights::{LayerWeights, Model, WeightData, WeightMatrix};
+pub use rope::{RopeConfig, RopeFreqs, RopeScaling};
+pub use weights::{
+    LayerWeights, LoadOptions, Model, ModelFormat, WeightData, WeightMatrix, LOAD_QUANT_TYPES,
+};

@@ -1,11 +1,15 @@
 //! Tensor roles and their names in each format.
 
-/// What a tensor is for. Per-layer roles carry the layer index in [`TensorRole::gguf_name`].
+use crate::arch::ArchSpec;
+
+/// What a tensor is for. Per-layer roles carry the layer index in the name functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TensorRole {
     TokenEmbd,
     OutputNorm,
     Output,
+    /// Per-dimension RoPE frequency divisors (GGUF llama 3 files).
+    RopeFreqs,
     AttnNorm,
     AttnQ,
     AttnK,
@@ -16,13 +20,26 @@ pub enum TensorRole {
     AttnQNorm,
     AttnKNorm,
     AttnOutput,
+    /// Norm of the attention block's output (sandwich norms).
+    AttnPostNorm,
     FfnNorm,
     FfnGate,
     FfnUp,
     FfnDown,
+    /// Norm of the feed-forward block's output (sandwich norms).
+    FfnPostNorm,
 }
 
 impl TensorRole {
+    /// Whether the role is an RMSNorm weight.
+    pub fn is_norm(self) -> bool {
+        use TensorRole::*;
+        matches!(
+            self,
+            OutputNorm | AttnNorm | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnPostNorm
+        )
+    }
+
     /// Name of the tensor in a GGUF file (`layer` is ignored for global roles).
     pub fn gguf_name(self, layer: usize) -> String {
         use TensorRole::*;
@@ -31,6 +48,7 @@ impl TensorRole {
             TokenEmbd => "token_embd.weight".into(),
             OutputNorm => "output_norm.weight".into(),
             Output => "output.weight".into(),
+            RopeFreqs => "rope_freqs.weight".into(),
             AttnNorm => per_layer("attn_norm.weight"),
             AttnQ => per_layer("attn_q.weight"),
             AttnK => per_layer("attn_k.weight"),
@@ -41,10 +59,52 @@ impl TensorRole {
             AttnQNorm => per_layer("attn_q_norm.weight"),
             AttnKNorm => per_layer("attn_k_norm.weight"),
             AttnOutput => per_layer("attn_output.weight"),
+            AttnPostNorm => per_layer("post_attention_norm.weight"),
             FfnNorm => per_layer("ffn_norm.weight"),
             FfnGate => per_layer("ffn_gate.weight"),
             FfnUp => per_layer("ffn_up.weight"),
             FfnDown => per_layer("ffn_down.weight"),
+            FfnPostNorm => per_layer("post_ffw_norm.weight"),
         }
+    }
+
+    /// Name of the tensor in an HF checkpoint, after the model prefix (`model.` for the
+    /// decoder; the output projection is `lm_head.weight` outside it, see
+    /// [`TensorRole::hf_in_decoder`]). `None`: the format has no such tensor.
+    pub fn hf_name(self, arch: &ArchSpec, layer: usize) -> Option<String> {
+        use TensorRole::*;
+        let per_layer = |s: &str| Some(format!("layers.{layer}.{s}"));
+        match self {
+            TokenEmbd => Some("embed_tokens.weight".into()),
+            OutputNorm => Some("norm.weight".into()),
+            Output => Some("lm_head.weight".into()),
+            RopeFreqs => None,
+            AttnNorm => per_layer("input_layernorm.weight"),
+            AttnQ => per_layer("self_attn.q_proj.weight"),
+            AttnK => per_layer("self_attn.k_proj.weight"),
+            AttnV => per_layer("self_attn.v_proj.weight"),
+            AttnQBias => per_layer("self_attn.q_proj.bias"),
+            AttnKBias => per_layer("self_attn.k_proj.bias"),
+            AttnVBias => per_layer("self_attn.v_proj.bias"),
+            AttnQNorm => per_layer("self_attn.q_norm.weight"),
+            AttnKNorm => per_layer("self_attn.k_norm.weight"),
+            AttnOutput => per_layer("self_attn.o_proj.weight"),
+            // With sandwich norms HF's `post_attention_layernorm` is the attention output's
+            // norm and the FFN's input norm is `pre_feedforward_layernorm`; without them
+            // `post_attention_layernorm` is the FFN's input norm.
+            AttnPostNorm => per_layer("post_attention_layernorm.weight"),
+            FfnNorm if arch.sandwich_norms => per_layer("pre_feedforward_layernorm.weight"),
+            FfnNorm => per_layer("post_attention_layernorm.weight"),
+            FfnGate => per_layer("mlp.gate_proj.weight"),
+            FfnUp => per_layer("mlp.up_proj.weight"),
+            FfnDown => per_layer("mlp.down_proj.weight"),
+            FfnPostNorm => per_layer("post_feedforward_layernorm.weight"),
+        }
+    }
+
+    /// Whether the HF name sits under the decoder's prefix (`model.`); the output projection
+    /// sits beside it.
+    pub fn hf_in_decoder(self) -> bool {
+        self != TensorRole::Output
     }
 }

@@ -35,7 +35,11 @@ pub enum Buf {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormWeight {
     Attn,
+    /// The attention block's output norm (sandwich norms).
+    AttnPost,
     Ffn,
+    /// The feed-forward block's output norm (sandwich norms).
+    FfnPost,
     Output,
 }
 
@@ -55,8 +59,8 @@ pub enum MatRole {
 /// One step of the forward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
-    /// `X[t] = token_embd[token[t]]`.
-    Embed,
+    /// `X[t] = token_embd[token[t]] · scale`.
+    Embed { scale: f32 },
     /// `dst = rms_norm(src) * weight`.
     RmsNorm {
         src: Buf,
@@ -68,24 +72,28 @@ pub enum Op {
     MatMul { src: Buf, dst: Buf, weight: MatRole },
     /// Per-head RMSNorm of `Q` and `K` (families with QK-norm).
     QkNorm,
-    /// Rotate `Q` and `K` by their positions.
-    Rope,
+    /// Rotate `Q` and `K` by their positions, with the layer's local RoPE (sliding-window
+    /// layers of families that give them their own) or the global one.
+    Rope { local: bool },
     /// Append `K` and `V` to the layer's cache at the batch positions.
     StoreKv,
     /// `Attn = softmax(Q·Kᵀ·scale + causal mask)·V` over the layer's cache (GQA: each KV head
-    /// serves `num_attention_heads / num_key_value_heads` query heads; no replication).
-    Attention,
+    /// serves `num_attention_heads / num_key_value_heads` query heads; no replication). With a
+    /// window `w`, a query at position `p` sees positions `p - w + 1 ..= p`.
+    Attention { window: Option<usize> },
     /// `Gate = act(Gate) * Up`.
     GatedAct(Activation),
-    /// `X += src`.
-    AddResidual { src: Buf },
+    /// `X += src · scale`.
+    AddResidual { src: Buf, scale: f32 },
+    /// `Logits = softcap(Logits · scale)`, `softcap(x) = cap · tanh(x / cap)` when set.
+    ScaleLogits { scale: f32, softcap: Option<f32> },
 }
 
 impl Op {
     /// Short name for traces and errors.
     pub fn name(&self) -> &'static str {
         match self {
-            Op::Embed => "embed",
+            Op::Embed { .. } => "embed",
             Op::RmsNorm { .. } => "rms_norm",
             Op::MatMul { weight, .. } => match weight {
                 MatRole::Q => "matmul_q",
@@ -98,11 +106,12 @@ impl Op {
                 MatRole::Output => "matmul_output",
             },
             Op::QkNorm => "qk_norm",
-            Op::Rope => "rope",
+            Op::Rope { .. } => "rope",
             Op::StoreKv => "store_kv",
-            Op::Attention => "attention",
+            Op::Attention { .. } => "attention",
             Op::GatedAct(_) => "gated_act",
             Op::AddResidual { .. } => "add_residual",
+            Op::ScaleLogits { .. } => "scale_logits",
         }
     }
 }
@@ -148,8 +157,31 @@ impl Plan {
     pub fn new(cfg: &ModelConfig) -> Plan {
         let mut groups = vec![CommandGroup {
             kind: GroupKind::Embed,
-            ops: vec![Op::Embed],
+            ops: vec![Op::Embed {
+                scale: cfg.embedding_multiplier,
+            }],
         }];
+        let residual = cfg.residual_multiplier;
+        // A block's output (in `Proj`) joins the residual stream, normalised first with
+        // sandwich norms (into `Xn`, free by then).
+        let add_block = |ops: &mut Vec<Op>, post: NormWeight| {
+            if cfg.arch.sandwich_norms {
+                ops.push(Op::RmsNorm {
+                    src: Buf::Proj,
+                    dst: Buf::Xn,
+                    weight: post,
+                });
+                ops.push(Op::AddResidual {
+                    src: Buf::Xn,
+                    scale: residual,
+                });
+            } else {
+                ops.push(Op::AddResidual {
+                    src: Buf::Proj,
+                    scale: residual,
+                });
+            }
+        };
         for layer in 0..cfg.num_hidden_layers {
             // Attention block: X += Wo · attention(rope(Wq·norm(X)), rope(Wk·norm(X)), Wv·norm(X))
             let mut ops = vec![
@@ -178,63 +210,75 @@ impl Plan {
                 ops.push(Op::QkNorm);
             }
             ops.extend([
-                Op::Rope,
+                Op::Rope {
+                    local: cfg.layer_uses_local_rope(layer),
+                },
                 Op::StoreKv,
-                Op::Attention,
+                Op::Attention {
+                    window: cfg.layer_window(layer),
+                },
                 Op::MatMul {
                     src: Buf::Attn,
                     dst: Buf::Proj,
                     weight: MatRole::O,
                 },
-                Op::AddResidual { src: Buf::Proj },
             ]);
+            add_block(&mut ops, NormWeight::AttnPost);
             groups.push(CommandGroup {
                 kind: GroupKind::Attention { layer },
                 ops,
             });
             // Feed-forward block: X += Wdown · (act(Wgate·norm(X)) * Wup·norm(X))
+            let mut ops = vec![
+                Op::RmsNorm {
+                    src: Buf::X,
+                    dst: Buf::Xn,
+                    weight: NormWeight::Ffn,
+                },
+                Op::MatMul {
+                    src: Buf::Xn,
+                    dst: Buf::Gate,
+                    weight: MatRole::Gate,
+                },
+                Op::MatMul {
+                    src: Buf::Xn,
+                    dst: Buf::Up,
+                    weight: MatRole::Up,
+                },
+                Op::GatedAct(cfg.activation),
+                Op::MatMul {
+                    src: Buf::Gate,
+                    dst: Buf::Proj,
+                    weight: MatRole::Down,
+                },
+            ];
+            add_block(&mut ops, NormWeight::FfnPost);
             groups.push(CommandGroup {
                 kind: GroupKind::Ffn { layer },
-                ops: vec![
-                    Op::RmsNorm {
-                        src: Buf::X,
-                        dst: Buf::Xn,
-                        weight: NormWeight::Ffn,
-                    },
-                    Op::MatMul {
-                        src: Buf::Xn,
-                        dst: Buf::Gate,
-                        weight: MatRole::Gate,
-                    },
-                    Op::MatMul {
-                        src: Buf::Xn,
-                        dst: Buf::Up,
-                        weight: MatRole::Up,
-                    },
-                    Op::GatedAct(cfg.arch.activation),
-                    Op::MatMul {
-                        src: Buf::Gate,
-                        dst: Buf::Proj,
-                        weight: MatRole::Down,
-                    },
-                    Op::AddResidual { src: Buf::Proj },
-                ],
+                ops,
+            });
+        }
+        let mut ops = vec![
+            Op::RmsNorm {
+                src: Buf::X,
+                dst: Buf::Xn,
+                weight: NormWeight::Output,
+            },
+            Op::MatMul {
+                src: Buf::Xn,
+                dst: Buf::Logits,
+                weight: MatRole::Output,
+            },
+        ];
+        if cfg.logit_multiplier != 1.0 || cfg.final_logit_softcapping.is_some() {
+            ops.push(Op::ScaleLogits {
+                scale: cfg.logit_multiplier,
+                softcap: cfg.final_logit_softcapping,
             });
         }
         groups.push(CommandGroup {
             kind: GroupKind::Output,
-            ops: vec![
-                Op::RmsNorm {
-                    src: Buf::X,
-                    dst: Buf::Xn,
-                    weight: NormWeight::Output,
-                },
-                Op::MatMul {
-                    src: Buf::Xn,
-                    dst: Buf::Logits,
-                    weight: MatRole::Output,
-                },
-            ],
+            ops,
         });
         Plan { groups }
     }

@@ -1,11 +1,25 @@
-//! Hyperparameters, read from a model file's metadata. Field names follow HF transformers.
+//! Hyperparameters, read from a model file's metadata (GGUF) or `config.json` (HF). Field names
+//! follow HF transformers.
 
-use std::path::{Path, PathBuf};
+mod gguf;
+mod hf;
 
-use flowrt_gguf::GgufFile;
+use std::path::Path;
 
-use crate::arch::{self, ArchSpec, RopePairing};
+use crate::arch::{Activation, ArchSpec, RopePairing};
 use crate::error::ModelError;
+use crate::rope::RopeConfig;
+
+pub(crate) use gguf::file_name;
+
+/// How a layer attends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerType {
+    /// Every earlier position.
+    Full,
+    /// The last `sliding_window` positions (the query's own included).
+    Sliding,
+}
 
 /// Everything the decoder needs to know about a model's shape and numerics.
 #[derive(Debug, Clone)]
@@ -28,109 +42,39 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     /// Epsilon of every RMSNorm.
     pub rms_norm_eps: f32,
-    /// RoPE base frequency.
-    pub rope_theta: f32,
+    /// Feed-forward activation.
+    pub activation: Activation,
+    /// RoPE of full-attention layers (and of every layer when `rope_local` is `None`).
+    pub rope: RopeConfig,
+    /// RoPE of sliding-window layers, when they have their own (Gemma 3).
+    pub rope_local: Option<RopeConfig>,
     /// Leading dimensions of each head that RoPE rotates (`<= head_dim`, even).
     pub rope_dim: usize,
     /// RoPE pairing of the weights as loaded.
     pub rope_pairing: RopePairing,
     /// Context length the model was trained for.
     pub max_position_embeddings: usize,
-    /// Scale applied to attention scores (1/sqrt(head_dim) for Llama).
+    /// Scale applied to attention scores (1/√head_dim, or 1/√query_pre_attn_scalar).
     pub attn_scale: f32,
+    /// Window of sliding-window layers.
+    pub sliding_window: Option<usize>,
+    /// How each layer attends (`num_hidden_layers` entries).
+    pub layer_types: Vec<LayerType>,
+    /// Token embeddings are multiplied by this (1 for most families).
+    pub embedding_multiplier: f32,
+    /// Residual branches are multiplied by this before they are added (1 for most families).
+    pub residual_multiplier: f32,
+    /// Logits are multiplied by this (1 for most families).
+    pub logit_multiplier: f32,
+    /// `logits = cap · tanh(logits / cap)` when set.
+    pub final_logit_softcapping: Option<f32>,
+    /// Whether the output projection is the embedding matrix, when the config says; `None`:
+    /// tied exactly when the file has no output matrix.
+    pub tie_word_embeddings: Option<bool>,
 }
 
 impl ModelConfig {
-    /// Read the config of a GGUF model.
-    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
-        let file = file_name(f);
-        let arch_name = f
-            .get_str("general.architecture")?
-            .ok_or_else(|| ModelError::MissingKey {
-                file: file.clone(),
-                key: "general.architecture".into(),
-            })?
-            .to_string();
-        let arch =
-            arch::by_gguf_arch(&arch_name).ok_or_else(|| ModelError::UnknownArchitecture {
-                file: file.clone(),
-                arch: arch_name.clone(),
-                known: arch::known_gguf_archs(),
-            })?;
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let req_u = |k: &str| -> Result<usize, ModelError> {
-            let full = key(k);
-            let v = f.get_u64(&full)?.ok_or_else(|| ModelError::MissingKey {
-                file: file.clone(),
-                key: full.clone(),
-            })?;
-            usize::try_from(v)
-                .map_err(|_| bad(&file, format!("`{full}` = {v} does not fit in memory")))
-        };
-        let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
-            let full = key(k);
-            match f.get_u64(&full)? {
-                None => Ok(None),
-                Some(v) => usize::try_from(v)
-                    .map(Some)
-                    .map_err(|_| bad(&file, format!("`{full}` = {v} does not fit in memory"))),
-            }
-        };
-
-        let hidden_size = req_u("embedding_length")?;
-        let num_hidden_layers = req_u("block_count")?;
-        let intermediate_size = req_u("feed_forward_length")?;
-        let num_attention_heads = req_u("attention.head_count")?;
-        let num_key_value_heads = opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads);
-        let max_position_embeddings = req_u("context_length")?;
-        let head_dim = match opt_u("attention.key_length")? {
-            Some(d) => d,
-            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
-            None => 0,
-        };
-        let rope_dim = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
-        let rms_norm_eps = f
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| ModelError::MissingKey {
-                file: file.clone(),
-                key: key("attention.layer_norm_rms_epsilon"),
-            })?;
-        let rope_theta = f.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
-        // The vocabulary size is the number of tokens when the arch key is absent.
-        let vocab_size = match opt_u("vocab_size")? {
-            Some(v) => v,
-            None => match f.get_array("tokenizer.ggml.tokens")? {
-                Some(a) => a.len(),
-                None => {
-                    return Err(ModelError::MissingKey {
-                        file,
-                        key: key("vocab_size"),
-                    })
-                }
-            },
-        };
-
-        let cfg = ModelConfig {
-            arch,
-            hidden_size,
-            intermediate_size,
-            num_hidden_layers,
-            num_attention_heads,
-            num_key_value_heads,
-            head_dim,
-            vocab_size,
-            rms_norm_eps,
-            rope_theta,
-            rope_dim,
-            rope_pairing: arch.gguf_rope_pairing,
-            max_position_embeddings,
-            attn_scale: 1.0 / (head_dim as f32).sqrt(),
-        };
-        cfg.validate(&file)?;
-        Ok(cfg)
-    }
-
-    /// Check that the numbers describe a model that can exist.
+    /// Check that the numbers describe a model that can exist and that flowrt can run.
     pub fn validate(&self, file: &Path) -> Result<(), ModelError> {
         let err = |r: String| Err(bad(file, r));
         let positive = [
@@ -176,9 +120,9 @@ impl ModelConfig {
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) || self.rope_dim == 0 {
             return err(format!(
-                "rope dimension count {} must be even and at most head_dim {}",
+                "rope dimension count {} must be even, positive and at most head_dim {}",
                 self.rope_dim, self.head_dim
             ));
         }
@@ -188,8 +132,39 @@ impl ModelConfig {
                 self.rms_norm_eps
             ));
         }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return err(format!("rope_theta = {} must be positive", self.rope_theta));
+        for r in std::iter::once(&self.rope).chain(&self.rope_local) {
+            if let Err(e) = r.validate(self.rope_dim) {
+                return err(e);
+            }
+        }
+        if self.layer_types.len() != self.num_hidden_layers {
+            return err(format!(
+                "{} layer types for {} layers",
+                self.layer_types.len(),
+                self.num_hidden_layers
+            ));
+        }
+        let slides = self.layer_types.contains(&LayerType::Sliding);
+        match self.sliding_window {
+            Some(0) => return err("sliding_window is 0".into()),
+            None if slides => return err("sliding layers but no sliding_window".into()),
+            _ => {}
+        }
+        let finite_positive = [
+            ("attention scale", self.attn_scale),
+            ("embedding multiplier", self.embedding_multiplier),
+            ("residual multiplier", self.residual_multiplier),
+            ("logit multiplier", self.logit_multiplier),
+        ];
+        for (name, v) in finite_positive {
+            if !(v.is_finite() && v > 0.0) {
+                return err(format!("{name} = {v} must be positive"));
+            }
+        }
+        if let Some(c) = self.final_logit_softcapping {
+            if !(c.is_finite() && c > 0.0) {
+                return err(format!("final_logit_softcapping = {c} must be positive"));
+            }
         }
         Ok(())
     }
@@ -203,6 +178,32 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.num_key_value_heads * self.head_dim
     }
+
+    /// The attention window of layer `l` (`None`: all earlier positions).
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        match self.layer_types[l] {
+            LayerType::Full => None,
+            LayerType::Sliding => self.sliding_window,
+        }
+    }
+
+    /// Whether layer `l` uses the local RoPE (`rope_local`).
+    pub fn layer_uses_local_rope(&self, l: usize) -> bool {
+        self.rope_local.is_some() && self.layer_types[l] == LayerType::Sliding
+    }
+
+    /// Layer types of a model whose every `pattern`-th layer is global.
+    pub fn pattern_layer_types(n_layers: usize, pattern: usize) -> Vec<LayerType> {
+        (0..n_layers)
+            .map(|i| {
+                if pattern > 0 && (i + 1).is_multiple_of(pattern) {
+                    LayerType::Full
+                } else {
+                    LayerType::Sliding
+                }
+            })
+            .collect()
+    }
 }
 
 fn bad(file: &Path, reason: String) -> ModelError {
@@ -210,10 +211,4 @@ fn bad(file: &Path, reason: String) -> ModelError {
         file: file.to_path_buf(),
         reason,
     }
-}
-
-pub(crate) fn file_name(f: &GgufFile) -> PathBuf {
-    f.path()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| "<memory>".into())
 }

@@ -1,0 +1,220 @@
+//! Config from GGUF metadata (`{arch}.embedding_length`, ...).
+
+use std::path::{Path, PathBuf};
+
+use flowrt_gguf::{Array, GgufFile, Value};
+
+use super::{bad, LayerType, ModelConfig};
+use crate::arch::{self, EmbedScale, Scalings};
+use crate::error::ModelError;
+use crate::rope::{RopeConfig, RopeScaling};
+
+impl ModelConfig {
+    /// Read the config of a GGUF model. Keys the family's GGUF files omit take the family's
+    /// documented defaults ([`crate::arch::ArchDefaults`]).
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        let file = file_name(f);
+        let arch_name = f
+            .get_str("general.architecture")?
+            .ok_or_else(|| ModelError::MissingKey {
+                file: file.clone(),
+                key: "general.architecture".into(),
+            })?
+            .to_string();
+        let arch =
+            arch::by_gguf_arch(&arch_name).ok_or_else(|| ModelError::UnknownArchitecture {
+                file: file.clone(),
+                arch: arch_name.clone(),
+                known: arch::known_gguf_archs(),
+            })?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let req_u = |k: &str| -> Result<usize, ModelError> {
+            let full = key(k);
+            let v = f.get_u64(&full)?.ok_or_else(|| ModelError::MissingKey {
+                file: file.clone(),
+                key: full.clone(),
+            })?;
+            usize::try_from(v)
+                .map_err(|_| bad(&file, format!("`{full}` = {v} does not fit in memory")))
+        };
+        let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
+            let full = key(k);
+            match f.get_u64(&full)? {
+                None => Ok(None),
+                Some(v) => usize::try_from(v)
+                    .map(Some)
+                    .map_err(|_| bad(&file, format!("`{full}` = {v} does not fit in memory"))),
+            }
+        };
+
+        let hidden_size = req_u("embedding_length")?;
+        let num_hidden_layers = req_u("block_count")?;
+        let intermediate_size = req_u("feed_forward_length")?;
+        let num_attention_heads = req_u("attention.head_count")?;
+        let num_key_value_heads = opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads);
+        let max_position_embeddings = req_u("context_length")?;
+        let head_dim = match opt_u("attention.key_length")? {
+            Some(d) => d,
+            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+            None => 0,
+        };
+        if let Some(v) = opt_u("attention.value_length")? {
+            if v != head_dim {
+                return Err(bad(
+                    &file,
+                    format!("value head width {v} differs from key head width {head_dim}"),
+                ));
+            }
+        }
+        let rope_dim = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
+        let rms_norm_eps = f
+            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+            .ok_or_else(|| ModelError::MissingKey {
+                file: file.clone(),
+                key: key("attention.layer_norm_rms_epsilon"),
+            })?;
+        let rope_theta = f
+            .get_f32(&key("rope.freq_base"))?
+            .unwrap_or(arch.defaults.rope_theta);
+        let scaling = match f.get_str(&key("rope.scaling.type"))? {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: f.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+            },
+            Some(other) => {
+                return Err(bad(
+                    &file,
+                    format!("RoPE scaling type `{other}` is not supported (flowrt runs none, linear, llama3 and longrope)"),
+                ))
+            }
+        };
+        // The vocabulary size is the number of tokens when the arch key is absent.
+        let vocab_size = match opt_u("vocab_size")? {
+            Some(v) => v,
+            None => match f.get_array("tokenizer.ggml.tokens")? {
+                Some(a) => a.len(),
+                None => {
+                    return Err(ModelError::MissingKey {
+                        file,
+                        key: key("vocab_size"),
+                    })
+                }
+            },
+        };
+
+        // Sliding windows. Gemma 3 GGUFs give the window but (in most files) not which layers
+        // use it nor the local RoPE base: the family's defaults fill them in.
+        let sliding_window = if arch.sliding_window {
+            opt_u("attention.sliding_window")?.filter(|&w| w > 0)
+        } else {
+            None
+        };
+        let layer_types = match (
+            sliding_window,
+            f.get(&key("attention.sliding_window_pattern")),
+        ) {
+            (None, _) => vec![LayerType::Full; num_hidden_layers],
+            (Some(_), Some(Value::Array(Array::Bool(v)))) => {
+                // Newer files: one flag per layer, true = sliding.
+                v.iter()
+                    .map(|&s| {
+                        if s {
+                            LayerType::Sliding
+                        } else {
+                            LayerType::Full
+                        }
+                    })
+                    .collect()
+            }
+            (Some(_), Some(v)) => match v.as_integer() {
+                Some(p) if p > 0 => Self::pattern_layer_types(num_hidden_layers, p as usize),
+                _ => {
+                    return Err(bad(
+                        &file,
+                        format!(
+                            "`{}` = {v} is not a layer pattern",
+                            key("attention.sliding_window_pattern")
+                        ),
+                    ))
+                }
+            },
+            (Some(_), None) => match arch.defaults.sliding_window_pattern {
+                Some(p) => Self::pattern_layer_types(num_hidden_layers, p),
+                None => vec![LayerType::Sliding; num_hidden_layers],
+            },
+        };
+        let rope_local = match (sliding_window, arch.defaults.local_rope_theta) {
+            (Some(_), Some(default)) => Some(RopeConfig::plain(
+                f.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(default),
+            )),
+            _ => None,
+        };
+        // Gemma 3 GGUFs carry no query_pre_attn_scalar; the family's value is head_dim for the
+        // published sizes up to 12B (27B uses hidden/heads and would need the key).
+        let attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let embedding_multiplier = match arch.embed_scale {
+            EmbedScale::None => 1.0,
+            EmbedScale::SqrtHidden => (hidden_size as f32).sqrt(),
+            EmbedScale::FromConfig => {
+                return Err(bad(
+                    &file,
+                    format!("GGUF files of the `{}` family are not supported yet; load its Hugging Face directory", arch.name),
+                ))
+            }
+        };
+        if arch.scalings != Scalings::None {
+            return Err(bad(
+                &file,
+                format!("GGUF files of the `{}` family are not supported yet; load its Hugging Face directory", arch.name),
+            ));
+        }
+        let final_logit_softcapping = f
+            .get_f32(&key("final_logit_softcapping"))?
+            .filter(|&c| c > 0.0);
+        if let Some(c) = f.get_f32(&key("attn_logit_softcapping"))? {
+            if c > 0.0 {
+                return Err(bad(
+                    &file,
+                    "attention logit soft-capping is not supported".into(),
+                ));
+            }
+        }
+
+        let cfg = ModelConfig {
+            arch,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps,
+            activation: arch.activation,
+            rope: RopeConfig {
+                theta: rope_theta,
+                scaling,
+            },
+            rope_local,
+            rope_dim,
+            rope_pairing: arch.gguf_rope_pairing,
+            max_position_embeddings,
+            attn_scale,
+            sliding_window,
+            layer_types,
+            embedding_multiplier,
+            residual_multiplier: 1.0,
+            logit_multiplier: 1.0,
+            final_logit_softcapping,
+            tie_word_embeddings: None,
+        };
+        cfg.validate(&file)?;
+        Ok(cfg)
+    }
+}
+
+pub(crate) fn file_name(f: &GgufFile) -> PathBuf {
+    f.path()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| "<memory>".into())
+}

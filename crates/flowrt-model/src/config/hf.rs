@@ -1,0 +1,400 @@
+//! Config from a Hugging Face `config.json`: transformers 5's `rope_parameters` and the older
+//! `rope_theta` / `rope_scaling` / `rope_local_base_freq` keys both work.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::{bad, LayerType, ModelConfig};
+use crate::arch::{self, Activation, EmbedScale, RopePairing, Scalings};
+use crate::error::ModelError;
+use crate::rope::{longrope_attention_factor, RopeConfig, RopeScaling};
+
+/// Typed access to a JSON object, with errors naming the file and key.
+#[derive(Clone, Copy)]
+struct Obj<'a> {
+    file: &'a Path,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Obj<'a> {
+    fn present(&self, k: &str) -> Option<&'a Value> {
+        self.map.get(k).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, k: &str) -> Result<Option<usize>, ModelError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|v| usize::try_from(v).ok())
+                .map(Some)
+                .ok_or_else(|| bad(self.file, format!("`{k}` = {v} is not a count"))),
+        }
+    }
+
+    fn req_usize(&self, k: &str) -> Result<usize, ModelError> {
+        self.usize(k)?.ok_or_else(|| ModelError::MissingKey {
+            file: self.file.to_path_buf(),
+            key: k.into(),
+        })
+    }
+
+    fn f32(&self, k: &str) -> Result<Option<f32>, ModelError> {
+        Ok(self.f64(k)?.map(|v| v as f32))
+    }
+
+    fn f64(&self, k: &str) -> Result<Option<f64>, ModelError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| bad(self.file, format!("`{k}` = {v} is not a number"))),
+        }
+    }
+
+    fn req_f64(&self, k: &str) -> Result<f64, ModelError> {
+        self.f64(k)?.ok_or_else(|| ModelError::MissingKey {
+            file: self.file.to_path_buf(),
+            key: k.into(),
+        })
+    }
+
+    fn str(&self, k: &str) -> Result<Option<&'a str>, ModelError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| bad(self.file, format!("`{k}` = {v} is not a string"))),
+        }
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, ModelError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| bad(self.file, format!("`{k}` = {v} is not a boolean"))),
+        }
+    }
+
+    fn obj(&self, k: &str) -> Result<Option<Obj<'a>>, ModelError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(Value::Object(map)) => Ok(Some(Obj {
+                file: self.file,
+                map,
+            })),
+            Some(v) => Err(bad(self.file, format!("`{k}` = {v} is not an object"))),
+        }
+    }
+
+    fn f32_list(&self, k: &str) -> Result<Option<Vec<f32>>, ModelError> {
+        match self.present(k) {
+            None => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_f64().map(|x| x as f32))
+                .collect::<Option<Vec<_>>>()
+                .map(Some)
+                .ok_or_else(|| bad(self.file, format!("`{k}` holds a non-number"))),
+            Some(v) => Err(bad(self.file, format!("`{k}` = {v} is not a list"))),
+        }
+    }
+}
+
+impl ModelConfig {
+    /// Read an HF `config.json` (already parsed). `file` names it in errors.
+    pub fn from_hf_json(file: &Path, json: &Value) -> Result<Self, ModelError> {
+        let Value::Object(top) = json else {
+            return Err(bad(file, "config.json is not a JSON object".into()));
+        };
+        let top = Obj { file, map: top };
+        let model_type = top
+            .str("model_type")?
+            .ok_or_else(|| ModelError::MissingKey {
+                file: file.to_path_buf(),
+                key: "model_type".into(),
+            })?;
+        let arch =
+            arch::by_hf_model_type(model_type).ok_or_else(|| ModelError::UnknownArchitecture {
+                file: file.to_path_buf(),
+                arch: model_type.to_string(),
+                known: arch::known_hf_model_types(),
+            })?;
+        // Multimodal wrappers (e.g. Gemma 3 4B+) keep the text model's config in `text_config`.
+        let c = top.obj("text_config")?.unwrap_or(top);
+        if top.present("quantization_config").is_some() {
+            return Err(bad(
+                file,
+                "pre-quantised checkpoints (`quantization_config`) are not supported; use a float checkpoint with --quant, or a GGUF".into(),
+            ));
+        }
+
+        let hidden_size = c.req_usize("hidden_size")?;
+        let num_hidden_layers = c.req_usize("num_hidden_layers")?;
+        let intermediate_size = c.req_usize("intermediate_size")?;
+        let num_attention_heads = c.req_usize("num_attention_heads")?;
+        let num_key_value_heads = c
+            .usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
+        let head_dim = match c.usize("head_dim")? {
+            Some(d) => d,
+            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+            None => 0,
+        };
+        let vocab_size = c.req_usize("vocab_size")?;
+        let max_position_embeddings = c.req_usize("max_position_embeddings")?;
+        let rms_norm_eps = c.f32("rms_norm_eps")?.unwrap_or(1e-6);
+
+        let activation = match c.str("hidden_activation")?.or(c.str("hidden_act")?) {
+            None => arch.activation,
+            Some(name) => Activation::from_hf(name).ok_or_else(|| {
+                bad(
+                    file,
+                    format!("activation `{name}` is not supported (silu, gelu_pytorch_tanh)"),
+                )
+            })?,
+        };
+        let unsupported = |what: &str| Err(bad(file, format!("{what} is not supported")));
+        if c.bool("attention_bias")? == Some(true) && !arch.qkv_bias {
+            return unsupported("`attention_bias: true` in this family");
+        }
+        if c.bool("mlp_bias")? == Some(true) {
+            return unsupported("`mlp_bias: true`");
+        }
+        if c.f32("attn_logit_softcapping")?.is_some() {
+            return unsupported("attention logit soft-capping (`attn_logit_softcapping`)");
+        }
+        if c.bool("use_bidirectional_attention")? == Some(true) {
+            return unsupported("bidirectional attention");
+        }
+
+        let partial = c.f64("partial_rotary_factor")?.unwrap_or(1.0);
+        let rope_dim = (head_dim as f64 * partial) as usize;
+        let (rope, rope_local) = read_ropes(&c, arch, rope_dim, max_position_embeddings)?;
+
+        // Sliding windows: `layer_types` when given, else the family's rule.
+        let window = if arch.sliding_window && c.bool("use_sliding_window")? != Some(false) {
+            c.usize("sliding_window")?.filter(|&w| w > 0)
+        } else {
+            None
+        };
+        let layer_types = match c.present("layer_types") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some("full_attention") => Ok(LayerType::Full),
+                    Some("sliding_attention") if window.is_some() => Ok(LayerType::Sliding),
+                    // A sliding layer without a window attends to everything.
+                    Some("sliding_attention") => Ok(LayerType::Full),
+                    _ => Err(bad(file, format!("layer type {v} is not supported"))),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(v) => return Err(bad(file, format!("`layer_types` = {v} is not a list"))),
+            None if window.is_none() => vec![LayerType::Full; num_hidden_layers],
+            None => match (
+                c.usize("sliding_window_pattern")?
+                    .or(arch.defaults.sliding_window_pattern),
+                c.usize("max_window_layers")?,
+            ) {
+                (Some(p), _) => Self::pattern_layer_types(num_hidden_layers, p),
+                // Qwen: layers from `max_window_layers` on slide.
+                (None, Some(m)) => (0..num_hidden_layers)
+                    .map(|i| {
+                        if i >= m {
+                            LayerType::Sliding
+                        } else {
+                            LayerType::Full
+                        }
+                    })
+                    .collect(),
+                (None, None) => vec![LayerType::Sliding; num_hidden_layers],
+            },
+        };
+        let sliding_window = window.filter(|_| layer_types.contains(&LayerType::Sliding));
+
+        let attn_scale = match c.f64("query_pre_attn_scalar")? {
+            Some(s) if s > 0.0 => (1.0 / s.sqrt()) as f32,
+            Some(s) => {
+                return Err(bad(
+                    file,
+                    format!("query_pre_attn_scalar = {s} must be positive"),
+                ))
+            }
+            None => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let embedding_multiplier = match arch.embed_scale {
+            EmbedScale::None => 1.0,
+            EmbedScale::SqrtHidden => (hidden_size as f64).sqrt() as f32,
+            EmbedScale::FromConfig => c.req_f64("scale_emb")? as f32,
+        };
+        let (residual_multiplier, logit_multiplier) = match arch.scalings {
+            Scalings::None => (1.0, 1.0),
+            Scalings::MiniCpm => {
+                let depth = c.req_f64("scale_depth")?;
+                let base = c.req_f64("dim_model_base")?;
+                (
+                    (depth / (num_hidden_layers as f64).sqrt()) as f32,
+                    (base / hidden_size as f64) as f32,
+                )
+            }
+        };
+
+        let cfg = ModelConfig {
+            arch,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps,
+            activation,
+            rope,
+            rope_local,
+            rope_dim,
+            rope_pairing: RopePairing::HalfSplit,
+            max_position_embeddings,
+            attn_scale,
+            sliding_window,
+            layer_types,
+            embedding_multiplier,
+            residual_multiplier,
+            logit_multiplier,
+            final_logit_softcapping: c.f32("final_logit_softcapping")?,
+            tie_word_embeddings: c
+                .bool("tie_word_embeddings")?
+                .or(top.bool("tie_word_embeddings")?),
+        };
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+}
+
+/// The global and (if the family has one) local RoPE.
+fn read_ropes(
+    c: &Obj,
+    arch: &'static arch::ArchSpec,
+    rope_dim: usize,
+    max_pos: usize,
+) -> Result<(RopeConfig, Option<RopeConfig>), ModelError> {
+    // transformers 5: `rope_parameters`, flat or keyed by layer type.
+    if let Some(p) = c.obj("rope_parameters")? {
+        let per_type = p.obj("full_attention")?;
+        let global = per_type.as_ref().unwrap_or(&p);
+        let g = read_rope(c, arch, global, arch.defaults.rope_theta, rope_dim, max_pos)?;
+        let local = match (p.obj("sliding_attention")?, arch.defaults.local_rope_theta) {
+            (Some(l), Some(default)) => Some(read_rope(c, arch, &l, default, rope_dim, max_pos)?),
+            (None, Some(default)) => Some(RopeConfig::plain(default)),
+            (_, None) => None,
+        };
+        return Ok((g, local));
+    }
+    // Older keys.
+    let theta = c.f32("rope_theta")?.unwrap_or(arch.defaults.rope_theta);
+    let global = match c.obj("rope_scaling")? {
+        Some(s) => read_rope_scaling(c, arch, &s, theta, rope_dim, max_pos)?,
+        None => RopeConfig::plain(theta),
+    };
+    let local = match arch.defaults.local_rope_theta {
+        Some(default) => Some(RopeConfig::plain(
+            c.f32("rope_local_base_freq")?.unwrap_or(default),
+        )),
+        None => None,
+    };
+    Ok((global, local))
+}
+
+fn read_rope(
+    c: &Obj,
+    arch: &arch::ArchSpec,
+    p: &Obj,
+    default_theta: f32,
+    rope_dim: usize,
+    max_pos: usize,
+) -> Result<RopeConfig, ModelError> {
+    let theta = p
+        .f32("rope_theta")?
+        .or(c.f32("rope_theta")?)
+        .unwrap_or(default_theta);
+    read_rope_scaling(c, arch, p, theta, rope_dim, max_pos)
+}
+
+/// A RoPE from a scaling object (`rope_scaling` or one `rope_parameters` entry).
+fn read_rope_scaling(
+    c: &Obj,
+    arch: &arch::ArchSpec,
+    s: &Obj,
+    theta: f32,
+    rope_dim: usize,
+    max_pos: usize,
+) -> Result<RopeConfig, ModelError> {
+    let kind = s.str("rope_type")?.or(s.str("type")?).unwrap_or("default");
+    let factor = || -> Result<f32, ModelError> {
+        s.f32("factor")?
+            .ok_or_else(|| bad(c.file, format!("RoPE scaling `{kind}` without a `factor`")))
+    };
+    let orig = || -> Result<usize, ModelError> {
+        s.usize("original_max_position_embeddings")?
+            .or(c.usize("original_max_position_embeddings")?)
+            .ok_or_else(|| {
+                bad(
+                    c.file,
+                    format!("RoPE scaling `{kind}` without `original_max_position_embeddings`"),
+                )
+            })
+    };
+    let scaling = match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        "llama3" => RopeScaling::Llama3 {
+            factor: factor()?,
+            low_freq_factor: s.f32("low_freq_factor")?.unwrap_or(1.0),
+            high_freq_factor: s.f32("high_freq_factor")?.unwrap_or(4.0),
+            original_max_position_embeddings: orig()?,
+        },
+        "longrope" => {
+            let orig = orig()?;
+            let list = |k: &str| {
+                s.f32_list(k)?.ok_or_else(|| {
+                    bad(c.file, format!("RoPE scaling `longrope` without `{k}`"))
+                })
+            };
+            let (short, long) = (list("short_factor")?, list("long_factor")?);
+            // One set for every position when the family picks it from the configured length.
+            let short = match arch.longrope_by_max_position {
+                true if max_pos > orig => long.clone(),
+                true => short.clone(),
+                false => short,
+            };
+            let long = if arch.longrope_by_max_position {
+                short.clone()
+            } else {
+                long
+            };
+            RopeScaling::LongRope {
+                short_factor: short,
+                long_factor: long,
+                original_max_position_embeddings: orig,
+                attention_factor: match s.f32("attention_factor")? {
+                    Some(a) => a,
+                    None => longrope_attention_factor(max_pos, orig),
+                },
+            }
+        }
+        other => {
+            return Err(bad(
+                c.file,
+                format!("RoPE scaling type `{other}` is not supported (flowrt runs default, linear, llama3 and longrope)"),
+            ))
+        }
+    };
+    let r = RopeConfig { theta, scaling };
+    r.validate(rope_dim).map_err(|e| bad(c.file, e))?;
+    Ok(r)
+}
