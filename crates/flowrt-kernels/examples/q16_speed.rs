@@ -1,49 +1,118 @@
-//! Rough single-thread speed of the Q16 matmul vs the 8-bit one (decode shape).
-//! `cargo run --release -p flowrt-kernels --example q16_speed [-- K ROWS]` (large ROWS: weights
-//! stream from memory, as in decode)
+//! Single-thread decode (one token) matmul speed, in GB/s of weights, with Q16 activations
+//! (and optionally the ggml 8-bit activations).
+//!
+//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8]]`
+//!
+//! Types are ggml names (`q4_1 q4_k q6_k ...`; default: every type with a Q16 matmul). Each
+//! round times a batch of matmuls per type, types interleaved so they see the same machine
+//! state; the median over rounds is reported. Large ROWS make the weights stream from memory,
+//! as in decode; small ones measure the kernel from cache.
 use std::time::Instant;
 
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::{q16, row_size, Kernels};
 
+const ROUNDS: usize = 15;
+
+struct Case {
+    ty: GgmlType,
+    q8: bool,
+    w: Vec<u8>,
+    a: Vec<u8>,
+    times: Vec<f64>,
+}
+
 fn main() {
     let kern = Kernels::detect();
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let nums: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let (k, rows) = (
-        args.first().copied().unwrap_or(576),
-        args.get(1).copied().unwrap_or(1536),
+        nums.first().copied().unwrap_or(2048),
+        nums.get(1).copied().unwrap_or(2048),
     );
-    for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0] {
-        let w: Vec<u8> = (0..row_size(ty, k) * rows)
-            .map(|i| (i * 7 % 251) as u8 & 0x3F)
+    let with_q8 = args.iter().any(|a| a == "q8");
+    let mut types: Vec<GgmlType> = args
+        .iter()
+        .filter_map(|a| {
+            GgmlType::ALL
+                .into_iter()
+                .find(|t| t.name().eq_ignore_ascii_case(a))
+        })
+        .collect();
+    if types.is_empty() {
+        types = GgmlType::ALL
+            .into_iter()
+            .filter(|&t| Kernels::supports_q16(t))
             .collect();
-        let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+    }
+    let x: Vec<f32> = (0..k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut cases = Vec::new();
+    for &ty in &types {
+        assert!(Kernels::supports_q16(ty), "{ty} has no Q16 matmul");
+        // Realistic blocks: quantised from smooth pseudo-random values.
+        let wf: Vec<f32> = (0..k)
+            .map(|i| ((i * 7919 % 1009) as f32 / 504.5 - 1.0) * 0.1)
+            .collect();
+        let mut wrow = vec![0u8; row_size(ty, k)];
+        kern.quantize_row(ty, &wf, &mut wrow);
+        let w: Vec<u8> = wrow
+            .iter()
+            .copied()
+            .cycle()
+            .take(wrow.len() * rows)
+            .collect();
         let mut a16 = vec![0u8; q16::q16_row_size(k)];
         kern.quantize_row_q16(&x, &mut a16);
-        let at = Kernels::vec_dot_type(ty);
-        let mut a8 = vec![0u8; row_size(at, k)];
-        kern.quantize_row(at, &x, &mut a8);
-        let mut out = vec![0f32; rows];
-        let iters = (2_000_000_000 / w.len()).clamp(3, 2000);
-        for (name, q16) in [("q16", true), ("q8", false)] {
+        cases.push(Case {
+            ty,
+            q8: false,
+            w: w.clone(),
+            a: a16,
+            times: Vec::new(),
+        });
+        if with_q8 {
+            let at = Kernels::vec_dot_type(ty);
+            let mut a8 = vec![0u8; row_size(at, k)];
+            kern.quantize_row(at, &x, &mut a8);
+            cases.push(Case {
+                ty,
+                q8: true,
+                w,
+                a: a8,
+                times: Vec::new(),
+            });
+        }
+    }
+    let mut out = vec![0f32; rows];
+    for _ in 0..ROUNDS {
+        for c in cases.iter_mut() {
+            let iters = (200_000_000 / c.w.len()).clamp(2, 500);
             let t = Instant::now();
             for _ in 0..iters {
-                if q16 {
-                    kern.matmul_q16(ty, k, &w, rows, &a16, 1, &mut out, rows);
+                if c.q8 {
+                    kern.matmul(c.ty, k, &c.w, rows, &c.a, 1, &mut out, rows);
                 } else {
-                    kern.matmul(ty, k, &w, rows, &a8, 1, &mut out, rows);
+                    kern.matmul_q16(c.ty, k, &c.w, rows, &c.a, 1, &mut out, rows);
                 }
             }
-            let s = t.elapsed().as_secs_f64() / iters as f64;
-            println!(
-                "{} {ty} {name}: {:.1} us, {:.1} GB/s of weights",
-                kern.name(),
-                s * 1e6,
-                w.len() as f64 / s / 1e9
-            );
+            c.times.push(t.elapsed().as_secs_f64() / iters as f64);
         }
+    }
+    println!(
+        "{} K={k} rows={rows}, 1 token, median of {ROUNDS} rounds:",
+        kern.name()
+    );
+    for c in &mut cases {
+        c.times.sort_by(f64::total_cmp);
+        let s = c.times[ROUNDS / 2];
+        println!(
+            "  {:5} {}: {:8.1} us, {:5.1} GB/s of weights ({:.2} MB), {:.2} Gvalues/s",
+            c.ty.name(),
+            if c.q8 { "q8 " } else { "q16" },
+            s * 1e6,
+            c.w.len() as f64 / s / 1e9,
+            c.w.len() as f64 / 1e6,
+            (k * rows) as f64 / s / 1e9
+        );
     }
 }

@@ -16,6 +16,12 @@
 //! stay in registers, and integer block sums are exact (`maddubs` on AVX2, `vpdpbusd` with
 //! VNNI). Decoding (one token) uses tiles of several rows so that one activation load and
 //! scale serve them all.
+//!
+//! Weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. The default
+//! path quantises activations to Q16 ([`Kernels::matmul_q16`], AVX2 kernels for every
+//! quantised weight type); the ggml path ([`Kernels::matmul`] with Q8_0/Q8_1/Q8_K activations)
+//! has SIMD tiles for Q4_0, Q4_1 and Q8_0 and the scalar reference for Q5_0, Q5_1 and the
+//! k-quants.
 
 use std::sync::OnceLock;
 

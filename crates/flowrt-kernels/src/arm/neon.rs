@@ -3,6 +3,9 @@
 //! activation values lie in -127..=127) and the float operations are the scalar code's, in the
 //! same order, so results equal the scalar table's. Matmul is the plain loop over these dots.
 //!
+//! Q5_0, Q5_1 and the k-quants use the scalar reference here (for both the ggml-style dots and
+//! the Q16 matmuls).
+//!
 //! Not exercised where it was written (an x86-64 host); kept deliberately small.
 
 use super::arch::*;

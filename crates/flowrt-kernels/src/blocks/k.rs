@@ -370,8 +370,10 @@ mod tests {
 
     #[test]
     fn q5_high_bit_order() {
-        let mut b = BlockQ5_0::default();
-        b.qh = 0x8000_0001u32.to_le_bytes();
+        let b = BlockQ5_0 {
+            qh: 0x8000_0001u32.to_le_bytes(),
+            ..Default::default()
+        };
         assert_eq!(b.q(0), 16);
         assert_eq!(b.q(31), 16);
         assert_eq!(b.q(1), 0);

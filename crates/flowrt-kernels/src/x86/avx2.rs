@@ -1,4 +1,7 @@
 //! AVX2 + FMA + F16C table: quantised tiles (maddubs), float-weight tiles, Q8 quantisation.
+//! Q5_0, Q5_1 and the k-quants keep the scalar reference for the ggml-style (Q8_0/Q8_1/Q8_K
+//! activation) `vec_dot`/`matmul` and for quantisation; their fast path is the Q16 one
+//! (`q16.rs`, `q16k.rs`).
 
 use core::arch::x86_64::*;
 

@@ -2,6 +2,11 @@
 //! (32 vector registers, so bigger prefill tiles); with VNNI, `vpdpbusd` does the u8 x i8 dot
 //! in one instruction. Attention dot/axpy helpers use 512-bit vectors.
 //!
+//! Q5_0, Q5_1 and the k-quants have no AVX-512 tiles: their ggml-style `vec_dot`/`matmul`
+//! entries are the scalar reference (copied from the scalar table), and their Q16 matmuls are
+//! the AVX2 ones (`x86/q16.rs`, `x86/q16k.rs`), which `crate::q16::matmul_fn` picks for every
+//! x86 table.
+//!
 //! This host family could not be exercised where this was written (no AVX-512 there); the
 //! property tests in `tests/` compare these tables with the scalar reference on any host that
 //! has the features.
