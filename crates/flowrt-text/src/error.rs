@@ -60,6 +60,38 @@ pub enum TextError {
     #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
     UnknownId { id: u32, vocab_size: usize },
 
+    /// A file a Hugging Face tokenizer directory needs is not there.
+    #[error("{} is missing: {why}", path.display())]
+    HfMissingFile {
+        path: std::path::PathBuf,
+        why: &'static str,
+    },
+
+    /// A file of a Hugging Face tokenizer directory cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    HfRead {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A Hugging Face tokenizer file is not the JSON it should be, or `tokenizers` refused it.
+    #[error("{file}: {message}")]
+    HfJson { file: String, message: String },
+
+    /// A field of a Hugging Face tokenizer file has a wrong value (wrong type, a token that is
+    /// not in the vocabulary, ...).
+    #[error("{file}: {field}: {message}")]
+    HfField {
+        file: String,
+        field: String,
+        message: String,
+    },
+
+    /// A `tokenizer.json` uses a feature this crate does not implement.
+    #[error("{file}: {what} is not supported")]
+    HfUnsupported { file: String, what: String },
+
     /// The model has no `tokenizer.chat_template`, and chat was requested.
     #[error("the model has no chat template (tokenizer.chat_template); pass one explicitly")]
     NoChatTemplate,

@@ -1,16 +1,21 @@
-//! flowrt-text: tokenizers built from GGUF metadata, and chat templates.
+//! flowrt-text: tokenizers built from GGUF metadata or Hugging Face tokenizer files, and chat
+//! templates.
 //!
 //! - [`GgufVocab`]: the `tokenizer.*` metadata of a GGUF file as plain data.
+//! - [`hf::load_dir`]: the same [`Tokenizer`] and [`ChatTemplate`] from a Hugging Face
+//!   checkpoint directory (`tokenizer.json`, `tokenizer_config.json`, ...).
 //! - [`Tokenizer`]: text <-> ids for `gpt2` (byte-level BPE) and `llama` (SentencePiece BPE)
 //!   vocabs, built with the HF `tokenizers` crate; [`TokenStreamDecoder`] for generated text.
 //! - [`ChatTemplate`]: `tokenizer.chat_template` rendered with minijinja the way HF
 //!   transformers renders it with jinja2.
 //!
-//! Tests compare against HF goldens made by `scripts/make_text_goldens.py`.
+//! Tests compare against HF goldens made by `scripts/make_text_goldens.py` and
+//! `scripts/make_hf_tokenizer_fixtures.py`.
 
 mod chat;
 mod error;
 mod gguf_read;
+pub mod hf;
 mod tokenizer;
 mod vocab;
 

@@ -1,6 +1,6 @@
-//! Text <-> token ids for a GGUF vocabulary.
+//! Text <-> token ids, for a GGUF vocabulary or a Hugging Face tokenizer.json.
 
-mod build;
+pub(crate) mod build;
 mod stream;
 
 pub use build::supported_pre_tokenizers;
@@ -31,18 +31,89 @@ const EOG_TEXTS: &[&str] = &[
 pub enum VocabKind {
     /// Byte-level BPE (`gpt2`).
     ByteLevelBpe,
-    /// SentencePiece BPE (`llama`).
+    /// SentencePiece BPE (`llama`), or a `tokenizer.json` BPE that is not byte-level.
     SentencePieceBpe,
+    /// A `tokenizer.json` Unigram model (SentencePiece unigram, e.g. T5-style vocabs).
+    SentencePieceUnigram,
 }
 
-/// A tokenizer built from a [`GgufVocab`]. Immutable and `Send + Sync`: share it behind an
-/// `Arc`.
+/// The `tokenizers` pipeline behind a [`Tokenizer`]: built here from GGUF metadata, or read
+/// from a Hugging Face `tokenizer.json`.
+#[derive(Clone)]
+pub(crate) enum Engine {
+    Gguf(Box<build::Pipeline>),
+    Hf(Box<tokenizers::Tokenizer>),
+}
+
+impl Engine {
+    fn set_encode_special_tokens(&mut self, value: bool) {
+        match self {
+            Engine::Gguf(p) => p.set_encode_special_tokens(value),
+            Engine::Hf(t) => t.set_encode_special_tokens(value),
+        }
+    }
+
+    /// Ids of `text`; `post_process` runs the pipeline's post-processor (BOS/EOS templates).
+    fn encode(&self, text: &str, post_process: bool) -> Result<Vec<u32>, TextError> {
+        let enc = match self {
+            Engine::Gguf(p) => p.encode(text, post_process),
+            Engine::Hf(t) => t.encode(text, post_process),
+        }
+        .map_err(|e| TextError::tokenizers("encode", e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    fn pre_tokenize(&self, pre: &mut PreTokenizedString) -> tokenizers::Result<()> {
+        match self {
+            Engine::Gguf(p) => match p.get_pre_tokenizer() {
+                Some(pt) => pt.pre_tokenize(pre),
+                None => Ok(()),
+            },
+            Engine::Hf(t) => match t.get_pre_tokenizer() {
+                Some(pt) => pt.pre_tokenize(pre),
+                None => Ok(()),
+            },
+        }
+    }
+}
+
+/// How `encode(.., add_special = true, ..)` adds special tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddSpecial {
+    /// BOS in front when `add_bos`, EOS at the end when `add_eos`.
+    Flags { add_bos: bool, add_eos: bool },
+    /// Whatever the `tokenizer.json` post-processor adds.
+    PostProcessor,
+}
+
+/// Everything a [`Tokenizer`] is made of, whichever format it came from.
+pub(crate) struct Parts {
+    pub kind: VocabKind,
+    pub engine: Engine,
+    /// Token text by id; `""` for an id with no token.
+    pub tokens: Vec<String>,
+    /// One [`token_type`] per id.
+    pub types: Vec<i32>,
+    /// Each token's bytes in decoded text.
+    pub pieces: Vec<Vec<u8>>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub add_special: AddSpecial,
+    pub strip_leading_space: bool,
+    /// End-of-generation ids besides eos/eot/eom and the [`EOG_TEXTS`] control tokens.
+    pub extra_eog: Vec<u32>,
+}
+
+/// A tokenizer built from a [`GgufVocab`] or a Hugging Face tokenizer directory
+/// ([`crate::hf::load_dir`]). Immutable and `Send + Sync`: share it behind an `Arc`.
 pub struct Tokenizer {
     kind: VocabKind,
     /// Special tokens matched whole in text.
-    parse_special: build::Pipeline,
+    parse_special: Engine,
     /// The same, with special tokens taken as plain text (user-defined ones still match).
-    plain: build::Pipeline,
+    plain: Engine,
     tokens: Vec<String>,
     types: Vec<i32>,
     token_ids: HashMap<String, u32>,
@@ -53,8 +124,7 @@ pub struct Tokenizer {
     eos: Option<u32>,
     eot: Option<u32>,
     eom: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
+    add_special: AddSpecial,
     /// Decoding drops one leading space (the one the SentencePiece prefix added).
     strip_leading_space: bool,
     eog: Vec<u32>,
@@ -77,30 +147,52 @@ impl Tokenizer {
     /// (an unknown `tokenizer.ggml.pre` is an error, never a silent default).
     pub fn from_vocab(v: &GgufVocab) -> Result<Self, TextError> {
         let built = build::build(v)?;
-        let mut plain = built.pipeline.clone();
-        plain.set_encode_special_tokens(true);
-
         let kind = if v.model == "gpt2" {
             VocabKind::ByteLevelBpe
         } else {
             VocabKind::SentencePieceBpe
         };
-        let types: Vec<i32> = (0..v.tokens.len()).map(|i| v.token_type(i)).collect();
-        let mut token_ids = HashMap::with_capacity(v.tokens.len());
-        for (id, t) in v.tokens.iter().enumerate() {
-            token_ids.entry(t.clone()).or_insert(id as u32);
+        Ok(Self::from_parts(Parts {
+            kind,
+            engine: Engine::Gguf(Box::new(built.pipeline)),
+            tokens: v.tokens.clone(),
+            types: (0..v.tokens.len()).map(|i| v.token_type(i)).collect(),
+            pieces: built.pieces,
+            bos: v.bos,
+            eos: v.eos,
+            eot: v.eot,
+            eom: v.eom,
+            add_special: AddSpecial::Flags {
+                add_bos: v.add_bos.unwrap_or(kind == VocabKind::SentencePieceBpe),
+                add_eos: v.add_eos.unwrap_or(false),
+            },
+            strip_leading_space: kind == VocabKind::SentencePieceBpe
+                && v.add_space_prefix.unwrap_or(true),
+            extra_eog: Vec::new(),
+        }))
+    }
+
+    pub(crate) fn from_parts(p: Parts) -> Self {
+        let mut plain = p.engine.clone();
+        plain.set_encode_special_tokens(true);
+        let mut token_ids = HashMap::with_capacity(p.tokens.len());
+        for (id, t) in p.tokens.iter().enumerate() {
+            if !t.is_empty() {
+                token_ids.entry(t.clone()).or_insert(id as u32);
+            }
         }
         let mut piece_bytes = Vec::new();
-        let mut piece_ends = Vec::with_capacity(built.pieces.len());
-        for p in &built.pieces {
-            piece_bytes.extend_from_slice(p);
+        let mut piece_ends = Vec::with_capacity(p.pieces.len());
+        for piece in &p.pieces {
+            piece_bytes.extend_from_slice(piece);
             piece_ends.push(piece_bytes.len());
         }
 
-        let mut eog: Vec<u32> = [v.eos, v.eot, v.eom].into_iter().flatten().collect();
+        let mut eog: Vec<u32> = [p.eos, p.eot, p.eom].into_iter().flatten().collect();
+        eog.extend(&p.extra_eog);
         for text in EOG_TEXTS {
             if let Some(&id) = token_ids.get(*text) {
-                if types[id as usize] == token_type::CONTROL {
+                if p.types[id as usize] == token_type::CONTROL {
                     eog.push(id);
                 }
             }
@@ -108,31 +200,30 @@ impl Tokenizer {
         eog.sort_unstable();
         eog.dedup();
 
-        Ok(Self {
-            kind,
-            parse_special: built.pipeline,
+        Self {
+            kind: p.kind,
+            parse_special: p.engine,
             plain,
-            tokens: v.tokens.clone(),
-            types,
+            tokens: p.tokens,
+            types: p.types,
             token_ids,
             piece_bytes,
             piece_ends,
-            bos: v.bos,
-            eos: v.eos,
-            eot: v.eot,
-            eom: v.eom,
-            add_bos: v.add_bos.unwrap_or(kind == VocabKind::SentencePieceBpe),
-            add_eos: v.add_eos.unwrap_or(false),
-            strip_leading_space: kind == VocabKind::SentencePieceBpe
-                && v.add_space_prefix.unwrap_or(true),
+            bos: p.bos,
+            eos: p.eos,
+            eot: p.eot,
+            eom: p.eom,
+            add_special: p.add_special,
+            strip_leading_space: p.strip_leading_space,
             eog,
-        })
+        }
     }
 
     /// Text to ids.
     ///
-    /// `add_special`: put BOS in front (and EOS at the end) when the vocab asks for it
-    /// (`tokenizer.ggml.add_bos_token` / `add_eos_token`).
+    /// `add_special`: add what the tokenizer's source asks for -- for a GGUF, BOS in front
+    /// (and EOS at the end) per `tokenizer.ggml.add_bos_token` / `add_eos_token`; for a HF
+    /// directory, see [`crate::hf`] (like HF's `tokenizer(text)`).
     /// `parse_special`: match special tokens (control and unknown, such as `<|im_start|>`)
     /// written in the text as single ids; when false they are tokenized as plain text.
     /// User-defined tokens always match.
@@ -147,19 +238,22 @@ impl Tokenizer {
         } else {
             &self.plain
         };
-        let enc = pipeline
-            .encode(text, false)
-            .map_err(|e| TextError::tokenizers("encode", e))?;
-        let body = enc.get_ids();
-        let mut ids = Vec::with_capacity(body.len() + 2);
-        if add_special && self.add_bos {
-            ids.extend(self.bos);
+        match (add_special, self.add_special) {
+            (true, AddSpecial::PostProcessor) => pipeline.encode(text, true),
+            (true, AddSpecial::Flags { add_bos, add_eos }) => {
+                let body = pipeline.encode(text, false)?;
+                let mut ids = Vec::with_capacity(body.len() + 2);
+                if add_bos {
+                    ids.extend(self.bos);
+                }
+                ids.extend_from_slice(&body);
+                if add_eos {
+                    ids.extend(self.eos);
+                }
+                Ok(ids)
+            }
+            (false, _) => pipeline.encode(text, false),
         }
-        ids.extend_from_slice(body);
-        if add_special && self.add_eos {
-            ids.extend(self.eos);
-        }
-        Ok(ids)
     }
 
     /// Ids to text. Invalid UTF-8 (a character cut between ids) becomes U+FFFD. With
@@ -187,9 +281,13 @@ impl Tokenizer {
         Ok(&self.piece_bytes[start..self.piece_ends[i]])
     }
 
-    /// The token as the vocab spells it (`Ġthe`, `▁the`, `<|im_end|>`).
+    /// The token as the vocab spells it (`Ġthe`, `▁the`, `<|im_end|>`); `None` outside the
+    /// vocabulary and for an id inside it that has no token (a gap in a HF vocab).
     pub fn id_to_token(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.tokens
+            .get(id as usize)
+            .map(String::as_str)
+            .filter(|t| !t.is_empty())
     }
 
     /// The id of a token as the vocab spells it (first one if the vocab repeats it).
@@ -232,7 +330,17 @@ impl Tokenizer {
 
     /// Whether `encode(.., add_special = true, ..)` puts BOS in front.
     pub fn adds_bos(&self) -> bool {
-        self.add_bos && self.bos.is_some()
+        let Some(bos) = self.bos else {
+            return false;
+        };
+        match self.add_special {
+            AddSpecial::Flags { add_bos, .. } => add_bos,
+            // Whatever the post-processor does, it does to any text.
+            AddSpecial::PostProcessor => self
+                .parse_special
+                .encode("a", true)
+                .is_ok_and(|ids| ids.first() == Some(&bos)),
+        }
     }
 
     /// Ids that end a generation: eos, eot, eom and the control tokens in [`EOG_TEXTS`]
@@ -249,10 +357,9 @@ impl Tokenizer {
     /// without added-token matching. For checking a pre-tokenizer against a reference.
     pub fn pre_tokenize(&self, text: &str) -> Result<Vec<String>, TextError> {
         let mut pre = PreTokenizedString::from(text);
-        if let Some(p) = self.plain.get_pre_tokenizer() {
-            p.pre_tokenize(&mut pre)
-                .map_err(|e| TextError::tokenizers("pre-tokenize", e))?;
-        }
+        self.plain
+            .pre_tokenize(&mut pre)
+            .map_err(|e| TextError::tokenizers("pre-tokenize", e))?;
         Ok(pre
             .get_splits(OffsetReferential::Original, OffsetType::Byte)
             .into_iter()
