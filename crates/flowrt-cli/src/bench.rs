@@ -38,7 +38,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         opts.n_ctx = Some((args.n_prompt + args.n_gen + 8).min(model.model_ctx()));
     }
     let mut session = Session::new(&model, &opts)?;
-    let sha = flowrt_store::sha256_file(&model.path)?;
+    let (sha, size) = crate::common::model_fingerprint(&model.path)?;
     let r = flowrt_engine::bench(
         &mut session,
         &BenchOptions {
@@ -48,7 +48,6 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         },
     )?;
     let features = Kernels::cpu_features();
-    let size = std::fs::metadata(&model.path)?.len();
     if args.json {
         let v = serde_json::json!({
             "model": model.path.display().to_string(),

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use flowrt_cpu::{ActQuant, KvType};
-use flowrt_engine::{EngineOptions, LoadedModel};
+use flowrt_dtype::GgmlType;
+use flowrt_engine::{EngineOptions, LoadOptions, LoadedModel};
 use flowrt_kernels::Kernels;
 use flowrt_store::FetchPolicy;
 
@@ -33,6 +34,10 @@ pub struct EngineArgs {
     /// rounding noise) or q8 (ggml's 8-bit activations).
     #[arg(long = "act-quant", default_value = "q16")]
     pub act_quant: ActQuant,
+    /// Quantise a Hugging Face checkpoint's float weights on load: q4_0, q4_1 or q8_0
+    /// (GGUF files run with the types they hold).
+    #[arg(long, value_parser = parse_quant)]
+    pub quant: Option<GgmlType>,
     /// Never fetch a catalog model that is not in the store.
     #[arg(long = "no-fetch")]
     pub no_fetch: bool,
@@ -63,6 +68,44 @@ impl EngineArgs {
     }
 }
 
+fn parse_quant(s: &str) -> Result<GgmlType, String> {
+    flowrt_engine::LOAD_QUANT_TYPES
+        .iter()
+        .copied()
+        .find(|t| t.name() == s)
+        .ok_or_else(|| format!("cannot quantise to `{s}` on load (use q4_0, q4_1 or q8_0)"))
+}
+
+/// What identifies a model's bytes: a file's sha256, or for a checkpoint directory the sha256
+/// of the list of its files (`config.json`, tokenizer files, weights) with their own sha256s;
+/// and the size in bytes of all of them.
+pub fn model_fingerprint(path: &std::path::Path) -> Result<(String, u64)> {
+    if !path.is_dir() {
+        return Ok((
+            flowrt_store::sha256_file(path)?,
+            std::fs::metadata(path)?.len(),
+        ));
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.is_file()
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.ends_with(".json") || n.ends_with(".safetensors") || n.ends_with(".jinja")
+                })
+        })
+        .collect();
+    files.sort();
+    let mut list = String::new();
+    let mut size = 0;
+    for f in &files {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        list.push_str(&format!("{}  {name}\n", flowrt_store::sha256_file(f)?));
+        size += std::fs::metadata(f)?.len();
+    }
+    Ok((flowrt_store::sha256_hex(list.as_bytes()), size))
+}
+
 /// Resolve MODEL (a path or a catalog tag) to a file, fetching a catalog model when allowed.
 pub fn resolve_model(arg: &str, no_fetch: bool) -> Result<PathBuf> {
     let policy = if no_fetch {
@@ -78,7 +121,11 @@ pub fn resolve_model(arg: &str, no_fetch: bool) -> Result<PathBuf> {
 pub fn load_model(arg: &str, engine: &EngineArgs) -> Result<(LoadedModel, EngineOptions)> {
     let opts = engine.options()?;
     let path = resolve_model(arg, engine.no_fetch)?;
-    let model = LoadedModel::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let load = LoadOptions {
+        quant: engine.quant,
+    };
+    let model = LoadedModel::load_with(&path, &load)
+        .with_context(|| format!("loading {}", path.display()))?;
     Ok((model, opts))
 }
 

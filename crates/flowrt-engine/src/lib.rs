@@ -11,7 +11,7 @@ mod verify;
 
 pub use bench::{bench, BenchOptions, BenchReport, Stat};
 pub use error::EngineError;
-pub use flowrt_model::LoadOptions;
+pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
 pub use load::{EngineOptions, LoadedModel};
 pub use session::Session;

@@ -22,6 +22,24 @@ pub fn smollm2() -> PathBuf {
     p
 }
 
+/// The real Gemma 3 270M Q4_K_M GGUF. `scripts/test` fetches it (`flowrt pull gemma3:270m`)
+/// and sets `FLOWRT_GEMMA3_GGUF`.
+pub fn gemma3() -> PathBuf {
+    let Some(p) = std::env::var_os("FLOWRT_GEMMA3_GGUF") else {
+        panic!(
+            "FLOWRT_GEMMA3_GGUF is not set. Run the tests with scripts/test, or fetch the model with \
+             `flowrt pull gemma3:270m` and point FLOWRT_GEMMA3_GGUF at the file it prints."
+        )
+    };
+    let p = PathBuf::from(p);
+    assert!(
+        p.is_file(),
+        "FLOWRT_GEMMA3_GGUF={} is not a file",
+        p.display()
+    );
+    p
+}
+
 /// A file under the repository's `tests/fixtures`.
 pub fn fixture(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

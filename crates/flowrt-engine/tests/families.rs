@@ -85,3 +85,142 @@ fn mistral_sliding_window() {
 fn minicpm_scalings_and_longrope() {
     check("minicpm");
 }
+
+/// Copy a fixture into a temporary directory, editing its config.json with `edit`.
+fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
+    let src = common::fixture(&format!("families/{case}"));
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
+    }
+    let cfg_path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&cfg_path, serde_json::to_string(&cfg).unwrap()).unwrap();
+    dir
+}
+
+fn load_error(dir: &std::path::Path) -> String {
+    match LoadedModel::load(dir) {
+        Ok(_) => panic!("{} loaded but should not have", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The MiniCPM5 port shim in reverse: a Qwen3 checkpoint declared as Llama would run without
+/// its QK-norm. flowrt refuses it and names the tensors the declared family leaves unused.
+#[test]
+fn mislabelled_family_is_refused_naming_unused_tensors() {
+    let dir = edited_copy("qwen3", |c| c["model_type"] = "llama".into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("does not use") && e.contains("self_attn.q_norm.weight"),
+        "{e}"
+    );
+    // Gemma 3 declared as Llama: its sandwich norms would be dropped.
+    let dir = edited_copy("gemma3", |c| {
+        c["model_type"] = "llama".into();
+        c["hidden_act"] = "gelu_pytorch_tanh".into();
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("post_feedforward_layernorm"), "{e}");
+}
+
+#[test]
+fn unknown_model_type_is_refused() {
+    let dir = edited_copy("llama-tied", |c| c["model_type"] = "mamba".into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("unknown architecture `mamba`") && e.contains("qwen3"),
+        "{e}"
+    );
+}
+
+#[test]
+fn inconsistent_config_names_the_file_and_problem() {
+    let dir = edited_copy("llama-tied", |c| c["num_key_value_heads"] = 3.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("config.json") && e.contains("not a multiple"),
+        "{e}"
+    );
+    let dir =
+        edited_copy(
+            "llama-tied",
+            |c| {
+                c["rope_parameters"] =
+                    serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
+            },
+        );
+    let e = load_error(dir.path());
+    assert!(e.contains("`yarn` is not supported"), "{e}");
+    // Shapes that disagree with the weights: every mis-shaped tensor is listed.
+    let dir = edited_copy("llama-tied", |c| c["intermediate_size"] = 100.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("mlp.gate_proj.weight") && e.contains("mlp.down_proj.weight"),
+        "{e}"
+    );
+}
+
+#[test]
+fn hostile_shard_index_is_refused() {
+    let dir = edited_copy("llama-tied", |_| {});
+    std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        r#"{"weight_map": {"model.embed_tokens.weight": "../../etc/passwd"}}"#,
+    )
+    .unwrap();
+    let e = load_error(dir.path());
+    assert!(e.contains("not a plain file name"), "{e}");
+    // A truncated shard is an error naming the file, not a crash.
+    let dir = edited_copy("llama-tied", |_| {});
+    let st = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&st).unwrap();
+    std::fs::write(&st, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_error(dir.path());
+    assert!(e.contains("model.safetensors"), "{e}");
+}
+
+/// Quantisation on load: the q4_1 weights flowrt makes from the f32 checkpoint and the q4_1
+/// GGUF made from it by an independent converter (gguf-py, scripts/hf_to_gguf.py) give the
+/// same logits, and both agree with transformers running the GGUF's dequantised weights.
+#[test]
+fn quantised_on_load_matches_the_gguf_of_the_same_model() {
+    let dir = common::fixture("families/llama-untied");
+    let reference = dir.join("ref-q4_1.safetensors");
+    let opts = EngineOptions {
+        threads: 2,
+        kv_type: KvType::F32,
+        ..EngineOptions::default()
+    };
+    let hf = LoadedModel::load_with(
+        &dir,
+        &flowrt_engine::LoadOptions {
+            quant: Some(flowrt_dtype::GgmlType::Q4_1),
+        },
+    )
+    .unwrap();
+    assert_eq!(hf.model.layers[0].wq.dtype, flowrt_dtype::GgmlType::Q4_1);
+    let gguf = LoadedModel::load(&dir.join("model-q4_1.gguf")).unwrap();
+    let mut reports = Vec::new();
+    for m in [&hf, &gguf] {
+        let mut s = Session::new(m, &opts).unwrap();
+        let r = verify(&mut s, &reference).unwrap();
+        eprintln!(
+            "{}: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+            m.path.display(),
+            r.top1_agreement,
+            r.mean_kl,
+            r.max_abs_logit_err
+        );
+        reports.push(r);
+    }
+    for r in &reports {
+        assert_eq!(r.top1_agreement, 1.0, "top-1 {}", r.top1_agreement);
+        assert!(r.mean_kl <= 1e-6, "mean KL {}", r.mean_kl);
+    }
+}

@@ -1,5 +1,6 @@
 //! The model's tensors, bound to roles and checked against the config.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -165,6 +166,14 @@ impl Source {
         }
     }
 
+    /// Every tensor name the source holds.
+    fn names(&self) -> Vec<&str> {
+        match self {
+            Source::Gguf(file) => file.tensors().iter().map(|t| t.name.as_str()).collect(),
+            Source::Hf { st, .. } => st.tensors.keys().map(String::as_str).collect(),
+        }
+    }
+
     fn find(&self, name: &str) -> Option<Found> {
         match self {
             Source::Gguf(file) => {
@@ -205,6 +214,8 @@ struct Binder<'a> {
     opts: LoadOptions,
     /// Added to every norm weight (HF Gemma stores `w` of `x · (1 + w)`).
     norm_offset: f32,
+    /// Names of the tensors looked up (bound or found wanting).
+    used: HashSet<String>,
     problems: Vec<String>,
 }
 
@@ -219,7 +230,36 @@ impl Binder<'_> {
         if found.is_none() {
             self.problems.push(format!("missing tensor `{name}`"));
         }
+        self.used.insert(name);
         found
+    }
+
+    /// Tensors of the source that no role of the family took: a file whose family is
+    /// mislabelled (e.g. a Qwen3 checkpoint declared as Llama, leaving its QK-norm weights
+    /// unused) must not run under the wrong rules.
+    fn check_all_used(&mut self) {
+        let mut unused: Vec<&str> = self
+            .source
+            .names()
+            .into_iter()
+            // Buffers some checkpoints save that carry no weights.
+            .filter(|n| !n.ends_with("rotary_emb.inv_freq") && !self.used.contains(*n))
+            .collect();
+        if unused.is_empty() {
+            return;
+        }
+        unused.sort_unstable();
+        let n = unused.len();
+        let shown = unused[..n.min(8)].join("`, `");
+        let more = if n > 8 {
+            format!(" and {} more", n - 8)
+        } else {
+            String::new()
+        };
+        self.problems.push(format!(
+            "{n} tensor(s) that the `{}` family does not use: `{shown}`{more} (is the architecture declared correctly?)",
+            self.arch.name
+        ));
     }
 
     fn exists(&self, role: TensorRole, layer: usize) -> bool {
@@ -396,9 +436,12 @@ impl Model {
             arch: config.arch,
             opts: LoadOptions::default(),
             norm_offset: 0.0,
+            used: HashSet::new(),
             problems: Vec::new(),
         };
+        let mut extra_used = Vec::new();
         if b.exists(TensorRole::RopeFreqs, 0) {
+            extra_used.push(TensorRole::RopeFreqs.gguf_name(0));
             if config.rope.scaling != RopeScaling::None {
                 return Err(ModelError::BadConfig {
                     file: path,
@@ -415,6 +458,12 @@ impl Model {
                         reason,
                     })?;
             }
+            if !b.problems.is_empty() {
+                return Err(ModelError::Tensors {
+                    file: path,
+                    problems: b.problems,
+                });
+            }
         }
         Self::bind(
             config,
@@ -422,6 +471,7 @@ impl Model {
             ModelFormat::Gguf,
             &source,
             LoadOptions::default(),
+            &extra_used,
         )
     }
 
@@ -457,15 +507,24 @@ impl Model {
             prefix: prefix.into(),
             head_prefix: head_prefix.into(),
         };
-        Self::bind(config, dir.to_path_buf(), ModelFormat::HfDir, &source, opts)
+        Self::bind(
+            config,
+            dir.to_path_buf(),
+            ModelFormat::HfDir,
+            &source,
+            opts,
+            &[],
+        )
     }
 
+    /// Bind every role; `extra_used` names tensors the caller already consumed.
     fn bind(
         config: ModelConfig,
         path: PathBuf,
         format: ModelFormat,
         source: &Source,
         opts: LoadOptions,
+        extra_used: &[String],
     ) -> Result<Self, ModelError> {
         let c = &config;
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -477,6 +536,7 @@ impl Model {
                 ModelFormat::HfDir => c.arch.hf_norm_offset,
                 ModelFormat::Gguf => 0.0,
             },
+            used: extra_used.iter().cloned().collect(),
             problems: Vec::new(),
         };
 
@@ -486,6 +546,10 @@ impl Model {
             .tie_word_embeddings
             .unwrap_or_else(|| !b.exists(TensorRole::Output, 0));
         let output = if tied_embeddings {
+            // A tied checkpoint may still store the output matrix (the same values).
+            if let Some(n) = source.name(c.arch, TensorRole::Output, 0) {
+                b.used.insert(n);
+            }
             token_embd.clone()
         } else {
             b.matrix(TensorRole::Output, 0, c.vocab_size, h)
@@ -536,6 +600,7 @@ impl Model {
                 layers.push(layer);
             }
         }
+        b.check_all_used();
         let (Some(token_embd), Some(output_norm), Some(output), true) =
             (token_embd, output_norm, output, b.problems.is_empty())
         else {

@@ -13,7 +13,7 @@ pub enum StoreError {
     #[error("model file {} does not exist", path.display())]
     NotFound { path: PathBuf },
 
-    #[error("model path {} is not a file (pass the .gguf file itself)", path.display())]
+    #[error("model path {} is neither a file nor a model directory (pass a .gguf file, or a Hugging Face checkpoint directory with config.json)", path.display())]
     NotAFile { path: PathBuf },
 
     #[error(

