@@ -177,7 +177,7 @@ pub(super) fn hsum(v: __m256) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile<W: Unpack, const R: usize, const T: usize>(
-    g: &MatmulArgs<'_>,
+    g: &mut MatmulArgs<'_>,
     r0: usize,
     t0: usize,
 ) {
@@ -232,10 +232,8 @@ unsafe fn tile<W: Unpack, const R: usize, const T: usize>(
         }
         for r in 0..R {
             for t in 0..T {
-                *g.out
-                    .as_ptr()
-                    .cast_mut()
-                    .add((t0 + t) * g.out_stride + r0 + r) = hsum(acc[r][t]) + off[r][t];
+                *g.out.get_unchecked_mut((t0 + t) * g.out_stride + r0 + r) =
+                    hsum(acc[r][t]) + off[r][t];
             }
         }
     }
@@ -247,7 +245,7 @@ pub(super) trait Tiles {
     /// # Safety
     /// The rows and tokens exist in `g` (whose lengths `Kernels::matmul_q16` checked), and the
     /// host has AVX2, FMA and F16C.
-    unsafe fn tile<const R: usize, const T: usize>(g: &MatmulArgs<'_>, r0: usize, t0: usize);
+    unsafe fn tile<const R: usize, const T: usize>(g: &mut MatmulArgs<'_>, r0: usize, t0: usize);
 }
 
 /// The tiles of a 32-value block type.
@@ -256,7 +254,7 @@ struct Blocks<W>(std::marker::PhantomData<W>);
 impl<W: Unpack> Tiles for Blocks<W> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const R: usize, const T: usize>(g: &MatmulArgs<'_>, r0: usize, t0: usize) {
+    unsafe fn tile<const R: usize, const T: usize>(g: &mut MatmulArgs<'_>, r0: usize, t0: usize) {
         // SAFETY: forwarded contract.
         unsafe { tile::<W, R, T>(g, r0, t0) }
     }
@@ -267,7 +265,7 @@ impl<W: Unpack> Tiles for Blocks<W> {
 /// # Safety
 /// As for [`Tiles::tile`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn run<X: Tiles>(g: &MatmulArgs<'_>) {
+pub(super) unsafe fn run<X: Tiles>(g: &mut MatmulArgs<'_>) {
     let (nr, nt) = (g.nrows, g.ntok);
     // SAFETY: every tile stays within 0..nr rows and 0..nt tokens.
     unsafe {
@@ -298,26 +296,26 @@ pub(super) unsafe fn run<X: Tiles>(g: &MatmulArgs<'_>) {
     }
 }
 
-fn matmul_q4_0(g: MatmulArgs<'_>) {
+fn matmul_q4_0(mut g: MatmulArgs<'_>) {
     // SAFETY: this function is only reachable from tables built after AVX2/FMA/F16C were
     // detected, with lengths checked by `Kernels::matmul_q16`.
-    unsafe { run::<Blocks<W4_0>>(&g) }
+    unsafe { run::<Blocks<W4_0>>(&mut g) }
 }
-fn matmul_q4_1(g: MatmulArgs<'_>) {
+fn matmul_q4_1(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<Blocks<W4_1>>(&g) }
+    unsafe { run::<Blocks<W4_1>>(&mut g) }
 }
-fn matmul_q5_0(g: MatmulArgs<'_>) {
+fn matmul_q5_0(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<Blocks<W5_0>>(&g) }
+    unsafe { run::<Blocks<W5_0>>(&mut g) }
 }
-fn matmul_q5_1(g: MatmulArgs<'_>) {
+fn matmul_q5_1(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<Blocks<W5_1>>(&g) }
+    unsafe { run::<Blocks<W5_1>>(&mut g) }
 }
-fn matmul_q8_0(g: MatmulArgs<'_>) {
+fn matmul_q8_0(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<Blocks<W8_0>>(&g) }
+    unsafe { run::<Blocks<W8_0>>(&mut g) }
 }
 
 pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {

@@ -181,7 +181,7 @@ impl<W: KUnpack> Tiles for Super<W> {
     /// Rows `r0..r0+R` times tokens `t0..t0+T`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const R: usize, const T: usize>(g: &MatmulArgs<'_>, r0: usize, t0: usize) {
+    unsafe fn tile<const R: usize, const T: usize>(g: &mut MatmulArgs<'_>, r0: usize, t0: usize) {
         let nsb = g.k / QK_K;
         let wstride = nsb * W::BYTES;
         let astride = g.k / QK * Q16_BLOCK_BYTES;
@@ -252,28 +252,26 @@ impl<W: KUnpack> Tiles for Super<W> {
             }
             for r in 0..R {
                 for t in 0..T {
-                    *g.out
-                        .as_ptr()
-                        .cast_mut()
-                        .add((t0 + t) * g.out_stride + r0 + r) = hsum(acc[r][t]) + off[r][t];
+                    *g.out.get_unchecked_mut((t0 + t) * g.out_stride + r0 + r) =
+                        hsum(acc[r][t]) + off[r][t];
                 }
             }
         }
     }
 }
 
-fn matmul_q4_k(g: MatmulArgs<'_>) {
+fn matmul_q4_k(mut g: MatmulArgs<'_>) {
     // SAFETY: only reachable from tables built after AVX2/FMA/F16C were detected, with lengths
     // checked by `Kernels::matmul_q16`.
-    unsafe { run::<Super<W4K>>(&g) }
+    unsafe { run::<Super<W4K>>(&mut g) }
 }
-fn matmul_q5_k(g: MatmulArgs<'_>) {
+fn matmul_q5_k(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_k`.
-    unsafe { run::<Super<W5K>>(&g) }
+    unsafe { run::<Super<W5K>>(&mut g) }
 }
-fn matmul_q6_k(g: MatmulArgs<'_>) {
+fn matmul_q6_k(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_k`.
-    unsafe { run::<Super<W6K>>(&g) }
+    unsafe { run::<Super<W6K>>(&mut g) }
 }
 
 /// The k-quant Q16 matmuls.
