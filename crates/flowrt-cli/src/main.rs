@@ -3,6 +3,7 @@
 mod bench;
 mod common;
 mod run;
+mod serve;
 mod verify;
 
 use std::process::ExitCode;
@@ -24,6 +25,8 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Measure prefill and decode speed on a model file.
     Bench(bench::BenchArgs),
+    /// Serve models over an OpenAI- and Ollama-compatible HTTP API.
+    Serve(Box<serve::ServeArgs>),
     /// Fetch a catalog model into the model store.
     Pull {
         /// Model tag, e.g. smollm2:135m.
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Verify(a) => verify::verify(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Serve(a) => serve::serve(*a),
         Command::Pull { tag } => common::pull(&tag),
     };
     match result {

@@ -1,0 +1,260 @@
+//! `flowrt serve`: the OpenAI- and Ollama-compatible HTTP server.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use flowrt_server::{app, AppState, ModelSpec, ServerConfig};
+use flowrt_store::ModelRef;
+
+use crate::common::{model_fingerprint, resolve_model, EngineArgs};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Models to serve: catalog tags (e.g. smollm2:135m) or .gguf paths. Without any, every
+    /// catalog model already in the store is served.
+    pub models: Vec<String>,
+    /// Address to listen on (loopback by default; anything else exposes the server).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port; the address is printed).
+    #[arg(long, default_value_t = 8001)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every route but /health (also FLOWRT_API_KEY).
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Sequences each model generates at once.
+    #[arg(long, default_value_t = 4)]
+    pub parallel: usize,
+    /// Requests each model lets wait for a free sequence; beyond that, 429.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// How long a model stays loaded after its last request: seconds or 30s/5m/1h; -1 =
+    /// until shutdown.
+    #[arg(long = "keep-alive", default_value = "5m", allow_hyphen_values = true)]
+    pub keep_alive: String,
+    /// Most memory resident models may take (weights plus KV caches, estimated), e.g. 8G;
+    /// least recently used idle models are unloaded to make room. Default: no limit.
+    #[arg(long = "max-memory")]
+    pub max_memory: Option<String>,
+    /// Largest request body in bytes.
+    #[arg(long = "max-body", default_value_t = 4 << 20)]
+    pub max_body: usize,
+    /// Load models on their first request instead of at start.
+    #[arg(long)]
+    pub lazy: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+fn parse_duration(s: &str) -> Result<Option<Duration>> {
+    let s = s.trim();
+    let (num, mult) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (
+            &s[..i],
+            match &s[i..] {
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                u => bail!("--keep-alive {s}: unknown unit `{u}` (use s, m or h)"),
+            },
+        ),
+        None => (s, 1.0),
+    };
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("--keep-alive {s}: not a duration"))?;
+    if !n.is_finite() {
+        bail!("--keep-alive {s}: not a duration");
+    }
+    Ok((n >= 0.0).then(|| Duration::from_secs_f64(n * mult)))
+}
+
+fn parse_bytes(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (
+            &s[..i],
+            match s[i..].to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+                "" => 1u64,
+                "K" => 1 << 10,
+                "M" => 1 << 20,
+                "G" => 1 << 30,
+                "T" => 1 << 40,
+                u => bail!("--max-memory {s}: unknown unit `{u}` (use K, M, G or T)"),
+            },
+        ),
+        None => (s, 1),
+    };
+    let n: f64 = num
+        .parse()
+        .with_context(|| format!("--max-memory {s}: not a size"))?;
+    if !(n.is_finite() && n > 0.0) {
+        bail!("--max-memory {s}: must be positive");
+    }
+    Ok((n * mult as f64) as u64)
+}
+
+/// What the server answers for: each MODEL argument, or every catalog model in the store.
+fn model_specs(args: &ServeArgs) -> Result<Vec<ModelSpec>> {
+    let mut specs: Vec<ModelSpec> = Vec::new();
+    if args.models.is_empty() {
+        for entry in flowrt_store::catalog() {
+            if let Ok(path) = resolve_model(entry.tag, true) {
+                let spec =
+                    ModelSpec::new(entry.tag, path, entry.sha256.into(), entry.size, "catalog")
+                        .map_err(anyhow::Error::msg)?
+                        .with_aliases(entry.aliases.iter().map(|a| a.to_string()));
+                specs.push(spec);
+            }
+        }
+        if specs.is_empty() {
+            bail!("no model to serve: name one (e.g. `flowrt serve smollm2:135m`) or fetch one with `flowrt pull`");
+        }
+        return Ok(specs);
+    }
+    for arg in &args.models {
+        let path = resolve_model(arg, args.engine.no_fetch)?;
+        let spec = match flowrt_store::parse_model_arg(arg)? {
+            ModelRef::Tag(entry) => {
+                ModelSpec::new(entry.tag, path, entry.sha256.into(), entry.size, "catalog")
+                    .map_err(anyhow::Error::msg)?
+                    .with_aliases(entry.aliases.iter().map(|a| a.to_string()))
+                    .with_aliases([arg.clone()])
+            }
+            // A file path, or (once the registry lands) a registered tag: named as given,
+            // identified by the hash of its bytes.
+            other => {
+                let (sha, size) = model_fingerprint(&path)?;
+                let id = match other {
+                    ModelRef::Path(p) => p
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| arg.clone()),
+                    _ => arg.clone(),
+                };
+                ModelSpec::new(id, path, sha, size, "file")
+                    .map_err(|e| anyhow::anyhow!("{arg}: {e}"))?
+                    .with_aliases([arg.clone()])
+            }
+        };
+        if let Some(dup) = specs.iter().find(|s| s.id == spec.id) {
+            bail!("{arg}: the model `{}` is named twice", dup.id);
+        }
+        specs.push(spec);
+    }
+    Ok(specs)
+}
+
+pub fn serve(args: ServeArgs) -> Result<ExitCode> {
+    if args.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
+    if args.engine.quant.is_some() {
+        bail!("--quant is not supported by serve yet: quantise a checkpoint to GGUF first");
+    }
+    let config = ServerConfig {
+        engine: args.engine.options()?,
+        parallel: args.parallel,
+        queue: args.queue,
+        keep_alive: parse_duration(&args.keep_alive)?,
+        memory_budget: args.max_memory.as_deref().map(parse_bytes).transpose()?,
+        api_key: args
+            .api_key
+            .clone()
+            .or_else(|| std::env::var("FLOWRT_API_KEY").ok())
+            .filter(|k| !k.is_empty()),
+        max_body_bytes: args.max_body,
+    };
+    let specs = model_specs(&args)?;
+    let preload: Vec<String> = if args.lazy || args.models.is_empty() {
+        Vec::new()
+    } else {
+        specs.iter().map(|s| s.id.clone()).collect()
+    };
+    let host: std::net::IpAddr = args
+        .host
+        .parse()
+        .with_context(|| format!("--host {}: not an IP address", args.host))?;
+    let addr = SocketAddr::new(host, args.port);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listening on {addr}"))?;
+        let local = listener.local_addr()?;
+        let state = AppState::new(specs, config);
+        state.models.spawn_reaper();
+        for s in state.models.specs() {
+            eprintln!("flowrt serve: model {} ({}, sha256 {})", s.id, s.path.display(), s.sha256);
+        }
+        eprintln!("flowrt serve: listening on http://{local}");
+        if !host.is_loopback() {
+            eprintln!("flowrt serve: warning: {host} is not a loopback address; the server is reachable from the network{}", if state.config.api_key.is_none() { " without an API key" } else { "" });
+        }
+        if !preload.is_empty() {
+            let models = state.models.clone();
+            tokio::spawn(async move {
+                if let Err(e) = models.preload(&preload).await {
+                    eprintln!("flowrt serve: preloading failed: {e}");
+                }
+            });
+        }
+        axum::serve(listener, app(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving")?;
+        eprintln!("flowrt serve: stopped");
+        Ok::<_, anyhow::Error>(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ctrl-C or SIGTERM: stop accepting connections and let the open ones finish.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("flowrt serve: shutting down (finishing open requests)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(
+            parse_duration("5m").unwrap(),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(parse_duration("30").unwrap(), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("-1").unwrap(), None);
+        assert!(parse_duration("5x").is_err());
+        assert_eq!(parse_bytes("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert!(parse_bytes("-1G").is_err());
+        assert!(parse_bytes("3Q").is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! Reading JSON request bodies: size-limited, and every failure a 400/413 in the API's own
+//! error shape naming the field at fault (axum's `Json` answers in plain text).
+
+use axum::body::Body;
+use axum::extract::{FromRequest, Request};
+use axum::http::header;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeOwned;
+
+use crate::error::{clip, ApiError, ErrorKind};
+use crate::AppState;
+
+/// A JSON body of type `T`, read with the server's body size limit.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let limit = state.config.max_body_bytes;
+        let too_large = || {
+            ApiError::new(
+                ErrorKind::PayloadTooLarge,
+                format!("the request body is larger than the server's limit of {limit} bytes"),
+            )
+        };
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
+        }
+        let body: Body = req.into_body();
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
+            Err(_) => return Err(ApiError::invalid("the request body could not be read")),
+        };
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parse `bytes` as `T`; errors name the JSON path of the bad field.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::invalid(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = match serde_path_to_error::deserialize(&mut de) {
+        Ok(v) => v,
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let msg = clip(&inner.to_string(), 300);
+            return Err(if path.is_empty() || path == "." {
+                ApiError::invalid(format!(
+                    "the request body is not valid JSON for this route: {msg}"
+                ))
+            } else {
+                ApiError::invalid_param(path.clone(), format!("invalid value for `{path}`: {msg}"))
+            });
+        }
+    };
+    de.end()
+        .map_err(|e| ApiError::invalid(format!("trailing data after the JSON body: {e}")))?;
+    Ok(value)
+}

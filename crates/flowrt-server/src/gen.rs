@@ -1,0 +1,396 @@
+//! What the OpenAI and Ollama routes share: sampling parameters, prompt tokenization, the
+//! context check, submitting a job, and collecting or streaming its events.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use flowrt_engine::FinishReason;
+use flowrt_sample::{SampleError, SamplerConfig};
+use flowrt_text::ChatMessage;
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::error::{clip, ApiError, ErrorKind};
+use crate::models::Runner;
+use crate::scheduler::{Event, Job, Summary, TokenLogprob};
+use crate::AppState;
+
+/// The prompt of a request, before tokenization.
+pub enum PromptInput {
+    /// Rendered with the model's chat template (generation prompt added).
+    Chat(Vec<ChatMessage>),
+    /// Plain text; `add_special` adds BOS as `flowrt run --raw` does.
+    Text { text: String, add_special: bool },
+    /// Token ids as given.
+    Tokens(Vec<u32>),
+}
+
+/// Sampling parameters as requests give them; `None` takes the route's default.
+#[derive(Default, Clone, Debug)]
+pub struct SamplingParams {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
+    pub seed: Option<i64>,
+}
+
+impl SamplingParams {
+    /// Validate and fill in from `defaults`.
+    pub fn to_config(&self, defaults: &SamplerConfig) -> Result<SamplerConfig, ApiError> {
+        let mut c = defaults.clone();
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::invalid_param(
+                    "temperature",
+                    format!("temperature must be between 0 and 2, got {t}"),
+                ));
+            }
+            c.temperature = t;
+        }
+        if let Some(p) = self.top_p {
+            c.top_p = p;
+        }
+        if let Some(k) = self.top_k {
+            c.top_k = usize::try_from(k).unwrap_or(usize::MAX);
+        }
+        if let Some(p) = self.min_p {
+            c.min_p = p;
+        }
+        for (name, v, slot) in [
+            (
+                "presence_penalty",
+                self.presence_penalty,
+                &mut c.presence_penalty,
+            ),
+            (
+                "frequency_penalty",
+                self.frequency_penalty,
+                &mut c.frequency_penalty,
+            ),
+        ] {
+            if let Some(v) = v {
+                if !(-2.0..=2.0).contains(&v) {
+                    return Err(ApiError::invalid_param(
+                        name,
+                        format!("{name} must be between -2 and 2, got {v}"),
+                    ));
+                }
+                *slot = v;
+            }
+        }
+        if let Some(r) = self.repeat_penalty {
+            c.repeat_penalty = r;
+        }
+        if let Some(n) = self.repeat_last_n {
+            c.repeat_last_n = match n {
+                n if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        "repeat_last_n",
+                        format!("repeat_last_n must be >= 0, got {n}"),
+                    ))
+                }
+            };
+        }
+        if let Some(s) = self.seed {
+            c.seed = Some(s as u64);
+        }
+        c.validate().map_err(|e| {
+            let param = match e {
+                SampleError::InvalidTemperature { .. } => "temperature",
+                SampleError::InvalidTopP { .. } => "top_p",
+                SampleError::InvalidMinP { .. } => "min_p",
+                SampleError::InvalidRepeatPenalty { .. } => "repeat_penalty",
+                SampleError::InvalidRepeatLastN { .. } => "repeat_last_n",
+                SampleError::InvalidPresencePenalty { .. } => "presence_penalty",
+                SampleError::InvalidFrequencyPenalty { .. } => "frequency_penalty",
+                _ => "sampling",
+            };
+            ApiError::invalid_param(param, e.to_string())
+        })?;
+        Ok(c)
+    }
+}
+
+/// `stop` as a string or a list of strings (at most 16, each at most 256 bytes).
+pub fn parse_stop(v: Option<&serde_json::Value>, param: &str) -> Result<Vec<String>, ApiError> {
+    let bad = |m: &str| ApiError::invalid_param(param, format!("`{param}` {m}"));
+    let stops = match v {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::String(s)) => vec![s.clone()],
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| bad("must hold only strings"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad("must be a string or a list of strings")),
+    };
+    if stops.len() > 16 {
+        return Err(bad("may hold at most 16 strings"));
+    }
+    if stops.iter().any(|s| s.len() > 256) {
+        return Err(bad("strings may be at most 256 bytes long"));
+    }
+    Ok(stops)
+}
+
+/// One generation, as the routes ask for it.
+pub struct GenRequest {
+    pub prompt: PromptInput,
+    /// `None`: up to the end of the context.
+    pub max_tokens: Option<u64>,
+    /// Where `max_tokens` came from, for error messages.
+    pub max_tokens_param: &'static str,
+    /// Beyond the context, clamp `max_tokens` (Ollama) instead of refusing (OpenAI).
+    pub clamp_max_tokens: bool,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+}
+
+/// A submitted job: its events, and the model that runs it.
+pub struct Started {
+    pub runner: Arc<Runner>,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub prompt_tokens: Vec<u32>,
+    _guard: UseGuard,
+}
+
+/// Marks the model used when the request ends (the keep-alive counts from then).
+struct UseGuard(Arc<Runner>);
+
+impl Drop for UseGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+    }
+}
+
+/// Resolve the model, tokenize, check the context, and queue the job.
+pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Started, ApiError> {
+    if req.max_tokens == Some(0) {
+        return Err(ApiError::invalid_param(
+            req.max_tokens_param,
+            format!("`{}` must be at least 1", req.max_tokens_param),
+        ));
+    }
+    let runner = state.models.get(model).await?;
+    let model_arc = runner.model.clone();
+    let prompt = req.prompt;
+    let name = runner.spec.id.clone();
+    let tokens = tokio::task::spawn_blocking(move || tokenize(&model_arc, prompt, &name))
+        .await
+        .map_err(|e| ApiError::internal("tokenizing the prompt", &e))??;
+    let n = tokens.len();
+    let n_ctx = runner.n_ctx;
+    let id = &runner.spec.id;
+    if n == 0 {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            "the prompt is empty (it has no tokens)",
+        ));
+    }
+    if n + 1 > n_ctx {
+        return Err(ApiError::new(
+            ErrorKind::ContextLength,
+            format!("the prompt has {n} tokens, but the context of model `{id}` holds {n_ctx} tokens including at least 1 to generate; shorten the prompt"),
+        )
+        .with_param("messages"));
+    }
+    let room = n_ctx - n;
+    let max_tokens = match req.max_tokens {
+        None => room,
+        Some(m) if m as u128 <= room as u128 => m as usize,
+        Some(_) if req.clamp_max_tokens => room,
+        Some(m) => {
+            return Err(ApiError::new(
+                ErrorKind::ContextLength,
+                format!("the prompt has {n} tokens and `{p}` asks for {m} more, but the context of model `{id}` holds {n_ctx} tokens; set `{p}` to at most {room} or shorten the prompt", p = req.max_tokens_param),
+            )
+            .with_param(req.max_tokens_param))
+        }
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    runner.scheduler.submit(Job {
+        prompt: tokens.clone(),
+        max_tokens,
+        sampler: req.sampler,
+        stop: req.stop,
+        logprobs: req.logprobs,
+        events: tx,
+    })?;
+    Ok(Started {
+        _guard: UseGuard(runner.clone()),
+        runner,
+        events: rx,
+        prompt_tokens: tokens,
+    })
+}
+
+fn tokenize(
+    model: &flowrt_engine::LoadedModel,
+    prompt: PromptInput,
+    name: &str,
+) -> Result<Vec<u32>, ApiError> {
+    let enc_err = |e: flowrt_text::TextError| {
+        ApiError::invalid_param(
+            "prompt",
+            format!(
+                "the prompt could not be tokenized: {}",
+                clip(&e.to_string(), 300)
+            ),
+        )
+    };
+    match prompt {
+        PromptInput::Chat(messages) => {
+            let template = model.template.as_ref().ok_or_else(|| {
+                ApiError::invalid_param(
+                    "messages",
+                    format!("model `{name}` has no chat template; use /v1/completions (or /api/generate with raw) for plain completion"),
+                )
+            })?;
+            let text = template.render(&messages, true).map_err(|e| {
+                ApiError::invalid_param(
+                    "messages",
+                    format!(
+                        "the model's chat template rejected these messages: {}",
+                        clip(&e.to_string(), 400)
+                    ),
+                )
+            })?;
+            model.tokenizer.encode(&text, false, true).map_err(enc_err)
+        }
+        PromptInput::Text { text, add_special } => model
+            .tokenizer
+            .encode(&text, add_special, true)
+            .map_err(enc_err),
+        PromptInput::Tokens(ids) => {
+            let vocab = model.model.config.vocab_size;
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
+                ));
+            }
+            Ok(ids)
+        }
+    }
+}
+
+/// The whole answer of a non-streaming request.
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub summary: Summary,
+}
+
+/// Wait for every event of a job.
+pub async fn collect(started: &mut Started) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(ev) = started.events.recv().await {
+        match ev {
+            Event::Text {
+                text: t,
+                logprobs: l,
+            } => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            Event::Done(summary) => {
+                return Ok(Collected {
+                    text,
+                    logprobs,
+                    summary,
+                })
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal(
+        "generating",
+        &"the scheduler dropped the request",
+    ))
+}
+
+/// OpenAI's `finish_reason` (and Ollama's `done_reason`).
+pub fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length | FinishReason::ContextFull => "length",
+        FinishReason::Cancelled => "cancelled",
+    }
+}
+
+/// A streaming response fed by `frames`: the body ends when the sender is dropped, and a
+/// client that disconnects drops the receiver (which the producer notices).
+pub fn stream_response(content_type: &'static str, frames: mpsc::Receiver<String>) -> Response {
+    let body =
+        Body::from_stream(ReceiverStream::new(frames).map(|s| Ok::<_, Infallible>(Bytes::from(s))));
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Drive a started job into `frames`: `on_event` turns each event into frames; returns when
+/// the job ends or the client goes away (then dropping the job's receiver cancels it).
+pub fn spawn_stream<F>(mut started: Started, frames: mpsc::Sender<String>, mut on_event: F)
+where
+    F: FnMut(Event) -> (Vec<String>, bool) + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let ev = tokio::select! {
+                _ = frames.closed() => break,
+                ev = started.events.recv() => ev,
+            };
+            let Some(ev) = ev else { break };
+            let (out, last) = on_event(ev);
+            for f in out {
+                if frames.send(f).await.is_err() {
+                    return;
+                }
+            }
+            if last {
+                break;
+            }
+        }
+        drop(started);
+    });
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A fresh response id with `prefix`.
+pub fn new_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    format!("{prefix}-{t:x}{n:04x}")
+}

@@ -1,0 +1,230 @@
+//! flowrt's HTTP server: an OpenAI- and Ollama-compatible API that runs exactly the model a
+//! request names, or answers 404 `model_not_found`.
+//!
+//! [`app`] builds the [`axum::Router`]; tests drive it with `tower::ServiceExt::oneshot`
+//! and no socket, and `flowrt serve` binds it to a TCP listener.
+//!
+//! Layout:
+//! - [`models`]: the models served ([`ModelSpec`]), loading on first use, keep-alive and
+//!   least-recently-used unloading within a memory budget;
+//! - [`scheduler`]: one actor thread per resident model owning its KV cache slots, a bounded
+//!   queue (429 beyond it), one engine step per turn over all active sequences, cancellation
+//!   when a client goes away;
+//! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and today's
+//!   implementation, one session per slot stepped in turn (**not batched yet**);
+//! - `openai`, `ollama`: the routes; [`error`]: the one error type; [`metrics`]: Prometheus.
+
+pub mod details;
+pub mod engine;
+pub mod error;
+mod extract;
+mod gen;
+pub mod metrics;
+pub mod models;
+mod ollama;
+mod openai;
+pub mod scheduler;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use flowrt_engine::EngineOptions;
+use serde_json::json;
+use tower_http::trace::TraceLayer;
+
+pub use engine::{SessionStepper, SlotWork, StepEngine};
+pub use error::{ApiError, ErrorKind};
+pub use metrics::Metrics;
+pub use models::{ModelManager, ModelSpec, ModelState};
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Threads, context length, KV type, batch size, kernels for every model.
+    pub engine: EngineOptions,
+    /// Sequences each model runs at once (its KV cache slots).
+    pub parallel: usize,
+    /// Requests each model lets wait for a slot; beyond that, 429.
+    pub queue: usize,
+    /// How long a model stays resident after its last request; `None` = until shutdown.
+    pub keep_alive: Option<Duration>,
+    /// Most bytes (weights plus KV caches, estimated) resident models may take; `None` = no
+    /// limit.
+    pub memory_budget: Option<u64>,
+    /// With a key, every route but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            engine: EngineOptions::default(),
+            parallel: 4,
+            queue: 64,
+            keep_alive: Some(Duration::from_secs(300)),
+            memory_budget: None,
+            api_key: None,
+            max_body_bytes: 4 << 20,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<ServerConfig>,
+    pub models: Arc<ModelManager>,
+    pub metrics: Arc<Metrics>,
+    pub started: Instant,
+}
+
+impl AppState {
+    /// A server for `specs` (none is loaded until used or preloaded).
+    pub fn new(specs: Vec<ModelSpec>, config: ServerConfig) -> AppState {
+        let config = Arc::new(config);
+        let metrics = Arc::new(Metrics::default());
+        let models = Arc::new(ModelManager::new(specs, config.clone(), metrics.clone()));
+        AppState {
+            config,
+            models,
+            metrics,
+            started: Instant::now(),
+        }
+    }
+}
+
+/// The router with every route, auth, metrics and request tracing.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(root))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{*id}", get(openai::get_model))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), track))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn root() -> &'static str {
+    // Ollama clients probe `/` for this text.
+    "flowrt is running (Ollama is running)"
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorKind::NotFound, "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorKind::MethodNotAllowed,
+        "this route does not accept that method",
+    )
+}
+
+/// `200 {"status": "ok"}` when serving; `503 {"status": "loading"}` while models named at
+/// start are still loading. Never needs the API key.
+async fn health(State(state): State<AppState>) -> Response {
+    let models: serde_json::Map<String, serde_json::Value> = state
+        .models
+        .specs()
+        .iter()
+        .map(|s| {
+            let st = match state.models.state(&s.id) {
+                ModelState::Ready => "ready",
+                ModelState::Loading => "loading",
+                ModelState::Unloaded => "unloaded",
+            };
+            (s.id.clone(), json!(st))
+        })
+        .collect();
+    let loading = state.models.is_preloading();
+    let status = if loading {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    let body = json!({
+        "status": if loading { "loading" } else { "ok" },
+        "models": models,
+        "uptime_s": state.started.elapsed().as_secs(),
+    });
+    (status, Json(body)).into_response()
+}
+
+async fn metrics_text(State(state): State<AppState>) -> Response {
+    let text = state.metrics.render(&state.models.gauges());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Bearer-token check on every route but `/health`.
+async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(key) = state.config.api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), key.as_bytes()) {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            ErrorKind::Unauthorized,
+            "missing or wrong API key: send `Authorization: Bearer KEY`",
+        )
+        .into_response()
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() != b.len()) as u8;
+    for (i, &x) in a.iter().enumerate() {
+        diff |= x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0);
+    }
+    diff == 0
+}
+
+/// Count every request by route and status, and errors by kind.
+async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let resp = next.run(req).await;
+    let kind = resp.extensions().get::<ErrorKind>().copied();
+    state.metrics.request(&route, resp.status().as_u16(), kind);
+    resp
+}

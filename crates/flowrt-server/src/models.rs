@@ -1,0 +1,444 @@
+//! The models a server answers for, and which of them are resident.
+//!
+//! A [`ModelSpec`] is a model the server may run (its id, aliases, file, hash and details);
+//! requests naming anything else get 404 `model_not_found`, never another model. A spec is
+//! loaded on first use (or by [`ModelManager::preload`]), runs behind its own
+//! [`Scheduler`], stays resident for the keep-alive after its last request, and is unloaded
+//! least-recently-used first when loading another would exceed the memory budget.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use flowrt_cpu::KvType;
+use flowrt_engine::LoadedModel;
+use tokio::sync::watch;
+
+use crate::details::ModelDetails;
+use crate::engine::{SessionStepper, StepEngine};
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::{Metrics, ModelGauges};
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::ServerConfig;
+
+/// A model this server can run.
+#[derive(Clone, Debug)]
+pub struct ModelSpec {
+    /// The name responses carry, e.g. `smollm2:135m` or a file name.
+    pub id: String,
+    /// Other names requests may use for it (a catalog alias, the path it was given as).
+    pub aliases: Vec<String>,
+    /// GGUF file or HF checkpoint directory.
+    pub path: PathBuf,
+    /// Lower-case hex SHA-256 of the file (for a directory, of its file list with hashes).
+    pub sha256: String,
+    /// Bytes on disk.
+    pub size: u64,
+    /// Where it came from, e.g. `catalog` or `file`.
+    pub source: String,
+    pub modified: SystemTime,
+    pub details: ModelDetails,
+}
+
+impl ModelSpec {
+    /// Describe the model at `path`, reading its metadata (not its weights).
+    pub fn new(
+        id: impl Into<String>,
+        path: PathBuf,
+        sha256: String,
+        size: u64,
+        source: impl Into<String>,
+    ) -> Result<ModelSpec, String> {
+        let details = ModelDetails::read(&path)?;
+        let modified = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        Ok(ModelSpec {
+            id: id.into(),
+            aliases: Vec::new(),
+            path,
+            sha256,
+            size,
+            source: source.into(),
+            modified,
+            details,
+        })
+    }
+
+    pub fn with_aliases(mut self, aliases: impl IntoIterator<Item = String>) -> ModelSpec {
+        for a in aliases {
+            if a != self.id && !self.aliases.contains(&a) {
+                self.aliases.push(a);
+            }
+        }
+        self
+    }
+
+    fn answers_to(&self, name: &str) -> bool {
+        self.id == name || self.aliases.iter().any(|a| a == name)
+    }
+}
+
+/// A resident model: loaded weights, its scheduler, and when it was last used.
+pub struct Runner {
+    pub spec: Arc<ModelSpec>,
+    pub model: Arc<LoadedModel>,
+    pub scheduler: Scheduler,
+    /// Context length of each sequence.
+    pub n_ctx: usize,
+    /// Estimated resident bytes: weights plus every slot's KV cache.
+    pub est_bytes: u64,
+    pub loaded_at: SystemTime,
+    last_used: Mutex<Instant>,
+    /// How long it stays resident after its last request; `None` = until shutdown.
+    keep_alive: Mutex<Option<Duration>>,
+}
+
+impl Runner {
+    pub fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    pub fn set_keep_alive(&self, k: Option<Duration>) {
+        *lock(&self.keep_alive) = k;
+    }
+
+    /// When it will be unloaded if unused (`None`: never).
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        let k = (*lock(&self.keep_alive))?;
+        let idle = lock(&self.last_used).elapsed();
+        Some(SystemTime::now() + k.saturating_sub(idle))
+    }
+
+    fn expired(&self) -> bool {
+        let Some(k) = *lock(&self.keep_alive) else {
+            return false;
+        };
+        self.scheduler.in_flight() == 0 && lock(&self.last_used).elapsed() >= k
+    }
+}
+
+type LoadResult = Option<Result<Arc<Runner>, ApiError>>;
+
+enum Resident {
+    Loading(watch::Receiver<LoadResult>),
+    Ready(Arc<Runner>),
+}
+
+/// Loads, serves and unloads the models of a server.
+pub struct ModelManager {
+    specs: Vec<Arc<ModelSpec>>,
+    resident: Arc<Mutex<HashMap<String, Resident>>>,
+    config: Arc<ServerConfig>,
+    metrics: Arc<Metrics>,
+    preloading: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a model is resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelState {
+    Unloaded,
+    Loading,
+    Ready,
+}
+
+impl ModelManager {
+    pub fn new(
+        specs: Vec<ModelSpec>,
+        config: Arc<ServerConfig>,
+        metrics: Arc<Metrics>,
+    ) -> ModelManager {
+        ModelManager {
+            specs: specs.into_iter().map(Arc::new).collect(),
+            resident: Arc::new(Mutex::new(HashMap::new())),
+            config,
+            metrics,
+            preloading: AtomicBool::new(false),
+        }
+    }
+
+    pub fn specs(&self) -> &[Arc<ModelSpec>] {
+        &self.specs
+    }
+
+    /// The spec a request's model name means: an id or alias exactly; `NAME:latest` means
+    /// `NAME` (Ollama clients add it). Nothing else matches.
+    pub fn find(&self, name: &str) -> Option<&Arc<ModelSpec>> {
+        let bare = name.strip_suffix(":latest");
+        self.specs
+            .iter()
+            .find(|s| s.answers_to(name))
+            .or_else(|| bare.and_then(|b| self.specs.iter().find(|s| s.answers_to(b))))
+    }
+
+    pub fn state(&self, id: &str) -> ModelState {
+        match lock(&self.resident).get(id) {
+            None => ModelState::Unloaded,
+            Some(Resident::Loading(_)) => ModelState::Loading,
+            Some(Resident::Ready(_)) => ModelState::Ready,
+        }
+    }
+
+    /// True while [`ModelManager::preload`] runs.
+    pub fn is_preloading(&self) -> bool {
+        self.preloading.load(Ordering::SeqCst)
+    }
+
+    /// The resident models.
+    pub fn running(&self) -> Vec<Arc<Runner>> {
+        let mut v: Vec<Arc<Runner>> = lock(&self.resident)
+            .values()
+            .filter_map(|r| match r {
+                Resident::Ready(r) => Some(r.clone()),
+                Resident::Loading(_) => None,
+            })
+            .collect();
+        v.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        v
+    }
+
+    pub fn gauges(&self) -> Vec<ModelGauges> {
+        let running = self.running();
+        self.specs
+            .iter()
+            .map(|s| {
+                let r = running.iter().find(|r| r.spec.id == s.id);
+                ModelGauges {
+                    model: s.id.clone(),
+                    queued: r.map_or(0, |r| r.scheduler.counts().queued.load(Ordering::SeqCst)),
+                    active: r.map_or(0, |r| r.scheduler.counts().active.load(Ordering::SeqCst)),
+                    loaded: r.is_some(),
+                }
+            })
+            .collect()
+    }
+
+    /// Load each of `ids` now (in order); `/health` says `loading` meanwhile.
+    pub async fn preload(&self, ids: &[String]) -> Result<(), ApiError> {
+        self.preloading.store(true, Ordering::SeqCst);
+        let mut result = Ok(());
+        for id in ids {
+            if let Err(e) = self.get(id).await {
+                result = Err(e);
+                break;
+            }
+        }
+        self.preloading.store(false, Ordering::SeqCst);
+        result
+    }
+
+    /// The runner for the model `name`, loading it if needed. Unknown names are
+    /// `model_not_found`.
+    pub async fn get(&self, name: &str) -> Result<Arc<Runner>, ApiError> {
+        let spec = self
+            .find(name)
+            .ok_or_else(|| ApiError::model_not_found(name))?
+            .clone();
+        let mut rx = {
+            let mut map = lock(&self.resident);
+            match map.get(&spec.id) {
+                Some(Resident::Ready(r)) => {
+                    r.touch();
+                    return Ok(r.clone());
+                }
+                Some(Resident::Loading(rx)) => rx.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    map.insert(spec.id.clone(), Resident::Loading(rx.clone()));
+                    drop(map);
+                    self.start_load(spec.clone(), tx);
+                    rx
+                }
+            }
+        };
+        let result = match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone(),
+            Err(_) => None,
+        };
+        result.unwrap_or_else(|| {
+            Err(ApiError::internal(
+                "loading a model",
+                &"the loading task ended without a result",
+            ))
+        })
+    }
+
+    fn start_load(&self, spec: Arc<ModelSpec>, tx: watch::Sender<LoadResult>) {
+        let config = self.config.clone();
+        let metrics = self.metrics.clone();
+        let resident = self.resident.clone();
+        let id = spec.id.clone();
+        tracing::info!(model = %id, path = %spec.path.display(), "loading model");
+        let handle = tokio::task::spawn_blocking(move || load_runner(spec, &config, metrics));
+        let budget = self.config.memory_budget;
+        // A detached task finishes the load, so a waiter that goes away does not strand it.
+        tokio::spawn(async move {
+            let result = match handle.await {
+                Ok(r) => r,
+                Err(e) => Err(ApiError::internal("loading a model", &e)),
+            };
+            let mut map = lock(&resident);
+            let result = result.and_then(|runner| {
+                let evicted = make_room(&mut map, &id, runner.est_bytes, budget)?;
+                for e in evicted {
+                    tracing::info!(model = %e, "unloaded to stay within the memory budget");
+                }
+                tracing::info!(model = %id, n_ctx = runner.n_ctx, est_bytes = runner.est_bytes, "model ready");
+                map.insert(id.clone(), Resident::Ready(runner.clone()));
+                Ok(runner)
+            });
+            if result.is_err() {
+                map.remove(&id);
+            }
+            drop(map);
+            let _ = tx.send(Some(result));
+        });
+    }
+
+    /// Unload `id` now if it is resident and idle; returns whether it was unloaded.
+    pub fn unload(&self, id: &str) -> bool {
+        let mut map = lock(&self.resident);
+        let idle = matches!(map.get(id), Some(Resident::Ready(r)) if r.scheduler.in_flight() == 0);
+        if idle {
+            map.remove(id);
+            tracing::info!(model = %id, "model unloaded");
+        }
+        idle
+    }
+
+    /// Unload every resident model whose keep-alive has run out.
+    pub fn unload_expired(&self) {
+        let mut map = lock(&self.resident);
+        let expired: Vec<String> = map
+            .iter()
+            .filter_map(|(id, r)| match r {
+                Resident::Ready(r) if r.expired() => Some(id.clone()),
+                _ => None,
+            })
+            .collect();
+        for id in expired {
+            map.remove(&id);
+            tracing::info!(model = %id, "keep-alive ran out; model unloaded");
+        }
+    }
+
+    /// Check keep-alives every second until the manager is dropped.
+    pub fn spawn_reaper(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let Some(m) = weak.upgrade() else { break };
+                m.unload_expired();
+            }
+        });
+    }
+}
+
+/// Unload idle models, least recently used first, until `need` more bytes fit `budget`.
+/// Returns the ids unloaded; fails when models in use leave too little room.
+fn make_room(
+    map: &mut HashMap<String, Resident>,
+    id: &str,
+    need: u64,
+    budget: Option<u64>,
+) -> Result<Vec<String>, ApiError> {
+    let Some(budget) = budget else {
+        return Ok(Vec::new());
+    };
+    if need > budget {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!("model `{id}` needs about {need} bytes, more than the server's memory budget of {budget} bytes"),
+        ));
+    }
+    let mut evicted = Vec::new();
+    loop {
+        let ready: Vec<&Arc<Runner>> = map
+            .iter()
+            .filter(|(k, _)| k.as_str() != id)
+            .filter_map(|(_, r)| match r {
+                Resident::Ready(r) => Some(r),
+                Resident::Loading(_) => None,
+            })
+            .collect();
+        let used: u64 = ready.iter().map(|r| r.est_bytes).sum();
+        if used + need <= budget {
+            return Ok(evicted);
+        }
+        let victim = ready
+            .iter()
+            .filter(|r| r.scheduler.in_flight() == 0)
+            .min_by_key(|r| *lock(&r.last_used))
+            .map(|r| r.spec.id.clone());
+        match victim {
+            Some(v) => {
+                map.remove(&v);
+                evicted.push(v);
+            }
+            None => {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("model `{id}` does not fit the memory budget of {budget} bytes while the resident models are busy; retry later"),
+                ))
+            }
+        }
+    }
+}
+
+/// Load a model and start its scheduler (blocking: runs on the blocking pool).
+fn load_runner(
+    spec: Arc<ModelSpec>,
+    config: &ServerConfig,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<Runner>, ApiError> {
+    let failed = |e: &dyn std::fmt::Display| {
+        tracing::error!(model = %spec.id, path = %spec.path.display(), error = %e, "loading failed");
+        ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "model `{}` could not be loaded (see the server log)",
+                spec.id
+            ),
+        )
+    };
+    let model = Arc::new(LoadedModel::load(&spec.path).map_err(|e| failed(&e))?);
+    let parallel = config.parallel.max(1);
+    let engine = SessionStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;
+    let n_ctx = StepEngine::n_ctx(&engine);
+    let c = &model.model.config;
+    let kv_elem = match config.engine.kv_type {
+        KvType::F16 => 2,
+        KvType::F32 => 4,
+    };
+    let kv_bytes = 2 * c.num_hidden_layers as u64 * n_ctx as u64 * c.kv_dim() as u64 * kv_elem;
+    let est_bytes = spec.size + kv_bytes * parallel as u64;
+    let scheduler = Scheduler::spawn(
+        spec.id.clone(),
+        model.clone(),
+        Box::new(engine),
+        &SchedulerConfig {
+            queue: config.queue,
+            retry_after_s: 1,
+        },
+        metrics,
+    )
+    .map_err(|e| failed(&e))?;
+    Ok(Arc::new(Runner {
+        spec,
+        model,
+        scheduler,
+        n_ctx,
+        est_bytes,
+        loaded_at: SystemTime::now(),
+        last_used: Mutex::new(Instant::now()),
+        keep_alive: Mutex::new(config.keep_alive),
+    }))
+}

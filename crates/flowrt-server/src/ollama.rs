@@ -1,0 +1,592 @@
+//! The Ollama-compatible routes: `/api/tags`, `/api/show`, `/api/chat`, `/api/generate`
+//! (NDJSON streaming, the default), `/api/ps`, `/api/version`.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, SecondsFormat, Utc};
+use flowrt_sample::SamplerConfig;
+use flowrt_text::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::error::{clip, ApiError, OllamaError};
+use crate::extract::ApiJson;
+use crate::gen::{
+    collect, finish_reason, parse_stop, spawn_stream, start, stream_response, GenRequest,
+    PromptInput, SamplingParams, Started,
+};
+use crate::models::ModelSpec;
+use crate::scheduler::{Event, Summary};
+use crate::AppState;
+
+type OResult<T> = Result<T, OllamaError>;
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    DateTime::<Utc>::from(t).to_rfc3339_opts(SecondsFormat::Nanos, true)
+}
+
+fn now() -> String {
+    rfc3339(std::time::SystemTime::now())
+}
+
+fn details_json(s: &ModelSpec) -> Value {
+    let family = s.details.architecture.clone();
+    json!({
+        "parent_model": "",
+        "format": s.details.format,
+        "family": family,
+        "families": [family],
+        "parameter_size": s.details.parameter_size(),
+        "quantization_level": s.details.quantization,
+    })
+}
+
+pub async fn version() -> Json<Value> {
+    Json(json!({ "version": env!("CARGO_PKG_VERSION") }))
+}
+
+pub async fn tags(State(state): State<AppState>) -> Json<Value> {
+    let models: Vec<Value> = state
+        .models
+        .specs()
+        .iter()
+        .map(|s| {
+            json!({
+                "name": s.id,
+                "model": s.id,
+                "modified_at": rfc3339(s.modified),
+                "size": s.size,
+                "digest": s.sha256,
+                "details": details_json(s),
+            })
+        })
+        .collect();
+    Json(json!({ "models": models }))
+}
+
+pub async fn ps(State(state): State<AppState>) -> Json<Value> {
+    let models: Vec<Value> = state
+        .models
+        .running()
+        .iter()
+        .map(|r| {
+            let s = &r.spec;
+            json!({
+                "name": s.id,
+                "model": s.id,
+                "size": r.est_bytes,
+                "digest": s.sha256,
+                "details": details_json(s),
+                "expires_at": r.expires_at().map(rfc3339).unwrap_or_else(|| "9999-12-31T23:59:59Z".into()),
+                "size_vram": 0,
+                "context_length": r.n_ctx,
+            })
+        })
+        .collect();
+    Json(json!({ "models": models }))
+}
+
+#[derive(Deserialize)]
+pub struct ShowRequest {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+fn model_name(model: Option<String>, name: Option<String>) -> Result<String, ApiError> {
+    model
+        .or(name)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid_param("model", "`model` is required"))
+}
+
+pub async fn show(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ShowRequest>,
+) -> OResult<Json<Value>> {
+    let name = model_name(req.model, req.name)?;
+    let s = state
+        .models
+        .find(&name)
+        .ok_or_else(|| ApiError::model_not_found(&name))?;
+    let d = &s.details;
+    let arch = &d.architecture;
+    let mut info = serde_json::Map::new();
+    info.insert("general.architecture".into(), json!(arch));
+    if let Some(n) = &d.name {
+        info.insert("general.name".into(), json!(n));
+    }
+    if let Some(p) = d.parameter_count {
+        info.insert("general.parameter_count".into(), json!(p));
+    }
+    info.insert(format!("{arch}.context_length"), json!(d.context_length));
+    info.insert("general.file_type".into(), json!(d.quantization));
+    info.insert("flowrt.sha256".into(), json!(s.sha256));
+    info.insert("flowrt.source".into(), json!(s.source));
+    let mut caps = vec!["completion"];
+    if d.chat_template.is_some() {
+        caps.push("chat");
+    }
+    let template = d.chat_template.clone().unwrap_or_default();
+    Ok(Json(json!({
+        "license": d.license.clone().unwrap_or_default(),
+        "modelfile": format!("# flowrt: {}\nFROM {}\n", s.id, s.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
+        "parameters": "",
+        "template": template,
+        "details": details_json(s),
+        "model_info": info,
+        "capabilities": caps,
+        "modified_at": rfc3339(s.modified),
+    })))
+}
+
+/// Ollama's `options`.
+#[derive(Deserialize, Default)]
+pub struct Options {
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    top_k: Option<u64>,
+    #[serde(default)]
+    min_p: Option<f32>,
+    #[serde(default)]
+    seed: Option<i64>,
+    #[serde(default)]
+    num_predict: Option<i64>,
+    #[serde(default)]
+    stop: Option<Value>,
+    #[serde(default)]
+    repeat_penalty: Option<f32>,
+    #[serde(default)]
+    repeat_last_n: Option<i64>,
+    #[serde(default)]
+    presence_penalty: Option<f32>,
+    #[serde(default)]
+    frequency_penalty: Option<f32>,
+}
+
+impl Options {
+    fn sampler(&self) -> Result<SamplerConfig, ApiError> {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        }
+        .to_config(&ollama_defaults())
+    }
+
+    /// `num_predict`: -1 (or unset) = until the context is full.
+    fn max_tokens(&self) -> Result<Option<u64>, ApiError> {
+        match self.num_predict {
+            None | Some(-1) | Some(-2) => Ok(None),
+            Some(n) if n > 0 => Ok(Some(n as u64)),
+            Some(n) => Err(ApiError::invalid_param(
+                "options.num_predict",
+                format!("`num_predict` must be positive or -1, got {n}"),
+            )),
+        }
+    }
+}
+
+/// Ollama's defaults (llama.cpp's: temperature 0.8, top-k 40, top-p 0.9, repeat penalty 1.1
+/// over 64 tokens).
+fn ollama_defaults() -> SamplerConfig {
+    SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        min_p: 0.0,
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+        ..SamplerConfig::default()
+    }
+}
+
+/// Ollama's `keep_alive`: seconds as a number, or a duration string (`5m`, `1h`, `30s`);
+/// negative = forever.
+fn keep_alive(v: &Option<Value>) -> Result<Option<Option<Duration>>, ApiError> {
+    let bad = || {
+        ApiError::invalid_param(
+            "keep_alive",
+            "`keep_alive` must be a number of seconds or a duration such as \"5m\"",
+        )
+    };
+    let secs: f64 = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_f64().ok_or_else(bad)?,
+        Some(Value::String(s)) => {
+            let s = s.trim();
+            let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+                Some(i) => (&s[..i], &s[i..]),
+                None => (s, "s"),
+            };
+            let n: f64 = num.parse().map_err(|_| bad())?;
+            n * match unit {
+                "ms" => 0.001,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(bad()),
+            }
+        }
+        Some(_) => return Err(bad()),
+    };
+    if !secs.is_finite() {
+        return Err(bad());
+    }
+    Ok(Some(if secs < 0.0 {
+        None
+    } else {
+        Some(Duration::from_secs_f64(secs.min(1e9)))
+    }))
+}
+
+#[derive(Deserialize)]
+pub struct OMessage {
+    role: String,
+    content: String,
+    #[serde(default)]
+    images: Option<Value>,
+}
+
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    model: String,
+    #[serde(default)]
+    messages: Vec<OMessage>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Option<Options>,
+    #[serde(default)]
+    format: Option<Value>,
+    #[serde(default)]
+    keep_alive: Option<Value>,
+    #[serde(default)]
+    tools: Option<Value>,
+}
+
+#[derive(Deserialize)]
+pub struct GenerateRequest {
+    model: String,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    system: Option<String>,
+    #[serde(default)]
+    raw: Option<bool>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    options: Option<Options>,
+    #[serde(default)]
+    format: Option<Value>,
+    #[serde(default)]
+    keep_alive: Option<Value>,
+    #[serde(default)]
+    suffix: Option<String>,
+    #[serde(default)]
+    template: Option<String>,
+    #[serde(default)]
+    context: Option<Value>,
+    #[serde(default)]
+    images: Option<Value>,
+}
+
+fn set(v: &Option<Value>) -> bool {
+    match v {
+        None | Some(Value::Null) => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(_) => true,
+    }
+}
+
+fn unsupported(param: &str, what: &str) -> ApiError {
+    ApiError::invalid_param(param, format!("{what} is not supported"))
+}
+
+fn stats_json(s: &Summary, total: Duration, load: Duration) -> serde_json::Map<String, Value> {
+    let ns = |d: Duration| d.as_nanos() as u64;
+    let mut m = serde_json::Map::new();
+    m.insert("done_reason".into(), json!(finish_reason(s.finish)));
+    m.insert("total_duration".into(), json!(ns(total)));
+    m.insert("load_duration".into(), json!(ns(load)));
+    m.insert("prompt_eval_count".into(), json!(s.prompt_tokens));
+    m.insert("prompt_eval_duration".into(), json!(ns(s.prefill_time)));
+    m.insert("eval_count".into(), json!(s.completion_tokens));
+    m.insert("eval_duration".into(), json!(ns(s.decode_time)));
+    m
+}
+
+/// Apply a request's `keep_alive`; `Some(0)` on a request with nothing to run unloads.
+fn apply_keep_alive(state: &AppState, model: &str, ka: Option<Option<Duration>>) {
+    if let (Some(ka), Some(r)) = (
+        ka,
+        state
+            .models
+            .running()
+            .into_iter()
+            .find(|r| r.spec.id == model),
+    ) {
+        r.set_keep_alive(ka);
+    }
+}
+
+/// A request with no prompt loads (or, with `keep_alive: 0`, unloads) the model.
+async fn load_only(
+    state: &AppState,
+    model: &str,
+    ka: Option<Option<Duration>>,
+    chat: bool,
+) -> OResult<Response> {
+    let spec = state
+        .models
+        .find(model)
+        .ok_or_else(|| ApiError::model_not_found(model))?
+        .clone();
+    let reason = if ka == Some(Some(Duration::ZERO)) {
+        state.models.unload(&spec.id);
+        "unload"
+    } else {
+        state.models.get(&spec.id).await?;
+        apply_keep_alive(state, &spec.id, ka);
+        "load"
+    };
+    let mut v =
+        json!({ "model": spec.id, "created_at": now(), "done": true, "done_reason": reason });
+    if chat {
+        v["message"] = json!({ "role": "assistant", "content": "" });
+    } else {
+        v["response"] = json!("");
+    }
+    Ok(Json(v).into_response())
+}
+
+/// Run a started job as Ollama answers: one JSON object, or NDJSON lines.
+async fn respond(
+    mut started: Started,
+    stream: bool,
+    chat: bool,
+    t0: Instant,
+    load: Duration,
+) -> OResult<Response> {
+    let model = started.runner.spec.id.clone();
+    let piece = move |text: &str| -> Value {
+        if chat {
+            json!({ "role": "assistant", "content": text })
+        } else {
+            json!(text)
+        }
+    };
+    let key = if chat { "message" } else { "response" };
+    let context = move |s: &Summary, prompt: &[u32]| -> Value {
+        if chat {
+            Value::Null
+        } else {
+            json!(prompt.iter().chain(&s.tokens).collect::<Vec<_>>())
+        }
+    };
+    if !stream {
+        let out = collect(&mut started).await?;
+        let mut v = serde_json::Map::new();
+        v.insert("model".into(), json!(model));
+        v.insert("created_at".into(), json!(now()));
+        v.insert(key.into(), piece(&out.text));
+        v.insert("done".into(), json!(true));
+        v.extend(stats_json(&out.summary, t0.elapsed(), load));
+        if !chat {
+            v.insert(
+                "context".into(),
+                context(&out.summary, &started.prompt_tokens),
+            );
+        }
+        return Ok(Json(Value::Object(v)).into_response());
+    }
+    let (tx, rx) = mpsc::channel(64);
+    let prompt = started.prompt_tokens.clone();
+    let line = |v: Value| format!("{v}\n");
+    spawn_stream(started, tx, move |ev| match ev {
+        Event::Text { text, .. } => {
+            let mut v = serde_json::Map::new();
+            v.insert("model".into(), json!(model));
+            v.insert("created_at".into(), json!(now()));
+            v.insert(key.into(), piece(&text));
+            v.insert("done".into(), json!(false));
+            (vec![line(Value::Object(v))], false)
+        }
+        Event::Done(s) => {
+            let mut v = serde_json::Map::new();
+            v.insert("model".into(), json!(model));
+            v.insert("created_at".into(), json!(now()));
+            v.insert(key.into(), piece(""));
+            v.insert("done".into(), json!(true));
+            v.extend(stats_json(&s, t0.elapsed(), load));
+            if !chat {
+                v.insert("context".into(), context(&s, &prompt));
+            }
+            (vec![line(Value::Object(v))], true)
+        }
+        Event::Failed(e) => (vec![line(json!({ "error": e.message }))], true),
+    });
+    Ok(stream_response("application/x-ndjson", rx))
+}
+
+pub async fn chat(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> OResult<Response> {
+    let t0 = Instant::now();
+    if req.model.is_empty() {
+        return Err(ApiError::invalid_param("model", "`model` is required").into());
+    }
+    if set(&req.tools) {
+        return Err(unsupported("tools", "tool calling").into());
+    }
+    if set(&req.format) {
+        return Err(unsupported("format", "structured output (`format`)").into());
+    }
+    let ka = keep_alive(&req.keep_alive)?;
+    if req.messages.is_empty() {
+        return load_only(&state, &req.model, ka, true).await;
+    }
+    let messages = req
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if set(&m.images) {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].images"),
+                    "image inputs are not supported",
+                ));
+            }
+            match m.role.as_str() {
+                "system" | "user" | "assistant" => {
+                    Ok(ChatMessage::new(m.role.clone(), m.content.clone()))
+                }
+                other => Err(ApiError::invalid_param(
+                    format!("messages[{i}].role"),
+                    format!(
+                        "unknown role `{}` (use system, user or assistant)",
+                        clip(other, 40)
+                    ),
+                )),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let opts = req.options.unwrap_or_default();
+    let loaded_before = state.models.state(
+        &state
+            .models
+            .find(&req.model)
+            .map(|s| s.id.clone())
+            .unwrap_or_default(),
+    ) == crate::models::ModelState::Ready;
+    let started = start(
+        &state,
+        &req.model,
+        GenRequest {
+            prompt: PromptInput::Chat(messages),
+            max_tokens: opts.max_tokens()?,
+            max_tokens_param: "options.num_predict",
+            clamp_max_tokens: true,
+            sampler: opts.sampler()?,
+            stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
+            logprobs: None,
+        },
+    )
+    .await?;
+    apply_keep_alive(&state, &started.runner.spec.id, ka);
+    let load = if loaded_before {
+        Duration::ZERO
+    } else {
+        t0.elapsed()
+    };
+    respond(started, req.stream != Some(false), true, t0, load).await
+}
+
+pub async fn generate(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<GenerateRequest>,
+) -> OResult<Response> {
+    let t0 = Instant::now();
+    if req.model.is_empty() {
+        return Err(ApiError::invalid_param("model", "`model` is required").into());
+    }
+    if set(&req.format) {
+        return Err(unsupported("format", "structured output (`format`)").into());
+    }
+    if set(&req.images) {
+        return Err(unsupported("images", "image input").into());
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(unsupported("suffix", "`suffix` (fill in the middle)").into());
+    }
+    if req.template.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(unsupported("template", "a custom `template`").into());
+    }
+    if set(&req.context) {
+        return Err(unsupported("context", "continuing from `context`").into());
+    }
+    let ka = keep_alive(&req.keep_alive)?;
+    let prompt = req.prompt.unwrap_or_default();
+    if prompt.is_empty() {
+        return load_only(&state, &req.model, ka, false).await;
+    }
+    let input = if req.raw == Some(true) {
+        PromptInput::Text {
+            text: prompt,
+            add_special: true,
+        }
+    } else {
+        let mut messages = Vec::new();
+        if let Some(s) = req.system.filter(|s| !s.is_empty()) {
+            messages.push(ChatMessage::new("system", s));
+        }
+        messages.push(ChatMessage::new("user", prompt));
+        PromptInput::Chat(messages)
+    };
+    let opts = req.options.unwrap_or_default();
+    let loaded_before = state.models.state(
+        &state
+            .models
+            .find(&req.model)
+            .map(|s| s.id.clone())
+            .unwrap_or_default(),
+    ) == crate::models::ModelState::Ready;
+    let started = start(
+        &state,
+        &req.model,
+        GenRequest {
+            prompt: input,
+            max_tokens: opts.max_tokens()?,
+            max_tokens_param: "options.num_predict",
+            clamp_max_tokens: true,
+            sampler: opts.sampler()?,
+            stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
+            logprobs: None,
+        },
+    )
+    .await?;
+    apply_keep_alive(&state, &started.runner.spec.id, ka);
+    let load = if loaded_before {
+        Duration::ZERO
+    } else {
+        t0.elapsed()
+    };
+    respond(started, req.stream != Some(false), false, t0, load).await
+}

@@ -1,0 +1,528 @@
+//! The per-model scheduler: an actor on its own thread that owns the model's KV cache slots
+//! (through a [`StepEngine`]), takes jobs from a bounded queue, and answers each job over its
+//! own channel with text, logprobs and a closing summary.
+//!
+//! Each turn of the loop admits waiting jobs while slots are free, drops sequences whose
+//! client went away (their receiver is closed), then makes **one** [`StepEngine::step`] call
+//! that advances every active sequence by one token (a new sequence's step is its prefill).
+//! Sampling, stop strings and streaming text follow [`flowrt_engine::generate`] exactly, so a
+//! greedy answer through the server equals `flowrt run`'s.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flowrt_engine::{EngineError, FinishReason, LoadedModel};
+use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
+use flowrt_text::{TokenStreamDecoder, Tokenizer};
+use tokio::sync::mpsc;
+
+use crate::engine::{SlotWork, StepEngine};
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::Metrics;
+
+/// Most alternatives a request may ask for per token (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One generation request, ready to run: the prompt is tokenized and fits the context.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate (≥ 1).
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    /// `Some(k)`: report each generated token's logprob and its `k` most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Where the answer goes. Dropping the receiver cancels the sequence within a step.
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// A token's log-probability under the model (log-softmax of the raw logits).
+#[derive(Clone, Debug)]
+pub struct TokenLogprob {
+    pub token: u32,
+    /// The token's bytes in decoded text (may be part of a character).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// The most likely tokens at this position, best first: (id, bytes, logprob).
+    pub top: Vec<(u32, Vec<u8>, f32)>,
+}
+
+/// What a job's receiver gets: any number of `Text`, then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    /// New answer text, and the logprobs of the tokens generated since the last event.
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done(Summary),
+    Failed(ApiError),
+}
+
+/// How a finished job went.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV entries were reused from the slot's previous sequence.
+    pub reused_tokens: usize,
+    pub completion_tokens: usize,
+    pub finish: FinishReason,
+    pub seed: u64,
+    /// Waiting in the queue.
+    pub queue_time: Duration,
+    /// From admission to the first sampled token (prompt processing).
+    pub prefill_time: Duration,
+    /// From the first sampled token to the end.
+    pub decode_time: Duration,
+    /// The generated token ids (EOG excluded).
+    pub tokens: Vec<u32>,
+}
+
+/// Settings of one model's scheduler.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Jobs that may wait for a slot; beyond this, submissions fail with 429.
+    pub queue: usize,
+    /// Seconds a rejected client is told to wait.
+    pub retry_after_s: u64,
+}
+
+/// The handle to a model's scheduler thread. Dropping it lets the thread finish the active
+/// sequences and exit.
+pub struct Scheduler {
+    model_id: String,
+    tx: mpsc::Sender<(Job, Instant)>,
+    counts: Arc<Counts>,
+    retry_after_s: u64,
+}
+
+/// Gauges shared with the actor.
+#[derive(Default)]
+pub struct Counts {
+    /// Submitted, not yet admitted.
+    pub queued: AtomicUsize,
+    /// Admitted, not yet finished.
+    pub active: AtomicUsize,
+}
+
+impl Scheduler {
+    /// Start the actor thread for `model` over `engine`.
+    pub fn spawn(
+        model_id: String,
+        model: Arc<LoadedModel>,
+        engine: Box<dyn StepEngine>,
+        cfg: &SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Scheduler> {
+        let (tx, rx) = mpsc::channel(cfg.queue.max(1));
+        let counts = Arc::new(Counts::default());
+        let actor = Actor {
+            model_id: model_id.clone(),
+            model,
+            free: (0..engine.slots()).rev().collect(),
+            engine,
+            rx,
+            counts: counts.clone(),
+            metrics,
+            active: Vec::new(),
+        };
+        std::thread::Builder::new()
+            .name(format!(
+                "flowrt-sched-{}",
+                crate::error::clip(&model_id, 40)
+            ))
+            .spawn(move || actor.run())?;
+        Ok(Scheduler {
+            model_id,
+            tx,
+            counts,
+            retry_after_s: cfg.retry_after_s,
+        })
+    }
+
+    /// Queue `job`; a full queue is a 429 with `Retry-After`.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.counts.queued.fetch_add(1, Ordering::SeqCst);
+        match self.tx.try_send((job, Instant::now())) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.counts.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(match e {
+                    mpsc::error::TrySendError::Full(_) => {
+                        ApiError::overloaded(&self.model_id, self.retry_after_s)
+                    }
+                    mpsc::error::TrySendError::Closed(_) => ApiError::internal(
+                        "submitting to the model's scheduler",
+                        &"the scheduler thread has stopped",
+                    ),
+                })
+            }
+        }
+    }
+
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+
+    /// Jobs queued or running.
+    pub fn in_flight(&self) -> usize {
+        self.counts.queued.load(Ordering::SeqCst) + self.counts.active.load(Ordering::SeqCst)
+    }
+}
+
+/// One active sequence.
+struct Seq {
+    job: Job,
+    slot: usize,
+    /// Tokens to feed at the next step: the uncached prompt, then the last sampled token.
+    pending: Vec<u32>,
+    sampler: Sampler,
+    decoder: TokenStreamDecoder,
+    stops: StopMatcher,
+    out: Vec<u32>,
+    /// Logprobs not yet sent with text.
+    logprobs: Vec<TokenLogprob>,
+    reused: usize,
+    queue_time: Duration,
+    admitted: Instant,
+    first_token: Option<Instant>,
+}
+
+enum Outcome {
+    Continue,
+    Finished(FinishReason),
+    Failed(ApiError),
+}
+
+struct Actor {
+    model_id: String,
+    model: Arc<LoadedModel>,
+    engine: Box<dyn StepEngine>,
+    rx: mpsc::Receiver<(Job, Instant)>,
+    counts: Arc<Counts>,
+    metrics: Arc<Metrics>,
+    /// Free slots (popped from the back).
+    free: Vec<usize>,
+    active: Vec<Seq>,
+}
+
+impl Actor {
+    fn run(mut self) {
+        tracing::debug!(model = %self.model_id, "scheduler started");
+        loop {
+            if self.active.is_empty() {
+                match self.rx.blocking_recv() {
+                    Some((job, t)) => self.admit(job, t),
+                    None => break,
+                }
+            }
+            while !self.free.is_empty() {
+                match self.rx.try_recv() {
+                    Ok((job, t)) => self.admit(job, t),
+                    Err(_) => break,
+                }
+            }
+            self.drop_cancelled();
+            if !self.active.is_empty() {
+                self.step();
+            }
+        }
+        tracing::debug!(model = %self.model_id, "scheduler stopped");
+    }
+
+    fn admit(&mut self, job: Job, enqueued: Instant) {
+        self.counts.queued.fetch_sub(1, Ordering::SeqCst);
+        if job.events.is_closed() {
+            self.record(&job, 0, "cancelled", None, None);
+            return;
+        }
+        let n_ctx = self.engine.n_ctx();
+        if job.prompt.is_empty() || job.prompt.len() + 1 > n_ctx {
+            let _ = job.events.send(Event::Failed(ApiError::new(
+                ErrorKind::ContextLength,
+                format!(
+                    "the prompt has {} tokens; this model's context holds {n_ctx} (prompt plus at least 1 generated token)",
+                    job.prompt.len()
+                ),
+            )));
+            return;
+        }
+        let vocab = self.model.model.config.vocab_size;
+        let mut sampler = match Sampler::new(job.sampler.clone(), vocab) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = job
+                    .events
+                    .send(Event::Failed(ApiError::invalid(e.to_string())));
+                return;
+            }
+        };
+        for &t in &job.prompt {
+            sampler.accept(t);
+        }
+        // Prefer the free slot whose cache shares the longest prefix with this prompt.
+        let (pos, reused) = self
+            .free
+            .iter()
+            .enumerate()
+            .map(|(i, &slot)| (i, self.engine.cached_prefix(slot, &job.prompt)))
+            .max_by_key(|&(i, n)| (n, i))
+            .unwrap_or((0, 0));
+        let slot = self.free.swap_remove(pos);
+        self.engine.truncate(slot, reused);
+        self.counts.active.fetch_add(1, Ordering::SeqCst);
+        self.active.push(Seq {
+            pending: job.prompt[reused..].to_vec(),
+            stops: StopMatcher::new(job.stop.clone()),
+            decoder: self.model.tokenizer.stream_decoder(true),
+            out: Vec::with_capacity(job.max_tokens.min(n_ctx)),
+            logprobs: Vec::new(),
+            sampler,
+            slot,
+            reused,
+            queue_time: enqueued.elapsed(),
+            admitted: Instant::now(),
+            first_token: None,
+            job,
+        });
+    }
+
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].job.events.is_closed() {
+                let seq = self.active.swap_remove(i);
+                self.release(&seq);
+                self.record(&seq.job, seq.out.len(), "cancelled", None, None);
+                tracing::info!(model = %self.model_id, generated = seq.out.len(), "client went away; sequence cancelled");
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn release(&mut self, seq: &Seq) {
+        self.free.push(seq.slot);
+        self.counts.active.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// One engine step over every active sequence, then sampling and streaming.
+    fn step(&mut self) {
+        let pending: Vec<Vec<u32>> = self
+            .active
+            .iter_mut()
+            .map(|s| std::mem::take(&mut s.pending))
+            .collect();
+        let work: Vec<SlotWork<'_>> = self
+            .active
+            .iter()
+            .zip(&pending)
+            .map(|(s, p)| SlotWork {
+                slot: s.slot,
+                tokens: p,
+            })
+            .collect();
+        let n_ctx = self.engine.n_ctx();
+        let tokenizer = &self.model.tokenizer;
+        let active = &mut self.active;
+        let mut outcomes: Vec<Outcome> = (0..active.len()).map(|_| Outcome::Continue).collect();
+        self.engine.step(&work, &mut |i, logits| {
+            outcomes[i] = match logits {
+                Ok(l) => advance(&mut active[i], l, tokenizer, n_ctx),
+                Err(e) => Outcome::Failed(engine_error(e)),
+            };
+        });
+        drop(work);
+        for i in (0..outcomes.len()).rev() {
+            match std::mem::replace(&mut outcomes[i], Outcome::Continue) {
+                Outcome::Continue => {}
+                Outcome::Finished(reason) => {
+                    let seq = self.active.swap_remove(i);
+                    self.release(&seq);
+                    self.finish(seq, reason);
+                }
+                Outcome::Failed(e) => {
+                    let seq = self.active.swap_remove(i);
+                    self.release(&seq);
+                    self.engine.truncate(seq.slot, 0);
+                    self.record(&seq.job, seq.out.len(), "error", None, None);
+                    let _ = seq.job.events.send(Event::Failed(e));
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, mut seq: Seq, finish: FinishReason) {
+        // Text held back because it might have begun a stop string is the answer's after all.
+        if !seq.stops.is_stopped() {
+            let tail = seq.decoder.finish().to_string();
+            let mut rest = seq.stops.push(&tail).emit.to_string();
+            rest.push_str(seq.stops.finish().emit);
+            if !rest.is_empty() || !seq.logprobs.is_empty() {
+                let logprobs = std::mem::take(&mut seq.logprobs);
+                let _ = seq.job.events.send(Event::Text {
+                    text: rest,
+                    logprobs,
+                });
+            }
+        } else if !seq.logprobs.is_empty() {
+            let logprobs = std::mem::take(&mut seq.logprobs);
+            let _ = seq.job.events.send(Event::Text {
+                text: String::new(),
+                logprobs,
+            });
+        }
+        let now = Instant::now();
+        let first = seq.first_token.unwrap_or(now);
+        let prefill_time = first - seq.admitted;
+        let decode_time = now - first;
+        let ttft = seq.queue_time + prefill_time;
+        let tps = (seq.out.len() > 1 && decode_time > Duration::ZERO)
+            .then(|| (seq.out.len() - 1) as f64 / decode_time.as_secs_f64());
+        let label = match finish {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::ContextFull => "length",
+            FinishReason::Cancelled => "cancelled",
+        };
+        self.record(
+            &seq.job,
+            seq.out.len(),
+            label,
+            seq.first_token.map(|_| ttft.as_secs_f64()),
+            tps,
+        );
+        let summary = Summary {
+            prompt_tokens: seq.job.prompt.len(),
+            reused_tokens: seq.reused,
+            completion_tokens: seq.out.len(),
+            finish,
+            seed: seq.sampler.seed(),
+            queue_time: seq.queue_time,
+            prefill_time,
+            decode_time,
+            tokens: std::mem::take(&mut seq.out),
+        };
+        let _ = seq.job.events.send(Event::Done(summary));
+    }
+
+    fn record(
+        &self,
+        job: &Job,
+        generated: usize,
+        finish: &'static str,
+        ttft: Option<f64>,
+        tps: Option<f64>,
+    ) {
+        self.metrics.sequence(
+            &self.model_id,
+            job.prompt.len(),
+            generated,
+            finish,
+            ttft,
+            tps,
+        );
+    }
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::PromptTooLong { .. } => ApiError::new(ErrorKind::ContextLength, e.to_string()),
+        other => ApiError::internal("running the model", &other),
+    }
+}
+
+/// Sample the next token of `seq` from `logits` and stream what it completes.
+fn advance(seq: &mut Seq, logits: &[f32], tokenizer: &Tokenizer, n_ctx: usize) -> Outcome {
+    let tok = match seq.sampler.sample(logits) {
+        Ok(t) => t,
+        Err(e) => return Outcome::Failed(ApiError::internal("sampling", &e)),
+    };
+    if seq.first_token.is_none() {
+        seq.first_token = Some(Instant::now());
+    }
+    if tokenizer.is_eog(tok) {
+        return Outcome::Finished(FinishReason::Stop);
+    }
+    if let Some(k) = seq.job.logprobs {
+        seq.logprobs.push(token_logprob(tokenizer, logits, tok, k));
+    }
+    seq.sampler.accept(tok);
+    seq.out.push(tok);
+    let piece = match seq.decoder.push(tokenizer, tok) {
+        Ok(p) => p,
+        Err(e) => return Outcome::Failed(ApiError::internal("decoding a token", &e)),
+    };
+    let r = seq.stops.push(piece);
+    let stopped = r.stopped;
+    if !r.emit.is_empty() {
+        let text = r.emit.to_string();
+        let logprobs = std::mem::take(&mut seq.logprobs);
+        if seq.job.events.send(Event::Text { text, logprobs }).is_err() {
+            return Outcome::Finished(FinishReason::Cancelled);
+        }
+    }
+    if stopped {
+        return Outcome::Finished(FinishReason::Stop);
+    }
+    if seq.out.len() >= seq.job.max_tokens {
+        return Outcome::Finished(FinishReason::Length);
+    }
+    // The cache holds prompt + out - 1 tokens; feeding `tok` needs one more position.
+    if seq.job.prompt.len() + seq.out.len() > n_ctx {
+        return Outcome::Finished(FinishReason::ContextFull);
+    }
+    seq.pending.push(tok);
+    Outcome::Continue
+}
+
+/// The log-probability of `tok` and the `k` most likely tokens under `logits`.
+fn token_logprob(tokenizer: &Tokenizer, logits: &[f32], tok: u32, k: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|l| l.is_finite())
+        .map(|&l| ((l - max) as f64).exp())
+        .sum();
+    let log_z = max as f64 + sum.ln();
+    let lp = |id: u32| -> f32 {
+        let l = logits[id as usize];
+        if l.is_finite() {
+            (l as f64 - log_z) as f32
+        } else {
+            f32::NEG_INFINITY
+        }
+    };
+    let bytes = |id: u32| {
+        tokenizer
+            .token_to_piece(id)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
+    };
+    // The k best by a single pass keeping a small sorted list.
+    let k = k.min(MAX_TOP_LOGPROBS);
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (id, &l) in logits.iter().enumerate() {
+            if !l.is_finite() || (best.len() == k && l <= best[k - 1].1) {
+                continue;
+            }
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (id as u32, l));
+            best.truncate(k);
+        }
+    }
+    TokenLogprob {
+        token: tok,
+        bytes: bytes(tok),
+        logprob: lp(tok),
+        top: best
+            .into_iter()
+            .map(|(id, _)| (id, bytes(id), lp(id)))
+            .collect(),
+    }
+}
