@@ -1,7 +1,6 @@
 //! What the commands share: model resolution and engine options.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -76,34 +75,9 @@ fn parse_quant(s: &str) -> Result<GgmlType, String> {
         .ok_or_else(|| format!("cannot quantise to `{s}` on load (use q4_0, q4_1 or q8_0)"))
 }
 
-/// What identifies a model's bytes: a file's sha256, or for a checkpoint directory the sha256
-/// of the list of its files (`config.json`, tokenizer files, weights) with their own sha256s;
-/// and the size in bytes of all of them.
+/// What identifies a model's bytes, and their size: see [`flowrt_store::model_fingerprint`].
 pub fn model_fingerprint(path: &std::path::Path) -> Result<(String, u64)> {
-    if !path.is_dir() {
-        return Ok((
-            flowrt_store::sha256_file(path)?,
-            std::fs::metadata(path)?.len(),
-        ));
-    }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.is_file()
-                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.ends_with(".json") || n.ends_with(".safetensors") || n.ends_with(".jinja")
-                })
-        })
-        .collect();
-    files.sort();
-    let mut list = String::new();
-    let mut size = 0;
-    for f in &files {
-        let name = f.file_name().unwrap_or_default().to_string_lossy();
-        list.push_str(&format!("{}  {name}\n", flowrt_store::sha256_file(f)?));
-        size += std::fs::metadata(f)?.len();
-    }
-    Ok((flowrt_store::sha256_hex(list.as_bytes()), size))
+    Ok(flowrt_store::model_fingerprint(path)?)
 }
 
 /// Resolve MODEL (a path or a catalog tag) to a file, fetching a catalog model when allowed.
@@ -127,12 +101,6 @@ pub fn load_model(arg: &str, engine: &EngineArgs) -> Result<(LoadedModel, Engine
     let model = LoadedModel::load_with(&path, &load)
         .with_context(|| format!("loading {}", path.display()))?;
     Ok((model, opts))
-}
-
-pub fn pull(tag: &str) -> Result<ExitCode> {
-    let path = resolve_model(tag, false)?;
-    println!("{}", path.display());
-    Ok(ExitCode::SUCCESS)
 }
 
 /// A closed stdout (e.g. `flowrt run ... | head`) ends the program quietly.

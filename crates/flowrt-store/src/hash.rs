@@ -106,10 +106,11 @@ pub fn model_fingerprint(path: &Path) -> Result<(String, u64), StoreError> {
     let mut files = Vec::new();
     for entry in fs::read_dir(path).map_err(StoreError::io("list", path))? {
         let p = entry.map_err(StoreError::io("list", path))?.path();
-        let is_model_file = p
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| [".json", ".safetensors", ".jinja"].iter().any(|x| n.ends_with(x)));
+        let is_model_file = p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            [".json", ".safetensors", ".jinja"]
+                .iter()
+                .any(|x| n.ends_with(x))
+        });
         if is_model_file && p.is_file() {
             files.push(p);
         }

@@ -253,7 +253,8 @@ fn hash_prefix(
 
 /// Cuts `file` to `len` bytes and puts the write position at its end.
 fn truncate(file: &mut File, path: &Path, len: u64) -> Result<(), StoreError> {
-    file.set_len(len).map_err(StoreError::io("truncate", path))?;
+    file.set_len(len)
+        .map_err(StoreError::io("truncate", path))?;
     file.seek(SeekFrom::Start(len))
         .map_err(StoreError::io("seek in", path))?;
     Ok(())

@@ -38,8 +38,8 @@ pub use home::flowrt_home;
 pub use model_ref::{parse_model_arg, ModelRef};
 pub use progress::Progress;
 pub use registry::{
-    check_tag, now_rfc3339, Entry, ModelFormat, ModelInfo, ModelSource, Registry,
-    REGISTRY_FILE, REGISTRY_VERSION,
+    check_tag, now_rfc3339, Entry, ModelFormat, ModelInfo, ModelSource, Registry, REGISTRY_FILE,
+    REGISTRY_VERSION,
 };
 pub use store::{FetchPolicy, Store};
 

@@ -122,7 +122,8 @@ pub struct ModelInfo {
     pub context_length: u64,
     /// Parameters (elements of every weight matrix, norm and bias).
     pub parameters: u64,
-    /// The weight type holding most parameters, e.g. `q4_1`, `bf16`.
+    /// The weight type holding most parameters of the decoder layers' matrices, e.g.
+    /// `q4_1`, `bf16`.
     pub quantization: String,
 }
 
@@ -419,8 +420,7 @@ fn read_file(path: &Path) -> Result<Vec<Entry>, StoreError> {
             supported: REGISTRY_VERSION,
         });
     }
-    let file: RegistryFile =
-        serde_json::from_value(value).map_err(|e| corrupt(format!("{e}")))?;
+    let file: RegistryFile = serde_json::from_value(value).map_err(|e| corrupt(format!("{e}")))?;
     let mut models = file.models;
     for e in &models {
         check_tag(&e.tag).map_err(|err| corrupt(err.to_string()))?;
@@ -471,7 +471,10 @@ mod tests {
     #[test]
     fn tags() {
         assert_eq!(check_tag("smollm2:135m").unwrap(), ("smollm2", "135m"));
-        assert_eq!(check_tag("qwen2.5:0.5b-q4_0").unwrap(), ("qwen2.5", "0.5b-q4_0"));
+        assert_eq!(
+            check_tag("qwen2.5:0.5b-q4_0").unwrap(),
+            ("qwen2.5", "0.5b-q4_0")
+        );
         for bad in [
             "",
             "smollm2",

@@ -149,9 +149,9 @@ impl Store {
         fetch: FetchPolicy,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Entry, StoreError> {
-        if let Some(cat) = crate::find_entry(&entry.tag)
-            .filter(|c| entry.source == ModelSource::Catalog && abs(self.model_path(c)) == entry.path)
-        {
+        if let Some(cat) = crate::find_entry(&entry.tag).filter(|c| {
+            entry.source == ModelSource::Catalog && abs(self.model_path(c)) == entry.path
+        }) {
             self.ensure(cat, fetch, progress)?;
             return Ok(entry.clone());
         }
@@ -186,7 +186,9 @@ impl Store {
     ) -> Result<Entry, StoreError> {
         let path = abs(self.model_path(entry));
         let present = std::fs::metadata(&path).is_ok()
-            && self.verify(entry, &mut |m: &str| progress.message(m)).is_ok();
+            && self
+                .verify(entry, &mut |m: &str| progress.message(m))
+                .is_ok();
         if present {
             progress.message(&format!("{} is already in the store", entry.tag));
         } else {
@@ -297,12 +299,12 @@ impl Store {
     /// effort: a read-only or damaged registry must not stop a model from running, so a
     /// failure is only reported through `progress`.
     fn register_if_new(&self, entry: &CatalogEntry, progress: &mut dyn FnMut(&str)) {
-        let result = self.registry().and_then(|mut registry| {
-            match registry.get(entry.tag) {
+        let result = self
+            .registry()
+            .and_then(|mut registry| match registry.get(entry.tag) {
                 Some(_) => Ok(()),
                 None => self.register_catalog(&mut registry, entry).map(|_| ()),
-            }
-        });
+            });
         if let Err(e) = result {
             progress(&format!("note: {} was not registered: {e}", entry.tag));
         }

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use flowrt_store::{
-    find_entry, Entry, ModelFormat, ModelInfo, ModelRef, ModelSource, Registry, Store,
-    StoreError, REGISTRY_FILE,
+    find_entry, Entry, ModelFormat, ModelInfo, ModelRef, ModelSource, Registry, Store, StoreError,
+    REGISTRY_FILE,
 };
 
 fn entry(tag: &str, path: &Path) -> Entry {
@@ -57,8 +57,7 @@ fn round_trip_keeps_every_field_and_sorts_by_tag() {
 
     // The file is versioned JSON with the documented field names.
     let v: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(dir.path().join(REGISTRY_FILE)).unwrap())
-            .unwrap();
+        serde_json::from_str(&fs::read_to_string(dir.path().join(REGISTRY_FILE)).unwrap()).unwrap();
     assert_eq!(v["version"], 1);
     let m = &v["models"][0];
     for k in [
@@ -147,13 +146,17 @@ fn damaged_registry_is_an_error_naming_the_file() {
     let (dir, file) = home();
     let path = dir.path().join(REGISTRY_FILE);
     let good = serde_json::json!({"version": 1, "models": [entry("a:1", &file)]});
-    let dup = serde_json::json!({"version": 1, "models": [entry("a:1", &file), entry("a:1", &file)]});
+    let dup =
+        serde_json::json!({"version": 1, "models": [entry("a:1", &file), entry("a:1", &file)]});
     let bad_tag = serde_json::json!({"version": 1, "models": [entry("A:1", &file)]});
     let cases: [(&str, String); 7] = [
         ("truncated", good.to_string()[..40].to_string()),
         ("not JSON", "hello".into()),
         ("no version", r#"{"models": []}"#.into()),
-        ("wrong type", r#"{"version": 1, "models": [{"tag": 3}]}"#.into()),
+        (
+            "wrong type",
+            r#"{"version": 1, "models": [{"tag": 3}]}"#.into(),
+        ),
         ("duplicate", dup.to_string()),
         ("bad tag", bad_tag.to_string()),
         ("binary", "\u{0}\u{1}".into()),
@@ -185,7 +188,10 @@ fn damaged_registry_is_an_error_naming_the_file() {
     match Registry::open(dir.path()) {
         Err(e @ StoreError::RegistryVersion { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains("version 2") && msg.contains(REGISTRY_FILE), "{msg}");
+            assert!(
+                msg.contains("version 2") && msg.contains(REGISTRY_FILE),
+                "{msg}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -212,7 +218,10 @@ fn bare_family_resolution_rules() {
     match r.resolve_tag("smollm2") {
         Err(e @ StoreError::DefaultNotPresent { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains("smollm2:135m") && msg.contains("flowrt pull"), "{msg}");
+            assert!(
+                msg.contains("smollm2:135m") && msg.contains("flowrt pull"),
+                "{msg}"
+            );
         }
         other => panic!("the catalog default must not be replaced by 360m: {other:?}"),
     }
@@ -246,7 +255,10 @@ fn unknown_names_are_errors_and_never_substituted() {
         match r.resolve_tag(name) {
             Err(e @ StoreError::UnknownModel { .. }) => {
                 let msg = e.to_string();
-                assert!(msg.contains("mine:1b") && msg.contains("smollm2:135m"), "{msg}");
+                assert!(
+                    msg.contains("mine:1b") && msg.contains("smollm2:135m"),
+                    "{msg}"
+                );
             }
             other => panic!("{name:?}: {other:?}"),
         }
@@ -264,7 +276,10 @@ fn model_arguments_accept_registered_tags() {
     let store = Store::new(dir.path());
     let smol = find_entry("smollm2:135m").unwrap();
     // Before registration: the catalog.
-    assert_eq!(store.parse_model_arg("smollm2").unwrap(), ModelRef::Tag(smol));
+    assert_eq!(
+        store.parse_model_arg("smollm2").unwrap(),
+        ModelRef::Tag(smol)
+    );
     match store.parse_model_arg("mine") {
         Err(StoreError::UnknownModel { known, .. }) => {
             assert_eq!(known, ["smollm2:135m", "gemma3:270m"])
@@ -279,7 +294,10 @@ fn model_arguments_accept_registered_tags() {
         store.parse_model_arg("mine:1b").unwrap(),
         ModelRef::Registered(e.clone())
     );
-    assert_eq!(store.parse_model_arg("mine").unwrap(), ModelRef::Registered(e.clone()));
+    assert_eq!(
+        store.parse_model_arg("mine").unwrap(),
+        ModelRef::Registered(e.clone())
+    );
     let resolved = store
         .resolve("mine:1b", flowrt_store::FetchPolicy::Never, &mut |_| {})
         .unwrap();

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use flowrt_store::{
-    catalog, find_entry, flowrt_home, sha256_file, CatalogEntry, CatalogInfo,
-    CatalogSource, FetchPolicy, ModelRef, Store, StoreError, WheelPart,
+    catalog, find_entry, flowrt_home, sha256_file, CatalogEntry, CatalogInfo, CatalogSource,
+    FetchPolicy, ModelRef, Store, StoreError, WheelPart,
 };
 use sha2::{Digest, Sha256};
 
