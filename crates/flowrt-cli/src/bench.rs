@@ -46,7 +46,11 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
             n_gen: args.n_gen,
             repetitions: args.repetitions,
         },
-    )?;
+    );
+    args.engine.write_trace(&session)?;
+    let r = r?;
+    let d = session.dispatcher();
+    let (runlists, depth) = (d.runlist_count(), d.depth());
     let features = Kernels::cpu_features();
     if args.json {
         let v = serde_json::json!({
@@ -70,6 +74,9 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
             "kernels": r.kernels,
             "cpu_features": features,
             "kv_type": format!("{:?}", opts.kv_type).to_lowercase(),
+            "quant_on_load": args.engine.quant.map(|q| q.name()),
+            "runlists_per_step": runlists,
+            "max_runlist_layers": depth,
         });
         println!("{v}");
     } else {
@@ -80,6 +87,12 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
             r.threads,
             r.kernels,
             features.join(" ")
+        );
+        println!(
+            "dispatch: {runlists} runlist(s) per step ({})",
+            depth.map_or("whole model".to_string(), |d| format!(
+                "at most {d} layers each"
+            ))
         );
         println!(
             "runs:     {} measured after 1 warm-up; median [min, max]",

@@ -1,12 +1,14 @@
 //! What the commands share: model resolution and engine options.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use flowrt_cpu::{ActQuant, KvType};
+use flowrt_dispatch::DispatchOptions;
 use flowrt_dtype::GgmlType;
-use flowrt_engine::{EngineOptions, LoadOptions, LoadedModel};
+use flowrt_engine::{EngineOptions, LoadOptions, LoadedModel, Session};
 use flowrt_kernels::Kernels;
 use flowrt_store::FetchPolicy;
 
@@ -37,6 +39,19 @@ pub struct EngineArgs {
     /// (GGUF files run with the types they hold).
     #[arg(long, value_parser = parse_quant)]
     pub quant: Option<GgmlType>,
+    /// Most decoder layers per runlist submitted to the device (default: the backend's; the
+    /// CPU takes the whole model at once).
+    #[arg(long = "max-runlist-layers")]
+    pub max_runlist_layers: Option<usize>,
+    /// Deadline of every runlist in milliseconds (default: derived from its cost).
+    #[arg(long = "runlist-deadline-ms")]
+    pub runlist_deadline_ms: Option<u64>,
+    /// Do not retry a failed step at smaller runlist depth.
+    #[arg(long = "no-runlist-retry")]
+    pub no_runlist_retry: bool,
+    /// Write a Chrome trace (Perfetto) of every runlist and op to this JSON file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Never fetch a catalog model that is not in the store.
     #[arg(long = "no-fetch")]
     pub no_fetch: bool,
@@ -46,6 +61,12 @@ impl EngineArgs {
     pub fn options(&self) -> Result<EngineOptions> {
         if self.threads == Some(0) {
             anyhow::bail!("--threads must be at least 1");
+        }
+        if self.max_runlist_layers == Some(0) {
+            anyhow::bail!("--max-runlist-layers must be at least 1");
+        }
+        if self.runlist_deadline_ms == Some(0) {
+            anyhow::bail!("--runlist-deadline-ms must be at least 1");
         }
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1");
@@ -63,7 +84,33 @@ impl EngineArgs {
             max_batch: self.batch_size,
             kernels,
             act_quant: self.act_quant,
+            dispatch: DispatchOptions {
+                max_runlist_layers: self.max_runlist_layers,
+                deadline: self.runlist_deadline_ms.map(Duration::from_millis),
+                retry: !self.no_runlist_retry,
+                ..DispatchOptions::default()
+            },
+            trace: self.trace.is_some(),
         })
+    }
+
+    /// Write the session's trace to `--trace FILE`, if asked for.
+    pub fn write_trace(&self, session: &Session) -> Result<()> {
+        if let (Some(path), Some(trace)) = (&self.trace, session.trace()) {
+            trace
+                .write(path)
+                .with_context(|| format!("writing trace {}", path.display()))?;
+            eprintln!(
+                "trace: {} events to {}{}",
+                trace.len(),
+                path.display(),
+                match trace.dropped() {
+                    0 => String::new(),
+                    d => format!(" ({d} dropped past the cap)"),
+                }
+            );
+        }
+        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 mod bench;
 mod common;
 mod models;
+mod plan;
 mod run;
 mod serve;
 mod verify;
@@ -26,6 +27,9 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Measure prefill and decode speed on a model file.
     Bench(bench::BenchArgs),
+    /// Print the forward pass: command groups, their weight bytes and FLOPs, and how they are
+    /// cut into runlists with deadlines for the given settings.
+    Plan(plan::PlanArgs),
     /// Serve models over an OpenAI- and Ollama-compatible HTTP API.
     Serve(Box<serve::ServeArgs>),
     /// Fetch a catalog model into the model store and register it.
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Verify(a) => verify::verify(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Plan(a) => plan::plan(a),
         Command::Serve(a) => serve::serve(*a),
         Command::Pull(a) => models::pull(a),
         Command::List(a) => models::list(a),

@@ -55,6 +55,9 @@ pub struct RunArgs {
     /// Print timings to stderr after each answer.
     #[arg(long)]
     pub stats: bool,
+    /// Keep generating past end-of-generation tokens (up to --max-tokens).
+    #[arg(long = "ignore-eos")]
+    pub ignore_eos: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -74,6 +77,7 @@ impl RunArgs {
                 ..SamplerConfig::default()
             },
             stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
         }
     }
 }
@@ -83,6 +87,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     gen.sampler.validate().context("sampling parameters")?;
     let (model, opts) = load_model(&args.model, &args.engine)?;
     let mut session = Session::new(&model, &opts)?;
+    let result = run_prompt_or_chat(&mut session, &model, &args, &gen);
+    // The trace is written even when a step failed: that is when it is most wanted.
+    args.engine.write_trace(&session)?;
+    result?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_prompt_or_chat(
+    session: &mut Session,
+    model: &LoadedModel,
+    args: &RunArgs,
+    gen: &GenerateOptions,
+) -> Result<()> {
     match &args.prompt {
         Some(prompt) => {
             let tokens = if args.raw {
@@ -93,16 +110,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                     messages.push(ChatMessage::new("system", s));
                 }
                 messages.push(ChatMessage::new("user", prompt));
-                render_chat(&model, &messages)?
+                render_chat(model, &messages)?
             };
-            let stats = answer(&mut session, &model, &tokens, &gen)?;
+            let stats = answer(session, model, &tokens, gen)?;
             if args.stats {
                 print_stats(&stats);
             }
         }
-        None => chat(&mut session, &model, &args, &gen)?,
+        None => chat(session, model, args, gen)?,
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn render_chat(model: &LoadedModel, messages: &[ChatMessage]) -> Result<Vec<u32>> {

@@ -49,7 +49,9 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
     }
     let (model, opts) = load_model(&args.model, &args.engine)?;
     let mut session = Session::new(&model, &opts)?;
-    let report = flowrt_engine::verify(&mut session, &args.reference)?;
+    let report = flowrt_engine::verify(&mut session, &args.reference);
+    args.engine.write_trace(&session)?;
+    let report = report?;
     let mut failures = Vec::new();
     if let Some(max) = args.max_mean_kl {
         if report.mean_kl.is_nan() || report.mean_kl > max {
@@ -71,7 +73,7 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
         let mut v = serde_json::to_value(&report)?;
         v["model"] = serde_json::json!(model.path.display().to_string());
         v["reference"] = serde_json::json!(args.reference.display().to_string());
-        v["kernels"] = serde_json::json!(session.backend().kernels().name());
+        v["kernels"] = serde_json::json!(session.backend_info().kernels);
         v["passed"] = serde_json::json!(failures.is_empty());
         println!("{v}");
     } else {
@@ -81,7 +83,7 @@ pub fn verify(args: VerifyArgs) -> Result<ExitCode> {
             args.reference.display(),
             report.reference_dtype
         );
-        println!("kernels:   {}", session.backend().kernels().name());
+        println!("kernels:   {}", session.backend_info().kernels);
         println!(
             "{:>6} {:>9} {:>8} {:>11} {:>11} {:>13}",
             "prompt", "positions", "top1", "mean_kl", "max_kl", "max_abs_err"

@@ -1,11 +1,15 @@
 //! Executes command groups on the CPU.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use flowrt_dispatch::{Backend, BackendInfo, DeviceError, DeviceRates, Runlist, Trace};
 
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::Kernels;
 use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
-use flowrt_model::{Model, WeightMatrix};
+use flowrt_model::{Model, Plan, WeightMatrix};
 
 use crate::kv::{self, as_f16, as_f16_mut, KvCache, KvStore, KvType};
 use crate::pool::{ColumnWriter, ThreadPool};
@@ -68,24 +72,7 @@ pub struct CpuOptions {
     pub act_quant: ActQuant,
 }
 
-/// Which logits a batch produces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsWanted {
-    /// Only the last token's (generation).
-    Last,
-    /// Every token's (teacher-forced verification).
-    All,
-    /// None (a prefill batch that is not the prompt's last).
-    None,
-}
-
-/// Tokens at consecutive positions `pos0..pos0 + tokens.len()`.
-#[derive(Clone, Copy, Debug)]
-pub struct Batch<'a> {
-    pub tokens: &'a [u32],
-    pub pos0: usize,
-    pub logits: LogitsWanted,
-}
+pub use flowrt_dispatch::{Batch, LogitsWanted};
 
 /// Why a batch could not run.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +89,13 @@ pub enum BackendError {
     BadBatch { got: usize, max: usize },
     #[error("tensor `{tensor}` has type {ty}, which the CPU kernels cannot compute with")]
     UnsupportedType { tensor: String, ty: GgmlType },
+    #[error("group {group} ({kind:?}), op `{op}`: deadline passed {late:?} ago")]
+    Deadline {
+        group: usize,
+        kind: GroupKind,
+        op: &'static str,
+        late: std::time::Duration,
+    },
     #[error("group {group} ({kind:?}), op `{op}`: {reason}")]
     Op {
         group: usize,
@@ -133,6 +127,9 @@ pub struct CpuBackend {
     act_quant: ActQuant,
     per_thread: Vec<Mutex<ThreadScratch>>,
     n_logit_rows: usize,
+    /// A submitted runlist: its groups, positions and logits wanted; tokens in `pending_tokens`.
+    pending: Option<(Range<usize>, usize, LogitsWanted)>,
+    pending_tokens: Vec<u32>, // (max_batch)
 }
 
 fn buf_width(m: &Model, b: Buf) -> usize {
@@ -212,6 +209,8 @@ impl CpuBackend {
             quant_of: None,
             per_thread,
             n_logit_rows: 0,
+            pending: None,
+            pending_tokens: Vec::with_capacity(max_batch),
             act_quant: opts.act_quant,
             model,
         })
@@ -248,6 +247,19 @@ impl CpuBackend {
         first_group: usize,
         batch: &Batch,
     ) -> Result<(), BackendError> {
+        self.execute_watched(groups, first_group, batch, None, None)
+    }
+
+    /// [`CpuBackend::execute`], stopping with [`BackendError::Deadline`] before an op that
+    /// would start after `deadline`, and recording a span per op in `trace`.
+    pub fn execute_watched(
+        &mut self,
+        groups: &[CommandGroup],
+        first_group: usize,
+        batch: &Batch,
+        deadline: Option<Instant>,
+        mut trace: Option<&mut Trace>,
+    ) -> Result<(), BackendError> {
         let n = batch.tokens.len();
         if n == 0 || n > self.max_batch {
             return Err(BackendError::BadBatch {
@@ -273,6 +285,17 @@ impl CpuBackend {
                     op: op.name(),
                     reason,
                 };
+                let start = Instant::now();
+                if let Some(d) = deadline {
+                    if start > d {
+                        return Err(BackendError::Deadline {
+                            group: first_group + gi,
+                            kind: group.kind,
+                            op: op.name(),
+                            late: start - d,
+                        });
+                    }
+                }
                 if let Op::MatMul { src, .. } = *op {
                     // Consecutive matmuls of one input (Q/K/V, gate/up) run as one parallel job.
                     let mut items = [(Buf::X, MatRole::Q); MAX_FUSED];
@@ -292,10 +315,26 @@ impl CpuBackend {
                     }
                     self.matmuls(group.kind.layer(), src, &items[..n.max(1)], batch)
                         .map_err(err)?;
+                    if let Some(t) = trace.as_deref_mut() {
+                        // Fused matmuls share one span each.
+                        let end = Instant::now();
+                        for o in &group.ops[i..i + n.max(1)] {
+                            t.op(o.name(), first_group + gi, group.kind.layer(), start, end);
+                        }
+                    }
                     i += n.max(1);
                     continue;
                 }
                 self.run_op(group.kind, op, batch).map_err(err)?;
+                if let Some(t) = trace.as_deref_mut() {
+                    t.op(
+                        op.name(),
+                        first_group + gi,
+                        group.kind.layer(),
+                        start,
+                        Instant::now(),
+                    );
+                }
                 // Anything but a matmul may change the quantised input.
                 self.quant_of = None;
                 i += 1;
@@ -705,5 +744,151 @@ fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let inv = 1.0 / (ss + eps).sqrt();
     for (v, &wi) in x.iter_mut().zip(w) {
         *v *= inv * wi;
+    }
+}
+
+impl BackendError {
+    /// The dispatcher's view of the error.
+    fn to_device(&self) -> DeviceError {
+        match *self {
+            BackendError::Deadline {
+                group, kind, op, ..
+            } => DeviceError::Timeout {
+                waited: Duration::ZERO,
+                group: Some(group),
+                kind: Some(kind),
+                op: Some(op),
+            },
+            BackendError::Op {
+                group,
+                kind,
+                op,
+                ref reason,
+            } => DeviceError::Fault {
+                group: Some(group),
+                kind: Some(kind),
+                op: Some(op),
+                reason: reason.clone(),
+            },
+            _ => DeviceError::Input(self.to_string()),
+        }
+    }
+}
+
+/// The CPU is a synchronous device: `submit` records the runlist, `wait` runs it on the
+/// calling thread (and the pool), checking the deadline before each op.
+impl Backend for CpuBackend {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: "cpu".into(),
+            kernels: self.kernels.name().into(),
+            threads: self.n_threads(),
+        }
+    }
+
+    fn default_max_runlist_layers(&self) -> Option<usize> {
+        // No queue to overflow: the whole model in one runlist.
+        None
+    }
+
+    fn rates(&self) -> DeviceRates {
+        // Well below what a CPU with the SIMD kernels sustains (this 2-core Zen 4 VM: ~7 GB/s
+        // weight streaming, ~100 GFLOP/s in prefill), times 10, so that only a stall misses.
+        DeviceRates {
+            bytes_per_s: 1e9,
+            flops_per_s: 10e9,
+            slack: 10.0,
+            floor: Duration::from_secs(2),
+        }
+    }
+
+    fn submit(&mut self, plan: &Plan, rl: &Runlist, batch: &Batch) -> Result<(), DeviceError> {
+        if rl.groups.end > plan.groups.len() || rl.groups.is_empty() {
+            return Err(DeviceError::Input(format!(
+                "runlist groups {:?} outside the plan's {}",
+                rl.groups,
+                plan.groups.len()
+            )));
+        }
+        if batch.tokens.len() > self.max_batch {
+            return Err(DeviceError::Input(
+                BackendError::BadBatch {
+                    got: batch.tokens.len(),
+                    max: self.max_batch,
+                }
+                .to_string(),
+            ));
+        }
+        // Input errors are the request's, not the device's: found here, they are never
+        // retried.
+        let vocab = self.model.token_embd.rows;
+        if let Some((index, &id)) = batch
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(DeviceError::Input(
+                BackendError::BadToken { id, index, vocab }.to_string(),
+            ));
+        }
+        let end = batch.pos0 + batch.tokens.len();
+        if end > self.kv.n_ctx {
+            return Err(DeviceError::Input(
+                BackendError::ContextFull {
+                    pos0: batch.pos0,
+                    end,
+                    n_ctx: self.kv.n_ctx,
+                }
+                .to_string(),
+            ));
+        }
+        self.pending_tokens.clear();
+        self.pending_tokens.extend_from_slice(batch.tokens);
+        self.pending = Some((rl.groups.clone(), batch.pos0, batch.logits));
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        plan: &Plan,
+        deadline: Instant,
+        trace: Option<&mut Trace>,
+    ) -> Result<(), DeviceError> {
+        let Some((groups, pos0, logits)) = self.pending.take() else {
+            return Err(DeviceError::Input(
+                "wait without a submitted runlist".into(),
+            ));
+        };
+        let tokens = std::mem::take(&mut self.pending_tokens);
+        let batch = Batch {
+            tokens: &tokens,
+            pos0,
+            logits,
+        };
+        let start = groups.start;
+        let r = self.execute_watched(&plan.groups[groups], start, &batch, Some(deadline), trace);
+        self.pending_tokens = tokens;
+        r.map_err(|e| e.to_device())
+    }
+
+    fn cancel(&mut self) {
+        self.pending = None;
+    }
+
+    fn logits(&self) -> &[f32] {
+        CpuBackend::logits(self)
+    }
+
+    fn n_ctx(&self) -> usize {
+        CpuBackend::n_ctx(self)
+    }
+
+    fn max_batch(&self) -> usize {
+        CpuBackend::max_batch(self)
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
     }
 }

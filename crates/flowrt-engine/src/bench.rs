@@ -117,7 +117,7 @@ pub fn bench(session: &mut Session, opts: &BenchOptions) -> Result<BenchReport, 
         prefill_tok_s: Stat::of(&pre),
         ttft_ms: Stat::of(&ttft),
         decode_tok_s: Stat::of(&dec),
-        threads: session.backend().n_threads(),
-        kernels: session.backend().kernels().name().to_string(),
+        threads: session.backend_info().threads,
+        kernels: session.backend_info().kernels,
     })
 }

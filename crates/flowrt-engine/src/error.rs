@@ -12,6 +12,8 @@ pub enum EngineError {
     #[error(transparent)]
     Text(#[from] flowrt_text::TextError),
     #[error(transparent)]
+    Dispatch(#[from] Box<flowrt_dispatch::DispatchError>),
+    #[error(transparent)]
     Sample(#[from] flowrt_sample::SampleError),
     #[error("the prompt has {prompt_tokens} tokens, which with {reserve} to generate does not fit the context of {n_ctx} tokens (use a shorter prompt or a larger --ctx-len, at most the model's {model_ctx})")]
     PromptTooLong {

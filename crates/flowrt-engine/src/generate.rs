@@ -16,6 +16,8 @@ pub struct GenerateOptions {
     pub sampler: SamplerConfig,
     /// Stop strings: generation ends before the first occurrence of any.
     pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (benchmarks; random-weight models).
+    pub ignore_eos: bool,
 }
 
 /// Why generation ended.
@@ -97,7 +99,7 @@ pub fn generate(
             ttft = Some(t0.elapsed());
             t_first = Instant::now();
         }
-        if tokenizer.is_eog(tok) {
+        if !opts.ignore_eos && tokenizer.is_eog(tok) {
             finish = FinishReason::Stop;
             break;
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowrt_cpu::{ActQuant, KvType};
+use flowrt_dispatch::DispatchOptions;
 use flowrt_gguf::GgufFile;
 use flowrt_kernels::Kernels;
 use flowrt_model::{LoadOptions, Model, ModelConfig, ModelError, Plan};
@@ -27,6 +28,10 @@ pub struct EngineOptions {
     pub kernels: Option<&'static Kernels>,
     /// Activation quantisation for quantised weights.
     pub act_quant: ActQuant,
+    /// How the forward pass is cut into runlists and watched.
+    pub dispatch: DispatchOptions,
+    /// Record a trace of runlists and ops (see [`crate::Session::trace`]).
+    pub trace: bool,
 }
 
 impl Default for EngineOptions {
@@ -38,6 +43,8 @@ impl Default for EngineOptions {
             max_batch: 256,
             kernels: None,
             act_quant: ActQuant::Q16,
+            dispatch: DispatchOptions::default(),
+            trace: false,
         }
     }
 }

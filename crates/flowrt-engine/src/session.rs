@@ -2,21 +2,27 @@
 
 use std::sync::Arc;
 
-use flowrt_cpu::{Batch, CpuBackend, CpuOptions, LogitsWanted};
+use flowrt_cpu::{CpuBackend, CpuOptions};
+use flowrt_dispatch::{group_costs, Backend, BackendInfo, Batch, Dispatcher, LogitsWanted, Trace};
 use flowrt_model::Plan;
 
 use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
 
+/// One sequence over a loaded model: its device (owning the KV cache), the dispatcher that
+/// submits the forward pass to it in bounded runlists, and the tokens whose keys and values
+/// the cache holds. The sequence advances only when a whole step succeeded.
 pub struct Session {
-    backend: CpuBackend,
-    plan: Arc<Plan>,
+    backend: Box<dyn Backend>,
+    dispatcher: Dispatcher,
     /// Tokens whose keys and values are in the cache, in order.
     tokens: Vec<u32>,
     model_ctx: usize,
+    trace: Option<Trace>,
 }
 
 impl Session {
+    /// A session on the CPU backend.
     pub fn new(model: &LoadedModel, opts: &EngineOptions) -> Result<Session, EngineError> {
         let n_ctx = model.n_ctx(opts)?;
         let backend = CpuBackend::new(
@@ -30,17 +36,43 @@ impl Session {
                 act_quant: opts.act_quant,
             },
         )?;
+        Self::with_backend(model, opts, Box::new(backend))
+    }
+
+    /// A session on any backend (e.g. a fault-injecting wrapper of the CPU one).
+    pub fn with_backend(
+        model: &LoadedModel,
+        opts: &EngineOptions,
+        backend: Box<dyn Backend>,
+    ) -> Result<Session, EngineError> {
+        let plan: Arc<Plan> = model.plan.clone();
+        let costs = group_costs(&model.model, &plan);
+        let dispatcher = Dispatcher::new(plan, costs, opts.dispatch.clone(), backend.as_ref())
+            .map_err(EngineError::Invalid)?;
         Ok(Session {
+            tokens: Vec::with_capacity(backend.n_ctx()),
             backend,
-            plan: model.plan.clone(),
-            tokens: Vec::with_capacity(n_ctx),
+            dispatcher,
             model_ctx: model.model_ctx(),
+            trace: opts.trace.then(Trace::new),
         })
     }
 
-    pub fn backend(&self) -> &CpuBackend {
-        &self.backend
+    /// What the session runs on.
+    pub fn backend_info(&self) -> BackendInfo {
+        self.backend.info()
     }
+
+    /// How the forward pass is cut into runlists now.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// The trace recorded so far (with `EngineOptions::trace`).
+    pub fn trace(&self) -> Option<&Trace> {
+        self.trace.as_ref()
+    }
+
     pub fn n_ctx(&self) -> usize {
         self.backend.n_ctx()
     }
@@ -51,7 +83,7 @@ impl Session {
         &self.tokens
     }
     pub fn vocab_size(&self) -> usize {
-        self.backend.model().config.vocab_size
+        self.backend.vocab_size()
     }
 
     /// Forget everything (the cache is overwritten as new tokens arrive).
@@ -139,14 +171,14 @@ impl Session {
 
     fn run(&mut self, chunk: &[u32], logits: LogitsWanted) -> Result<(), EngineError> {
         let pos0 = self.tokens.len();
-        self.backend.execute(
-            &self.plan.groups,
-            0,
+        self.dispatcher.step(
+            self.backend.as_mut(),
             &Batch {
                 tokens: chunk,
                 pos0,
                 logits,
             },
+            self.trace.as_mut(),
         )?;
         self.tokens.extend_from_slice(chunk);
         Ok(())

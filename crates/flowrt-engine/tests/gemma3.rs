@@ -55,6 +55,7 @@ fn gemma3_greedy_continuation_matches_transformers() {
             ..SamplerConfig::default()
         },
         stop: vec![],
+        ignore_eos: false,
     };
     generate(&mut s, &m.tokenizer, &tokens, &gen, &mut |t| {
         text.push_str(t);

@@ -124,6 +124,7 @@ fn prompt_over_the_context_is_a_clear_error() {
         max_tokens: 4,
         sampler: SamplerConfig::default(),
         stop: vec![],
+        ignore_eos: false,
     };
     let e = generate(&mut s, &m.tokenizer, &tokens[..8], &gen, &mut |_| true).unwrap_err();
     assert!(matches!(e, EngineError::PromptTooLong { .. }), "{e}");
@@ -165,6 +166,7 @@ fn run_generate(
         max_tokens: 24,
         sampler,
         stop,
+        ignore_eos: false,
     };
     let stats = generate(&mut s, &m.tokenizer, &tokens, &gen, &mut |t| {
         text.push_str(t);

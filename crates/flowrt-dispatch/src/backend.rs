@@ -1,0 +1,149 @@
+//! The seam between the dispatcher and a device.
+
+use std::time::{Duration, Instant};
+
+use flowrt_model::plan::GroupKind;
+use flowrt_model::Plan;
+
+use crate::cut::Runlist;
+use crate::trace::Trace;
+
+/// Which logits a batch produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// Only the last token's (generation).
+    Last,
+    /// Every token's (teacher-forced verification).
+    All,
+    /// None (a prefill batch that is not the prompt's last).
+    None,
+}
+
+/// Tokens at consecutive positions `pos0..pos0 + tokens.len()`.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    pub pos0: usize,
+    pub logits: LogitsWanted,
+}
+
+/// Why a runlist did not complete.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DeviceError {
+    /// The runlist did not finish by its deadline. `op` is what the device was running, when
+    /// it can tell.
+    #[error("missed its deadline after {waited:?}{}", at(*group, *kind, *op))]
+    Timeout {
+        waited: Duration,
+        group: Option<usize>,
+        kind: Option<GroupKind>,
+        op: Option<&'static str>,
+    },
+    /// The device reported a fault.
+    #[error("device fault{}: {reason}", at(*group, *kind, *op))]
+    Fault {
+        group: Option<usize>,
+        kind: Option<GroupKind>,
+        op: Option<&'static str>,
+        reason: String,
+    },
+    /// The input can run on no runlist (a token outside the vocabulary, a full context, ...):
+    /// never retried.
+    #[error("{0}")]
+    Input(String),
+}
+
+fn at(group: Option<usize>, kind: Option<GroupKind>, op: Option<&'static str>) -> String {
+    let mut s = String::new();
+    if let Some(k) = kind {
+        match k.layer() {
+            Some(l) => s.push_str(&format!(" at layer {l}")),
+            None => s.push_str(&format!(" in {k:?}")),
+        }
+    }
+    if let Some(op) = op {
+        s.push_str(&format!(", op `{op}`"));
+    }
+    if let Some(g) = group {
+        s.push_str(&format!(" (group {g})"));
+    }
+    s
+}
+
+impl DeviceError {
+    /// Whether running the step again (at smaller depth) may succeed.
+    pub fn retryable(&self) -> bool {
+        !matches!(self, DeviceError::Input(_))
+    }
+
+    /// The decoder layer the error happened in, when known.
+    pub fn layer(&self) -> Option<usize> {
+        match self {
+            DeviceError::Timeout { kind, .. } | DeviceError::Fault { kind, .. } => {
+                kind.and_then(|k| k.layer())
+            }
+            DeviceError::Input(_) => None,
+        }
+    }
+
+    /// The op the error happened in, when known.
+    pub fn op(&self) -> Option<&'static str> {
+        match self {
+            DeviceError::Timeout { op, .. } | DeviceError::Fault { op, .. } => *op,
+            DeviceError::Input(_) => None,
+        }
+    }
+}
+
+/// Conservative throughput figures a device gives for deadline estimates: a runlist's
+/// deadline is `max(floor, slack × (bytes / bytes_per_s + flops / flops_per_s))`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceRates {
+    pub bytes_per_s: f64,
+    pub flops_per_s: f64,
+    pub slack: f64,
+    pub floor: Duration,
+}
+
+/// What a backend is, for reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendInfo {
+    /// Device name (`cpu`, or `fault(cpu)` when wrapped).
+    pub name: String,
+    /// Kernel set in use.
+    pub kernels: String,
+    pub threads: usize,
+}
+
+/// A device that runs runlists of a model's plan for one sequence.
+///
+/// The dispatcher calls `submit` then `wait` for each runlist of a step, in order; after an
+/// error it calls `cancel` and may start the step again from its first runlist. A synchronous
+/// device may do the work inside `wait` (checking the deadline between ops); an asynchronous
+/// one queues it in `submit`.
+pub trait Backend: Send {
+    fn info(&self) -> BackendInfo;
+    /// Most layers per runlist this device takes by default (`None`: no limit).
+    fn default_max_runlist_layers(&self) -> Option<usize>;
+    /// Throughput figures for deadlines.
+    fn rates(&self) -> DeviceRates;
+    /// Queue `runlist` (groups of `plan`) over `batch`.
+    fn submit(&mut self, plan: &Plan, runlist: &Runlist, batch: &Batch) -> Result<(), DeviceError>;
+    /// Wait for the submitted runlist until `deadline`. Op spans go to `trace` when given.
+    fn wait(
+        &mut self,
+        plan: &Plan,
+        deadline: Instant,
+        trace: Option<&mut Trace>,
+    ) -> Result<(), DeviceError>;
+    /// Abandon the submitted runlist; the device stays usable.
+    fn cancel(&mut self);
+    /// Logits of the last completed batch: `(rows, vocab)`.
+    fn logits(&self) -> &[f32];
+    /// Positions the device's KV cache holds.
+    fn n_ctx(&self) -> usize;
+    /// Most tokens per batch.
+    fn max_batch(&self) -> usize;
+    /// Rows of the logits.
+    fn vocab_size(&self) -> usize;
+}

@@ -1,0 +1,65 @@
+//! What each group costs: weight bytes read and FLOPs per token.
+
+use flowrt_model::plan::{MatRole, Op};
+use flowrt_model::{Model, Plan, WeightMatrix};
+
+/// The cost of one command group.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GroupCost {
+    /// Weight bytes the group reads once per batch (matrices; norms are negligible).
+    pub weight_bytes: u64,
+    /// FLOPs per token of the matmuls (2 per multiply-add).
+    pub matmul_flops: u64,
+    /// FLOPs per token per attended position (scores and weighted sum: 4 · q_dim).
+    pub attention_flops_per_pos: u64,
+}
+
+impl GroupCost {
+    /// FLOPs per token at context position `pos` (attending `pos + 1` positions, or the
+    /// layer's window).
+    pub fn flops_per_token(&self, attended: usize) -> u64 {
+        self.matmul_flops + self.attention_flops_per_pos * attended as u64
+    }
+}
+
+/// The cost of every group of `plan` over `model`'s weights.
+pub fn group_costs(model: &Model, plan: &Plan) -> Vec<GroupCost> {
+    let c = &model.config;
+    let mat = |w: &WeightMatrix| ((w.rows * w.row_bytes) as u64, 2 * (w.rows * w.cols) as u64);
+    plan.groups
+        .iter()
+        .map(|g| {
+            let mut cost = GroupCost::default();
+            for op in &g.ops {
+                match *op {
+                    Op::MatMul { weight, .. } => {
+                        let w = match (weight, g.kind.layer()) {
+                            (MatRole::Output, _) => &model.output,
+                            (r, Some(l)) => {
+                                let lw = &model.layers[l];
+                                match r {
+                                    MatRole::Q => &lw.wq,
+                                    MatRole::K => &lw.wk,
+                                    MatRole::V => &lw.wv,
+                                    MatRole::O => &lw.wo,
+                                    MatRole::Gate => &lw.w_gate,
+                                    MatRole::Up => &lw.w_up,
+                                    MatRole::Down => &lw.w_down,
+                                    MatRole::Output => &model.output,
+                                }
+                            }
+                            (_, None) => continue,
+                        };
+                        let (bytes, flops) = mat(w);
+                        cost.weight_bytes += bytes;
+                        cost.matmul_flops += flops;
+                    }
+                    Op::Embed { .. } => cost.weight_bytes += model.token_embd.row_bytes as u64,
+                    Op::Attention { .. } => cost.attention_flops_per_pos += 4 * c.q_dim() as u64,
+                    _ => {}
+                }
+            }
+            cost
+        })
+        .collect()
+}

@@ -1,0 +1,265 @@
+//! A backend that wraps another and misbehaves on purpose: runlists deeper than a limit hang
+//! (as the NPU runtime in the MiniCPM5 port thread did at 42 layers), and a chosen op of a
+//! chosen layer hangs or faults. For tests of the dispatcher's deadlines, errors and retries.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use flowrt_model::Plan;
+
+use crate::backend::{Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted};
+use crate::cut::Runlist;
+use crate::trace::Trace;
+
+/// Which batches a fault applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultScope {
+    All,
+    /// Batches of one token (decode steps).
+    Decode,
+    /// Batches of more than one token (prefill).
+    Prefill,
+}
+
+impl FaultScope {
+    fn applies(self, n_tokens: usize) -> bool {
+        match self {
+            FaultScope::All => true,
+            FaultScope::Decode => n_tokens == 1,
+            FaultScope::Prefill => n_tokens > 1,
+        }
+    }
+}
+
+/// Where to inject a hang or fault.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inject {
+    pub layer: usize,
+    /// Op name as in [`flowrt_model::plan::Op::name`] (`attention`, `matmul_down`, ...).
+    pub op: &'static str,
+    /// Only in runlists of more than this many layers (a depth-dependent fault that a retry
+    /// at smaller depth avoids); `None`: always (a persistent fault).
+    pub only_deeper_than: Option<usize>,
+    pub scope: FaultScope,
+}
+
+/// What goes wrong.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FaultSpec {
+    /// Runlists of more than this many layers hang before running anything.
+    pub max_depth: Option<(usize, FaultScope)>,
+    /// This op hangs (never completes; the deadline catches it).
+    pub hang: Option<Inject>,
+    /// This op reports a device fault.
+    pub fault: Option<Inject>,
+}
+
+/// Counters of what the fault backend saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultStats {
+    pub submitted: usize,
+    pub completed: usize,
+    pub hangs: usize,
+    pub faults: usize,
+}
+
+/// The wrapper.
+pub struct FaultBackend<B> {
+    inner: B,
+    /// Shared so a test can change the faults of a backend a session owns.
+    spec: Arc<Mutex<FaultSpec>>,
+    pending: Option<(Runlist, usize, usize, LogitsWanted)>, // runlist, pos0, n_tokens, logits
+    tokens: Vec<u32>,
+    pub stats: FaultStats,
+}
+
+impl<B: Backend> FaultBackend<B> {
+    pub fn new(inner: B, spec: FaultSpec) -> Self {
+        FaultBackend {
+            tokens: Vec::with_capacity(inner.max_batch()),
+            inner,
+            spec: Arc::new(Mutex::new(spec)),
+            pending: None,
+            stats: FaultStats::default(),
+        }
+    }
+
+    /// A handle to change the faults later (e.g. clear them to check the device recovers),
+    /// also after the backend has moved into a session.
+    pub fn spec_handle(&self) -> Arc<Mutex<FaultSpec>> {
+        self.spec.clone()
+    }
+
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    /// The first group of `groups` where `inj` fires for this runlist, if it does.
+    fn fires(
+        plan: &Plan,
+        inj: &Inject,
+        groups: &Range<usize>,
+        depth: usize,
+        n: usize,
+    ) -> Option<usize> {
+        if !inj.scope.applies(n) || inj.only_deeper_than.is_some_and(|d| depth <= d) {
+            return None;
+        }
+        groups.clone().find(|&g| {
+            let grp = &plan.groups[g];
+            grp.kind.layer() == Some(inj.layer) && grp.ops.iter().any(|o| o.name() == inj.op)
+        })
+    }
+
+    /// Run groups `range` on the inner backend.
+    fn run_inner(
+        &mut self,
+        plan: &Plan,
+        rl: &Runlist,
+        range: Range<usize>,
+        batch: &Batch,
+        deadline: Instant,
+        trace: Option<&mut Trace>,
+    ) -> Result<(), DeviceError> {
+        if range.is_empty() {
+            return Ok(());
+        }
+        let sub = Runlist {
+            groups: range,
+            ..rl.clone()
+        };
+        self.inner.submit(plan, &sub, batch)?;
+        self.inner.wait(plan, deadline, trace)
+    }
+}
+
+fn sleep_until(deadline: Instant) {
+    std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+}
+
+impl<B: Backend> Backend for FaultBackend<B> {
+    fn info(&self) -> BackendInfo {
+        let i = self.inner.info();
+        BackendInfo {
+            name: format!("fault({})", i.name),
+            ..i
+        }
+    }
+    fn default_max_runlist_layers(&self) -> Option<usize> {
+        self.inner.default_max_runlist_layers()
+    }
+    fn rates(&self) -> DeviceRates {
+        self.inner.rates()
+    }
+
+    fn submit(&mut self, _plan: &Plan, rl: &Runlist, batch: &Batch) -> Result<(), DeviceError> {
+        self.stats.submitted += 1;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(batch.tokens);
+        self.pending = Some((rl.clone(), batch.pos0, batch.tokens.len(), batch.logits));
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        plan: &Plan,
+        deadline: Instant,
+        trace: Option<&mut Trace>,
+    ) -> Result<(), DeviceError> {
+        let Some((rl, pos0, n, logits)) = self.pending.take() else {
+            return Err(DeviceError::Fault {
+                group: None,
+                kind: None,
+                op: None,
+                reason: "wait without a submitted runlist".into(),
+            });
+        };
+        let started = Instant::now();
+        let depth = rl.layers.map_or(0, |(a, b)| b - a + 1);
+        let tokens = std::mem::take(&mut self.tokens);
+        let batch = Batch {
+            tokens: &tokens,
+            pos0,
+            logits,
+        };
+        let spec = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let result = (|| {
+            if let Some((max, scope)) = spec.max_depth {
+                if depth > max && scope.applies(n) {
+                    // Like a device whose command queue overflows: nothing runs, nothing
+                    // reports, the host's wait times out.
+                    self.stats.hangs += 1;
+                    sleep_until(deadline);
+                    return Err(DeviceError::Timeout {
+                        waited: started.elapsed(),
+                        group: None,
+                        kind: None,
+                        op: None,
+                    });
+                }
+            }
+            let hang = spec
+                .hang
+                .as_ref()
+                .and_then(|i| Some((Self::fires(plan, i, &rl.groups, depth, n)?, i.op, true)));
+            let fault = spec
+                .fault
+                .as_ref()
+                .and_then(|i| Some((Self::fires(plan, i, &rl.groups, depth, n)?, i.op, false)));
+            // The earlier of the two fires.
+            let fire = match (hang, fault) {
+                (Some(h), Some(f)) => Some(if f.0 < h.0 { f } else { h }),
+                (h, f) => h.or(f),
+            };
+            match fire {
+                None => self.run_inner(plan, &rl, rl.groups.clone(), &batch, deadline, trace),
+                Some((g, op, is_hang)) => {
+                    // The groups before the faulty one run for real.
+                    self.run_inner(plan, &rl, rl.groups.start..g, &batch, deadline, trace)?;
+                    let kind = Some(plan.groups[g].kind);
+                    if is_hang {
+                        self.stats.hangs += 1;
+                        sleep_until(deadline);
+                        Err(DeviceError::Timeout {
+                            waited: started.elapsed(),
+                            group: Some(g),
+                            kind,
+                            op: Some(op),
+                        })
+                    } else {
+                        self.stats.faults += 1;
+                        Err(DeviceError::Fault {
+                            group: Some(g),
+                            kind,
+                            op: Some(op),
+                            reason: "injected fault".into(),
+                        })
+                    }
+                }
+            }
+        })();
+        self.tokens = tokens;
+        if result.is_ok() {
+            self.stats.completed += 1;
+        }
+        result
+    }
+
+    fn cancel(&mut self) {
+        self.pending = None;
+        self.inner.cancel();
+    }
+    fn logits(&self) -> &[f32] {
+        self.inner.logits()
+    }
+    fn n_ctx(&self) -> usize {
+        self.inner.n_ctx()
+    }
+    fn max_batch(&self) -> usize {
+        self.inner.max_batch()
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+}
