@@ -13,6 +13,9 @@
 
 use flowrt_engine::{EngineError, EngineOptions, LoadedModel, Session};
 
+/// Receives each sequence's logits (or its error) after a step: `(index in work, result)`.
+pub type OnLogits<'a> = dyn FnMut(usize, Result<&[f32], EngineError>) + 'a;
+
 /// One sequence's share of a step: append `tokens` to the sequence in `slot`.
 #[derive(Clone, Copy, Debug)]
 pub struct SlotWork<'a> {
@@ -35,11 +38,7 @@ pub trait StepEngine: Send {
     /// Append each item's tokens to its slot's sequence and call `on_logits(i, logits)` with
     /// the logits after the last token of `work[i]` (or the error that sequence hit). Slots in
     /// `work` are distinct.
-    fn step(
-        &mut self,
-        work: &[SlotWork<'_>],
-        on_logits: &mut dyn FnMut(usize, Result<&[f32], EngineError>),
-    );
+    fn step(&mut self, work: &[SlotWork<'_>], on_logits: &mut OnLogits<'_>);
 }
 
 /// [`StepEngine`] over one [`Session`] per slot, stepped in turn (no batching across
@@ -80,11 +79,7 @@ impl StepEngine for SessionStepper {
         self.sessions[slot].truncate(n);
     }
 
-    fn step(
-        &mut self,
-        work: &[SlotWork<'_>],
-        on_logits: &mut dyn FnMut(usize, Result<&[f32], EngineError>),
-    ) {
+    fn step(&mut self, work: &[SlotWork<'_>], on_logits: &mut OnLogits<'_>) {
         for (i, w) in work.iter().enumerate() {
             on_logits(i, self.sessions[w.slot].feed(w.tokens));
         }

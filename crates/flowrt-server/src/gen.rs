@@ -158,6 +158,7 @@ pub struct GenRequest {
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
+    pub ignore_eos: bool,
 }
 
 /// A submitted job: its events, and the model that runs it.
@@ -228,6 +229,7 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         sampler: req.sampler,
         stop: req.stop,
         logprobs: req.logprobs,
+        ignore_eos: req.ignore_eos,
         events: tx,
     })?;
     Ok(Started {

@@ -180,7 +180,8 @@ impl Metrics {
                 h.write(&mut out, "flowrt_decode_tokens_per_second", &escape(model));
             }
         });
-        let gauge_defs: [(&str, &str, fn(&ModelGauges) -> usize); 3] = [
+        type Gauge = (&'static str, &'static str, fn(&ModelGauges) -> usize);
+        let gauge_defs: [Gauge; 3] = [
             (
                 "flowrt_queue_depth",
                 "Requests waiting for a sequence slot.",

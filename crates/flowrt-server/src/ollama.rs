@@ -507,6 +507,7 @@ pub async fn chat(
             sampler: opts.sampler()?,
             stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
             logprobs: None,
+            ignore_eos: false,
         },
     )
     .await?;
@@ -579,6 +580,7 @@ pub async fn generate(
             sampler: opts.sampler()?,
             stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
             logprobs: None,
+            ignore_eos: false,
         },
     )
     .await?;

@@ -131,6 +131,9 @@ pub struct Common {
     min_p: Option<f32>,
     #[serde(default)]
     repeat_penalty: Option<f32>,
+    /// Generate past end-of-generation tokens (vLLM's extension, for benchmarks).
+    #[serde(default)]
+    ignore_eos: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -421,6 +424,7 @@ pub async fn chat_completions(
             sampler,
             stop,
             logprobs,
+            ignore_eos: c.ignore_eos.unwrap_or(false),
         },
     )
     .await?;
@@ -583,6 +587,7 @@ pub async fn completions(
             sampler,
             stop,
             logprobs,
+            ignore_eos: c.ignore_eos.unwrap_or(false),
         },
     )
     .await?;

@@ -33,6 +33,8 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(k)`: report each generated token's logprob and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// Keep generating past end-of-generation tokens (benchmarks' fixed-length output).
+    pub ignore_eos: bool,
     /// Where the answer goes. Dropping the receiver cancels the sequence within a step.
     pub events: mpsc::UnboundedSender<Event>,
 }
@@ -441,7 +443,7 @@ fn advance(seq: &mut Seq, logits: &[f32], tokenizer: &Tokenizer, n_ctx: usize) -
     if seq.first_token.is_none() {
         seq.first_token = Some(Instant::now());
     }
-    if tokenizer.is_eog(tok) {
+    if !seq.job.ignore_eos && tokenizer.is_eog(tok) {
         return Outcome::Finished(FinishReason::Stop);
     }
     if let Some(k) = seq.job.logprobs {

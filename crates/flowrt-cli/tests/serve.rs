@@ -1,0 +1,239 @@
+//! `flowrt serve` end to end: started on loopback (a free port), driven over HTTP. Greedy
+//! answers equal `flowrt run`'s; the official `openai` and `ollama` Python clients work
+//! against it (installed into `.venv-clients`); SIGTERM shuts it down cleanly.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Pinned client versions the end-to-end test installs.
+const OPENAI_VERSION: &str = "3.57.0";
+const OLLAMA_VERSION: &str = "0.6.3";
+const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+fn smollm2() -> PathBuf {
+    let p = std::env::var_os("FLOWRT_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_else(|| {
+        panic!("FLOWRT_SMOLLM2_GGUF is not set. Run the tests with scripts/test, or `flowrt pull smollm2:135m` and point FLOWRT_SMOLLM2_GGUF at the file it prints.")
+    });
+    assert!(
+        p.is_file(),
+        "FLOWRT_SMOLLM2_GGUF={} is not a file",
+        p.display()
+    );
+    p
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A running `flowrt serve`, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .arg("serve")
+        .arg(smollm2())
+        .args([
+            "--port",
+            "0",
+            "--ctx-len",
+            "1024",
+            "--threads",
+            "2",
+            "--parallel",
+            "2",
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting flowrt serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("flowrt serve exited before listening")
+            .unwrap();
+        if let Some(a) = line.strip_prefix("flowrt serve: listening on http://") {
+            break a.to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let server = Server { child, addr };
+    for _ in 0..600 {
+        if http(&server.addr, "GET", "/health", "").0 == 200 {
+            return server;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("flowrt serve did not become healthy");
+}
+
+/// One HTTP/1.1 request; returns (status, body).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn flowrt_run(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .arg("run")
+        .arg(smollm2())
+        .args(args)
+        .args(["--temperature", "0", "--ctx-len", "1024", "--threads", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = String::from_utf8(out.stdout).unwrap();
+    s.strip_suffix('\n').unwrap_or(&s).to_string()
+}
+
+#[test]
+fn greedy_answers_through_the_server_equal_flowrt_run() {
+    let server = serve(&[]);
+    let prompt = "Give me three tips for sleeping well.";
+    let want = flowrt_run(&[prompt, "--max-tokens", "48"]);
+    let body = serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}], "temperature": 0, "max_tokens": 48});
+    let (status, text) = http(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["model"], MODEL);
+    assert_eq!(
+        v["choices"][0]["message"]["content"].as_str().unwrap(),
+        want
+    );
+
+    let raw = "Once upon a time";
+    let want = flowrt_run(&[raw, "--raw", "--max-tokens", "32"]);
+    let body =
+        serde_json::json!({"model": MODEL, "prompt": raw, "temperature": 0, "max_tokens": 32});
+    let (status, text) = http(&server.addr, "POST", "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want);
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_shuts_down_cleanly() {
+    let mut server = serve(&[]);
+    let pid = server.child.id().to_string();
+    let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(st.success());
+    for _ in 0..100 {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("flowrt serve did not stop within 10 s of SIGTERM");
+}
+
+/// The venv with the pinned clients, created on first use.
+fn client_python() -> PathBuf {
+    let root = repo_root();
+    let venv = root.join(".venv-clients");
+    let py = venv.join("bin/python");
+    let check = format!(
+        "import openai, ollama, importlib.metadata as m; assert openai.__version__ == '{OPENAI_VERSION}' and m.version('ollama') == '{OLLAMA_VERSION}'"
+    );
+    if py.is_file()
+        && Command::new(&py)
+            .args(["-c", &check])
+            .status()
+            .is_ok_and(|s| s.success())
+    {
+        return py;
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let st = Command::new(&python).args(["-m", "venv"]).arg(&venv).status().unwrap_or_else(|e| {
+        panic!("this test needs Python 3 (with venv and pip) to install the openai and ollama clients: running `{python}` failed: {e}")
+    });
+    assert!(
+        st.success(),
+        "`{python} -m venv {}` failed; install python3-venv",
+        venv.display()
+    );
+    let st = Command::new(&py)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg(format!("openai=={OPENAI_VERSION}"))
+        .arg(format!("ollama=={OLLAMA_VERSION}"))
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "installing openai=={OPENAI_VERSION} and ollama=={OLLAMA_VERSION} into {} failed",
+        venv.display()
+    );
+    py
+}
+
+#[test]
+fn official_openai_and_ollama_clients_work() {
+    let py = client_python();
+    let server = serve(&[]);
+    let script = repo_root().join("scripts/e2e_clients.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(format!("http://{}", server.addr))
+        .arg(MODEL)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("all client checks passed"), "{stdout}");
+}
