@@ -268,3 +268,100 @@ fn bad_input_gets_clear_errors() {
         "prompt.0.input_ids",
     );
 }
+
+/// `flowrt plan` shows the groups and the runlists the dispatcher will submit.
+#[test]
+fn plan_shows_groups_and_runlists() {
+    let dir = fixture("families/llama-42l");
+    let d = dir.to_str().unwrap();
+    let out = ok(&["plan", d, "--max-runlist-layers", "21"]);
+    assert!(
+        out.contains("2 runlist(s) per step, at most 21 layers each"),
+        "{out}"
+    );
+    assert!(
+        out.contains("layers 0–20") && out.contains("layers 21–41"),
+        "{out}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&ok(&["plan", d, "--json"])).unwrap();
+    assert_eq!(v["layers"], 42);
+    assert_eq!(v["runlists"].as_array().unwrap().len(), 1);
+    // Embedding, two groups per layer, output.
+    assert_eq!(v["groups"].as_array().unwrap().len(), 86);
+    assert_eq!(v["groups"][1]["ops"][1], "matmul_q");
+    fails_with(&["plan", d, "--max-runlist-layers", "0"], "at least 1");
+}
+
+/// `--trace` writes Chrome trace JSON with runlist and op spans.
+#[test]
+fn run_writes_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.json");
+    let m = fixture("families/llama-tied");
+    ok(&[
+        "run",
+        m.to_str().unwrap(),
+        "hello there",
+        "--raw",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "3",
+        "--ignore-eos",
+        "--max-runlist-layers",
+        "1",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let ev = v["traceEvents"].as_array().unwrap();
+    let runlists = ev.iter().filter(|e| e["cat"] == "runlist").count();
+    // Two layers, one runlist each; a prefill step and at least two decode steps.
+    assert!(
+        runlists >= 6 && runlists % 2 == 0,
+        "{runlists} runlist spans"
+    );
+    assert!(ev
+        .iter()
+        .any(|e| e["name"] == "attention" && e["cat"] == "op"));
+}
+
+/// A Hugging Face checkpoint directory runs like a GGUF file, also quantised on load.
+#[test]
+fn hf_directory_runs_and_quantises_on_load() {
+    let m = fixture("families/qwen3");
+    let m = m.to_str().unwrap();
+    let plain = ok(&[
+        "run",
+        m,
+        "abc",
+        "--raw",
+        "--temperature",
+        "0",
+        "-n",
+        "4",
+        "--ignore-eos",
+    ]);
+    assert!(!plain.is_empty());
+    ok(&[
+        "run",
+        m,
+        "abc",
+        "--raw",
+        "--temperature",
+        "0",
+        "-n",
+        "4",
+        "--quant",
+        "q8_0",
+    ]);
+    fails_with(
+        &["run", m, "abc", "--quant", "q3_k"],
+        "cannot quantise to `q3_k`",
+    );
+    fails_with(
+        &["run", model().to_str().unwrap(), "abc", "--quant", "q4_0"],
+        "applies to Hugging Face directories",
+    );
+}
