@@ -591,39 +591,49 @@ impl Progress for LineProgress {
     }
 }
 
-/// Progress as an `indicatif` bar on a terminal; messages print above it.
+/// Progress as an `indicatif` bar on a terminal, shown from the first byte count on;
+/// messages print above it.
+#[derive(Default)]
 struct BarProgress {
-    bar: indicatif::ProgressBar,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl BarProgress {
     fn new() -> Self {
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Self { bar }
+        Self::default()
     }
 
     fn finish(&self) {
-        self.bar.finish_and_clear();
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 }
 
 impl Progress for BarProgress {
     fn message(&mut self, msg: &str) {
-        self.bar.println(msg);
+        match &self.bar {
+            Some(bar) => bar.println(msg),
+            None => eprintln!("{msg}"),
+        }
     }
 
     fn bytes(&mut self, done: u64, total: u64) {
-        if self.bar.length() != Some(total) {
-            self.bar.set_length(total);
-            self.bar.reset_eta();
+        let bar = self.bar.get_or_insert_with(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        if bar.length() != Some(total) {
+            bar.set_length(total);
+            bar.reset_eta();
         }
-        self.bar.set_position(done);
+        bar.set_position(done);
     }
 }
 

