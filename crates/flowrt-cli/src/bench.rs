@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use flowrt_engine::{BenchOptions, Session};
+use flowrt_engine::{BatchSession, BenchOptions, Session};
 use flowrt_kernels::Kernels;
 
 use crate::common::{load_model, EngineArgs};
@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Decode this many sequences together, one batched step over the weights per token of
+    /// every sequence, and report the aggregate decode rate (continuous batching).
+    #[arg(long, default_value_t = 1)]
+    pub parallel: usize,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -36,6 +40,10 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     if opts.n_ctx.is_none() {
         // The benchmark needs only its own tokens; a small cache keeps memory honest.
         opts.n_ctx = Some((args.n_prompt + args.n_gen + 8).min(model.model_ctx()));
+    }
+    anyhow::ensure!(args.parallel >= 1, "--parallel must be at least 1");
+    if args.parallel > 1 {
+        return bench_parallel(&args, &model, &opts);
     }
     let mut session = Session::new(&model, &opts)?;
     let (sha, size) = crate::common::model_fingerprint(&model.path)?;
@@ -102,6 +110,54 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         println!("prefill-{:<4} tok/s {}", r.n_prompt, s(r.prefill_tok_s));
         println!("ttft         ms    {}", s(r.ttft_ms));
         println!("decode-{:<5} tok/s {}", r.n_gen, s(r.decode_tok_s));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench_parallel(
+    args: &BenchArgs,
+    model: &flowrt_engine::LoadedModel,
+    opts: &flowrt_engine::EngineOptions,
+) -> Result<ExitCode> {
+    let mut session = BatchSession::new(model, opts, args.parallel)?;
+    let (sha, size) = crate::common::model_fingerprint(&model.path)?;
+    let r = flowrt_engine::bench_parallel(
+        &mut session,
+        &BenchOptions {
+            n_prompt: args.n_prompt,
+            n_gen: args.n_gen,
+            repetitions: args.repetitions,
+        },
+    )?;
+    if args.json {
+        let v = serde_json::json!({
+            "model": model.path.display().to_string(),
+            "model_sha256": sha,
+            "model_size_bytes": size,
+            "sequences": r.sequences,
+            "n_prompt": r.n_prompt,
+            "n_gen": r.n_gen,
+            "repetitions": r.repetitions,
+            "aggregate_decode_tok_s": r.aggregate_decode_tok_s.median,
+            "aggregate_decode_tok_s_min": r.aggregate_decode_tok_s.min,
+            "aggregate_decode_tok_s_max": r.aggregate_decode_tok_s.max,
+            "threads": r.threads,
+            "kernels": r.kernels,
+        });
+        println!("{v}");
+    } else {
+        println!("model:    {} ({} bytes)", model.path.display(), size);
+        println!("sha256:   {sha}");
+        println!("threads:  {}   kernels: {}", r.threads, r.kernels);
+        println!(
+            "runs:     {} measured after 1 warm-up; median [min, max]",
+            r.repetitions
+        );
+        let s = r.aggregate_decode_tok_s;
+        println!(
+            "decode-{} x {} sequences: {:.2} [{:.2}, {:.2}] tok/s in all",
+            r.n_gen, r.sequences, s.median, s.min, s.max
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

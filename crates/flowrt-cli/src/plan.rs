@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use flowrt_dispatch::{Batch, LogitsWanted};
+use flowrt_dispatch::{Batch, LogitsWanted, SeqSpan};
 use flowrt_engine::Session;
 use flowrt_model::plan::GroupKind;
 
@@ -35,14 +35,24 @@ pub fn plan(args: PlanArgs) -> Result<ExitCode> {
     // batch; the dispatcher derives them per step from the positions actually attended.
     let decode_tokens = [0u32];
     let prefill_tokens = vec![0u32; opts.max_batch.min(session.n_ctx())];
+    let one = [SeqSpan {
+        seq: 0,
+        pos0: 0,
+        len: 1,
+    }];
+    let full = [SeqSpan {
+        seq: 0,
+        pos0: 0,
+        len: prefill_tokens.len(),
+    }];
     let decode = d.runlists(&Batch {
         tokens: &decode_tokens,
-        pos0: 0,
+        spans: &one,
         logits: LogitsWanted::Last,
     });
     let prefill = d.runlists(&Batch {
         tokens: &prefill_tokens,
-        pos0: 0,
+        spans: &full,
         logits: LogitsWanted::Last,
     });
     let info = session.backend_info();

@@ -66,13 +66,15 @@ pub struct CpuOptions {
     pub kv_type: KvType,
     /// Most tokens one `execute` call may carry (prompts are prefilled in batches of this).
     pub max_batch: usize,
+    /// Sequences the KV cache holds (each `n_ctx` positions); a batch may mix them.
+    pub n_seq: usize,
     /// Kernels to use (defaults to the best the host supports).
     pub kernels: Option<&'static Kernels>,
     /// Activation quantisation for quantised weights.
     pub act_quant: ActQuant,
 }
 
-pub use flowrt_dispatch::{Batch, LogitsWanted};
+pub use flowrt_dispatch::{Batch, LogitsWanted, SeqSpan};
 
 /// Why a batch could not run.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +89,8 @@ pub enum BackendError {
     },
     #[error("a batch carries 1..={max} tokens, got {got}")]
     BadBatch { got: usize, max: usize },
+    #[error("bad batch: {0}")]
+    BadSpans(String),
     #[error("tensor `{tensor}` has type {ty}, which the CPU kernels cannot compute with")]
     UnsupportedType { tensor: String, ty: GgmlType },
     #[error("group {group} ({kind:?}), op `{op}`: deadline passed {late:?} ago")]
@@ -124,12 +128,15 @@ pub struct CpuBackend {
     bufs: [Vec<f32>; 10], // indexed by `Buf as usize`, each (max_batch, width)
     quant: Vec<u8>,       // quantised activation rows for the current matmul input
     quant_of: Option<(Buf, ActRows, usize, usize)>, // (buffer, format, first row, rows) held in `quant`
+    rows: Vec<(usize, usize)>, // (max_batch) sequence and position of each row of the batch
+    logit_rows: Vec<usize>,    // (max_batch) rows whose logits the batch wants
     act_quant: ActQuant,
     per_thread: Vec<Mutex<ThreadScratch>>,
     n_logit_rows: usize,
-    /// A submitted runlist: its groups, positions and logits wanted; tokens in `pending_tokens`.
-    pending: Option<(Range<usize>, usize, LogitsWanted)>,
-    pending_tokens: Vec<u32>, // (max_batch)
+    /// A submitted runlist: its groups and logits wanted; tokens and spans alongside.
+    pending: Option<(Range<usize>, LogitsWanted)>,
+    pending_tokens: Vec<u32>,    // (max_batch)
+    pending_spans: Vec<SeqSpan>, // (n_seq)
 }
 
 fn buf_width(m: &Model, b: Buf) -> usize {
@@ -197,6 +204,7 @@ impl CpuBackend {
             kv: KvCache::new(
                 opts.kv_type,
                 c.num_hidden_layers,
+                opts.n_seq.max(1),
                 n_ctx,
                 c.num_key_value_heads,
                 c.head_dim,
@@ -207,10 +215,13 @@ impl CpuBackend {
             bufs,
             quant: Vec::new(),
             quant_of: None,
+            rows: Vec::with_capacity(max_batch),
+            logit_rows: Vec::with_capacity(max_batch),
             per_thread,
             n_logit_rows: 0,
             pending: None,
             pending_tokens: Vec::with_capacity(max_batch),
+            pending_spans: Vec::with_capacity(opts.n_seq.max(1)),
             act_quant: opts.act_quant,
             model,
         })
@@ -267,13 +278,32 @@ impl CpuBackend {
                 max: self.max_batch,
             });
         }
-        let end = batch.pos0 + n;
-        if end > self.kv.n_ctx {
-            return Err(BackendError::ContextFull {
-                pos0: batch.pos0,
-                end,
-                n_ctx: self.kv.n_ctx,
-            });
+        for sp in batch.spans {
+            let end = sp.pos0.saturating_add(sp.len);
+            if end > self.kv.n_ctx {
+                return Err(BackendError::ContextFull {
+                    pos0: sp.pos0,
+                    end,
+                    n_ctx: self.kv.n_ctx,
+                });
+            }
+        }
+        batch
+            .check(self.kv.n_seq, self.kv.n_ctx)
+            .map_err(BackendError::BadSpans)?;
+        // Sequence and position of every row; the rows whose logits are wanted.
+        self.rows.clear();
+        self.logit_rows.clear();
+        let mut row = 0;
+        for sp in batch.spans {
+            self.rows
+                .extend((sp.pos0..sp.pos0 + sp.len).map(|p| (sp.seq, p)));
+            row += sp.len;
+            match batch.logits {
+                LogitsWanted::Last => self.logit_rows.push(row - 1),
+                LogitsWanted::All => self.logit_rows.extend(row - sp.len..row),
+                LogitsWanted::None => {}
+            }
         }
         for (gi, group) in groups.iter().enumerate() {
             let mut i = 0;
@@ -417,9 +447,9 @@ impl CpuBackend {
                 };
                 for (b, width) in [(Buf::Q, qd), (Buf::K, kvd)] {
                     let buf = &mut self.bufs[b as usize];
-                    for t in 0..n {
+                    for (t, &(_, pos)) in self.rows.iter().enumerate() {
                         for head in buf[t * width..(t + 1) * width].chunks_exact_mut(hd) {
-                            rope.apply(head, batch.pos0 + t);
+                            rope.apply(head, pos);
                         }
                     }
                 }
@@ -430,15 +460,15 @@ impl CpuBackend {
                 for (b, is_k) in [(Buf::K, true), (Buf::V, false)] {
                     let src = &self.bufs[b as usize];
                     let (n_ctx, kv_hd) = (self.kv.n_ctx, self.kv.head_dim);
-                    let off = |g, p| kv::offset(n_ctx, kv_hd, g, p);
+                    let off = |seq, g, p| kv::offset(n_ctx, kv_hd, seq * nkv + g, p);
                     let store = if is_k {
                         &mut self.kv.k[l]
                     } else {
                         &mut self.kv.v[l]
                     };
-                    for t in 0..n {
+                    for (t, &(seq, pos)) in self.rows.iter().enumerate() {
                         for g in 0..nkv {
-                            let o = off(g, batch.pos0 + t);
+                            let o = off(seq, g, pos);
                             let row = &src[t * kvd + g * hd..t * kvd + (g + 1) * hd];
                             match store {
                                 KvStore::F16(s) => k.f32_to_f16(row, as_f16_mut(&mut s[o..o + hd])),
@@ -554,16 +584,14 @@ impl CpuBackend {
         }
         let n = batch.tokens.len();
         let produces_logits = items[0].0 == Buf::Logits;
-        // Which rows of `src` feed the matmul.
+        // Which rows of `src` feed the matmul: all, or for the output projection those whose
+        // logits are wanted (`logit_rows`; `r0 == usize::MAX` marks that selection).
         let (r0, nsel) = if produces_logits {
-            match batch.logits {
-                LogitsWanted::All => (0, n),
-                LogitsWanted::Last => (n - 1, 1),
-                LogitsWanted::None => {
-                    self.n_logit_rows = 0;
-                    return Ok(());
-                }
+            if self.logit_rows.is_empty() {
+                self.n_logit_rows = 0;
+                return Ok(());
             }
+            (usize::MAX, self.logit_rows.len())
         } else {
             (0, n)
         };
@@ -580,7 +608,12 @@ impl CpuBackend {
             }
             let s = &self.bufs[src as usize];
             for t in 0..nsel {
-                let row = &s[(r0 + t) * kdim..(r0 + t + 1) * kdim];
+                let r = if r0 == usize::MAX {
+                    self.logit_rows[t]
+                } else {
+                    r0 + t
+                };
+                let row = &s[r * kdim..(r + 1) * kdim];
                 let out = &mut self.quant[t * act_row..(t + 1) * act_row];
                 match fmt {
                     ActRows::Q16 => kern.quantize_row_q16(row, out),
@@ -685,9 +718,10 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// `Attn[t, head] = softmax(Q[t, head] · K[g]ᵀ · scale) · V[g]` over positions `0..=pos0+t`,
+    /// `Attn[t, head] = softmax(Q[t, head] · K[s, g]ᵀ · scale) · V[s, g]` over positions
+    /// `0..=p` of row `t`'s sequence `s` at position `p`,
     /// where `g = head / (n_heads / n_kv_heads)`; with a window `w`, over positions
-    /// `pos0+t+1-w ..= pos0+t` only.
+    /// `p+1-w ..= p` only.
     fn attention(&mut self, l: usize, window: Option<usize>, batch: &Batch) {
         let c = &self.model.config;
         let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
@@ -700,18 +734,19 @@ impl CpuBackend {
         let (q, attn) = two_bufs(&mut self.bufs, Buf::Q, Buf::Attn);
         let q = &q[..n * qd];
         let per_thread = &self.per_thread;
+        let rows = &self.rows;
         self.pool
             .for_each_chunk_mut(&mut attn[..n * qd], hd, &|tid, i, out| {
                 let (t, head) = (i / nh, i % nh);
                 let g = head / group;
-                let pos = batch.pos0 + t;
+                let (seq, pos) = rows[t];
                 // First visible position.
                 let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 let qv = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
                 let scores = &mut scratch.scores[first..=pos];
                 for (j, s) in (first..).zip(scores.iter_mut()) {
-                    let o = kv.offset(g, j);
+                    let o = kv.offset(seq, g, j);
                     *s = scale
                         * match kc {
                             KvStore::F16(kc) => kern.dot_f32_f16(qv, as_f16(&kc[o..o + hd])),
@@ -721,7 +756,7 @@ impl CpuBackend {
                 kern.softmax(scores);
                 out.fill(0.0);
                 for (j, &p) in (first..).zip(scores.iter()) {
-                    let o = kv.offset(g, j);
+                    let o = kv.offset(seq, g, j);
                     match vc {
                         KvStore::F16(vc) => kern.axpy_f16(out, p, as_f16(&vc[o..o + hd])),
                         KvStore::F32(vc) => kern.axpy_f32(out, p, &vc[o..o + hd]),
@@ -832,20 +867,27 @@ impl Backend for CpuBackend {
                 BackendError::BadToken { id, index, vocab }.to_string(),
             ));
         }
-        let end = batch.pos0 + batch.tokens.len();
-        if end > self.kv.n_ctx {
-            return Err(DeviceError::Input(
-                BackendError::ContextFull {
-                    pos0: batch.pos0,
-                    end,
-                    n_ctx: self.kv.n_ctx,
-                }
-                .to_string(),
-            ));
+        for sp in batch.spans {
+            let end = sp.pos0.saturating_add(sp.len);
+            if end > self.kv.n_ctx {
+                return Err(DeviceError::Input(
+                    BackendError::ContextFull {
+                        pos0: sp.pos0,
+                        end,
+                        n_ctx: self.kv.n_ctx,
+                    }
+                    .to_string(),
+                ));
+            }
         }
+        batch
+            .check(self.kv.n_seq, self.kv.n_ctx)
+            .map_err(|e| DeviceError::Input(BackendError::BadSpans(e).to_string()))?;
         self.pending_tokens.clear();
         self.pending_tokens.extend_from_slice(batch.tokens);
-        self.pending = Some((rl.groups.clone(), batch.pos0, batch.logits));
+        self.pending_spans.clear();
+        self.pending_spans.extend_from_slice(batch.spans);
+        self.pending = Some((rl.groups.clone(), batch.logits));
         Ok(())
     }
 
@@ -855,20 +897,22 @@ impl Backend for CpuBackend {
         deadline: Instant,
         trace: Option<&mut Trace>,
     ) -> Result<(), DeviceError> {
-        let Some((groups, pos0, logits)) = self.pending.take() else {
+        let Some((groups, logits)) = self.pending.take() else {
             return Err(DeviceError::Input(
                 "wait without a submitted runlist".into(),
             ));
         };
         let tokens = std::mem::take(&mut self.pending_tokens);
+        let spans = std::mem::take(&mut self.pending_spans);
         let batch = Batch {
             tokens: &tokens,
-            pos0,
+            spans: &spans,
             logits,
         };
         let start = groups.start;
         let r = self.execute_watched(&plan.groups[groups], start, &batch, Some(deadline), trace);
         self.pending_tokens = tokens;
+        self.pending_spans = spans;
         r.map_err(|e| e.to_device())
     }
 
@@ -886,6 +930,10 @@ impl Backend for CpuBackend {
 
     fn max_batch(&self) -> usize {
         CpuBackend::max_batch(self)
+    }
+
+    fn n_seq(&self) -> usize {
+        self.kv.n_seq
     }
 
     fn vocab_size(&self) -> usize {

@@ -42,7 +42,8 @@ impl KvStore {
     }
 }
 
-/// Offset of `(head, pos)` within a layer's store of `n_ctx` positions of `head_dim` values.
+/// Offset of `(head, pos)` within a layer's store of `n_ctx` positions of `head_dim` values
+/// (`head` counts the heads of earlier sequences too).
 pub fn offset(n_ctx: usize, head_dim: usize, head: usize, pos: usize) -> usize {
     (head * n_ctx + pos) * head_dim
 }
@@ -57,29 +58,33 @@ pub fn as_f16_mut(bits: &mut [u16]) -> &mut [f16] {
     bits.reinterpret_cast_mut()
 }
 
-/// Keys and values of every layer, laid out `[layer][kv_head][position][head_dim]` so that
-/// attention scans positions of one head contiguously.
+/// Keys and values of every layer for `n_seq` sequences, laid out
+/// `[layer][seq][kv_head][position][head_dim]` so that attention scans positions of one head of
+/// one sequence contiguously.
 #[derive(Debug)]
 pub struct KvCache {
     pub ty: KvType,
+    pub n_seq: usize,
     pub n_ctx: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    pub k: Vec<KvStore>, // (layer) -> (kv_head, n_ctx, head_dim)
-    pub v: Vec<KvStore>, // (layer) -> (kv_head, n_ctx, head_dim)
+    pub k: Vec<KvStore>, // (layer) -> (seq, kv_head, n_ctx, head_dim)
+    pub v: Vec<KvStore>, // (layer) -> (seq, kv_head, n_ctx, head_dim)
 }
 
 impl KvCache {
     pub fn new(
         ty: KvType,
         n_layers: usize,
+        n_seq: usize,
         n_ctx: usize,
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Self {
-        let n = n_kv_heads * n_ctx * head_dim;
+        let n = n_seq * n_kv_heads * n_ctx * head_dim;
         KvCache {
             ty,
+            n_seq,
             n_ctx,
             n_kv_heads,
             head_dim,
@@ -88,9 +93,9 @@ impl KvCache {
         }
     }
 
-    /// Offset of `(head, pos)` within a layer's store.
-    pub fn offset(&self, head: usize, pos: usize) -> usize {
-        offset(self.n_ctx, self.head_dim, head, pos)
+    /// Offset of `(seq, head, pos)` within a layer's store.
+    pub fn offset(&self, seq: usize, head: usize, pos: usize) -> usize {
+        offset(self.n_ctx, self.head_dim, seq * self.n_kv_heads + head, pos)
     }
 
     /// Bytes the cache takes when full.
@@ -99,6 +104,6 @@ impl KvCache {
             KvType::F16 => 2,
             KvType::F32 => 4,
         };
-        2 * self.k.len() * self.n_kv_heads * self.n_ctx * self.head_dim * elem
+        2 * self.k.len() * self.n_seq * self.n_kv_heads * self.n_ctx * self.head_dim * elem
     }
 }

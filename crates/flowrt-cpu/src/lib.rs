@@ -6,7 +6,7 @@ mod kv;
 mod pool;
 mod rope;
 
-pub use exec::{ActQuant, BackendError, Batch, CpuBackend, CpuOptions, LogitsWanted};
+pub use exec::{ActQuant, BackendError, Batch, CpuBackend, CpuOptions, LogitsWanted, SeqSpan};
 pub use kv::{KvCache, KvType};
 pub use pool::ThreadPool;
 

@@ -11,7 +11,7 @@ use crate::trace::Trace;
 /// Which logits a batch produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsWanted {
-    /// Only the last token's (generation).
+    /// The last token's of every span (generation).
     Last,
     /// Every token's (teacher-forced verification).
     All,
@@ -19,12 +19,79 @@ pub enum LogitsWanted {
     None,
 }
 
-/// Tokens at consecutive positions `pos0..pos0 + tokens.len()`.
+/// A run of tokens of one sequence at consecutive positions `pos0..pos0 + len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// The sequence's slot in the device's KV cache.
+    pub seq: usize,
+    pub pos0: usize,
+    pub len: usize,
+}
+
+/// Tokens of one or more sequences, run through the model as one batch: the weights are read
+/// once for all of them. `spans` cover `tokens` in order, each sequence at most once.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
     pub tokens: &'a [u32],
-    pub pos0: usize,
+    pub spans: &'a [SeqSpan],
     pub logits: LogitsWanted,
+}
+
+impl Batch<'_> {
+    /// Check the spans against the tokens and a device's sequences and context.
+    pub fn check(&self, n_seq: usize, n_ctx: usize) -> Result<(), String> {
+        let mut covered = 0usize;
+        for (i, s) in self.spans.iter().enumerate() {
+            if s.len == 0 {
+                return Err(format!("span {i} is empty"));
+            }
+            if s.seq >= n_seq {
+                return Err(format!(
+                    "span {i} names sequence {}, but the device holds {n_seq}",
+                    s.seq
+                ));
+            }
+            if self.spans[..i].iter().any(|o| o.seq == s.seq) {
+                return Err(format!("sequence {} appears twice in one batch", s.seq));
+            }
+            let end = s.pos0.saturating_add(s.len);
+            if end > n_ctx {
+                return Err(format!(
+                    "positions {}..{end} do not fit the context of {n_ctx} tokens",
+                    s.pos0
+                ));
+            }
+            covered += s.len;
+        }
+        if covered != self.tokens.len() || self.tokens.is_empty() {
+            return Err(format!(
+                "spans cover {covered} tokens of a batch of {}",
+                self.tokens.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Positions attended over the batch (Σ over tokens of `pos + 1`), for cost estimates.
+    pub fn attended(&self) -> u64 {
+        self.spans
+            .iter()
+            .map(|s| {
+                (0..s.len as u64)
+                    .map(|t| s.pos0 as u64 + t + 1)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Logit rows the batch produces.
+    pub fn logit_rows(&self) -> usize {
+        match self.logits {
+            LogitsWanted::Last => self.spans.len(),
+            LogitsWanted::All => self.tokens.len(),
+            LogitsWanted::None => 0,
+        }
+    }
 }
 
 /// Why a runlist did not complete.
@@ -140,8 +207,10 @@ pub trait Backend: Send {
     fn cancel(&mut self);
     /// Logits of the last completed batch: `(rows, vocab)`.
     fn logits(&self) -> &[f32];
-    /// Positions the device's KV cache holds.
+    /// Positions the device's KV cache holds per sequence.
     fn n_ctx(&self) -> usize;
+    /// Sequences the device's KV cache holds.
+    fn n_seq(&self) -> usize;
     /// Most tokens per batch.
     fn max_batch(&self) -> usize;
     /// Rows of the logits.

@@ -169,8 +169,7 @@ impl Dispatcher {
     fn with_deadline(&self, mut rl: Runlist, batch: &Batch) -> Runlist {
         rl.deadline = self.opts.deadline.unwrap_or_else(|| {
             let n = batch.tokens.len() as u64;
-            // Positions attended, summed over the batch's tokens.
-            let attended: u64 = (0..n).map(|t| batch.pos0 as u64 + t + 1).sum();
+            let attended = batch.attended();
             let (mut bytes, mut flops) = (0u64, 0u64);
             for c in &self.costs[rl.groups.clone()] {
                 bytes += c.weight_bytes;
@@ -252,14 +251,7 @@ impl Dispatcher {
                 .submit(&self.plan, &rl, batch)
                 .and_then(|()| backend.wait(&self.plan, start + rl.deadline, trace.as_deref_mut()));
             if let Some(t) = trace.as_deref_mut() {
-                t.runlist(
-                    &rl,
-                    batch.tokens.len(),
-                    batch.pos0,
-                    r.is_ok(),
-                    start,
-                    Instant::now(),
-                );
+                t.runlist(&rl, batch, r.is_ok(), start, Instant::now());
             }
             r.map_err(|e| Box::new((rl, e)))?;
         }

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use flowrt_model::Plan;
 
-use crate::backend::{Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted};
+use crate::backend::{
+    Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted, SeqSpan,
+};
 use crate::cut::Runlist;
 use crate::trace::Trace;
 
@@ -69,8 +71,9 @@ pub struct FaultBackend<B> {
     inner: B,
     /// Shared so a test can change the faults of a backend a session owns.
     spec: Arc<Mutex<FaultSpec>>,
-    pending: Option<(Runlist, usize, usize, LogitsWanted)>, // runlist, pos0, n_tokens, logits
+    pending: Option<(Runlist, LogitsWanted)>,
     tokens: Vec<u32>,
+    spans: Vec<SeqSpan>,
     pub stats: FaultStats,
 }
 
@@ -78,6 +81,7 @@ impl<B: Backend> FaultBackend<B> {
     pub fn new(inner: B, spec: FaultSpec) -> Self {
         FaultBackend {
             tokens: Vec::with_capacity(inner.max_batch()),
+            spans: Vec::with_capacity(inner.n_seq()),
             inner,
             spec: Arc::new(Mutex::new(spec)),
             pending: None,
@@ -157,7 +161,9 @@ impl<B: Backend> Backend for FaultBackend<B> {
         self.stats.submitted += 1;
         self.tokens.clear();
         self.tokens.extend_from_slice(batch.tokens);
-        self.pending = Some((rl.clone(), batch.pos0, batch.tokens.len(), batch.logits));
+        self.spans.clear();
+        self.spans.extend_from_slice(batch.spans);
+        self.pending = Some((rl.clone(), batch.logits));
         Ok(())
     }
 
@@ -167,7 +173,7 @@ impl<B: Backend> Backend for FaultBackend<B> {
         deadline: Instant,
         trace: Option<&mut Trace>,
     ) -> Result<(), DeviceError> {
-        let Some((rl, pos0, n, logits)) = self.pending.take() else {
+        let Some((rl, logits)) = self.pending.take() else {
             return Err(DeviceError::Fault {
                 group: None,
                 kind: None,
@@ -178,9 +184,11 @@ impl<B: Backend> Backend for FaultBackend<B> {
         let started = Instant::now();
         let depth = rl.layers.map_or(0, |(a, b)| b - a + 1);
         let tokens = std::mem::take(&mut self.tokens);
+        let spans = std::mem::take(&mut self.spans);
+        let n = tokens.len();
         let batch = Batch {
             tokens: &tokens,
-            pos0,
+            spans: &spans,
             logits,
         };
         let spec = self.spec.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -240,6 +248,7 @@ impl<B: Backend> Backend for FaultBackend<B> {
             }
         })();
         self.tokens = tokens;
+        self.spans = spans;
         if result.is_ok() {
             self.stats.completed += 1;
         }
@@ -255,6 +264,9 @@ impl<B: Backend> Backend for FaultBackend<B> {
     }
     fn n_ctx(&self) -> usize {
         self.inner.n_ctx()
+    }
+    fn n_seq(&self) -> usize {
+        self.inner.n_seq()
     }
     fn max_batch(&self) -> usize {
         self.inner.max_batch()

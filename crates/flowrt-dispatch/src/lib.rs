@@ -24,7 +24,7 @@ pub mod dispatcher;
 pub mod fault;
 pub mod trace;
 
-pub use backend::{Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted};
+pub use backend::{Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted, SeqSpan};
 pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};
 pub use dispatcher::{Attempt, DispatchError, DispatchOptions, Dispatcher};

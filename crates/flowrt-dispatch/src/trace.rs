@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
+use crate::backend::Batch;
 use crate::cut::Runlist;
 
 /// Most events one trace keeps; later ones are counted as dropped, so a long-running server
@@ -20,7 +21,7 @@ enum Args {
         count: usize,
         layers: Option<(usize, usize)>,
         tokens: usize,
-        pos0: usize,
+        sequences: usize,
         ok: bool,
     },
     Op {
@@ -92,15 +93,7 @@ impl Trace {
     }
 
     /// A runlist's span (submit to completion or failure).
-    pub fn runlist(
-        &mut self,
-        rl: &Runlist,
-        tokens: usize,
-        pos0: usize,
-        ok: bool,
-        start: Instant,
-        end: Instant,
-    ) {
+    pub fn runlist(&mut self, rl: &Runlist, batch: &Batch, ok: bool, start: Instant, end: Instant) {
         self.push(
             "runlist",
             start,
@@ -109,8 +102,8 @@ impl Trace {
                 index: rl.index,
                 count: rl.count,
                 layers: rl.layers,
-                tokens,
-                pos0,
+                tokens: batch.tokens.len(),
+                sequences: batch.spans.len(),
                 ok,
             },
         );
@@ -153,14 +146,14 @@ impl Trace {
                     count,
                     layers,
                     tokens,
-                    pos0,
+                    sequences,
                     ok,
                 } => (
                     "runlist",
                     serde_json::json!({
                         "index": index, "count": count,
                         "first_layer": layers.map(|l| l.0), "last_layer": layers.map(|l| l.1),
-                        "tokens": tokens, "pos0": pos0, "ok": ok,
+                        "tokens": tokens, "sequences": sequences, "ok": ok,
                     }),
                 ),
                 Args::Op { group, layer } => {

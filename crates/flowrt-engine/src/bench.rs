@@ -5,7 +5,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::error::EngineError;
-use crate::session::Session;
+use crate::session::{BatchSession, Session};
 use crate::verify::argmax;
 
 /// What to measure.
@@ -117,6 +117,89 @@ pub fn bench(session: &mut Session, opts: &BenchOptions) -> Result<BenchReport, 
         prefill_tok_s: Stat::of(&pre),
         ttft_ms: Stat::of(&ttft),
         decode_tok_s: Stat::of(&dec),
+        threads: session.backend_info().threads,
+        kernels: session.backend_info().kernels,
+    })
+}
+
+/// Measured figures of a multi-sequence decode benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct ParallelReport {
+    pub sequences: usize,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub repetitions: usize,
+    /// Tokens decoded per second over all sequences together (one step decodes one token of
+    /// every sequence).
+    pub aggregate_decode_tok_s: Stat,
+    pub threads: usize,
+    pub kernels: String,
+}
+
+/// Prefill `n_prompt` tokens in each of the session's slots (different prompts), then decode
+/// `n_gen` greedy tokens in every slot, all slots in one step each, and measure the aggregate
+/// decode rate.
+pub fn bench_parallel(
+    session: &mut BatchSession,
+    opts: &BenchOptions,
+) -> Result<ParallelReport, EngineError> {
+    let n_seq = session.n_slots();
+    if opts.n_prompt == 0 || opts.repetitions == 0 {
+        return Err(EngineError::Invalid(
+            "bench needs at least one prompt token and one repetition".into(),
+        ));
+    }
+    session.check_fits(0, opts.n_prompt, opts.n_gen)?;
+    let vocab = session.vocab_size();
+    let prompts: Vec<Vec<u32>> = (0..n_seq)
+        .map(|s| {
+            let mut p = bench_prompt(opts.n_prompt + s, vocab);
+            p.drain(..s);
+            p
+        })
+        .collect();
+    let max = session.max_batch();
+    let mut run = |n_gen: usize| -> Result<f64, EngineError> {
+        let mut next = vec![0u32; n_seq];
+        for (s, p) in prompts.iter().enumerate() {
+            session.truncate(s, 0);
+            for chunk in p.chunks(max) {
+                let l = session.step(&[(s, chunk)])?;
+                next[s] = argmax(l) as u32;
+            }
+        }
+        let t0 = Instant::now();
+        let mut toks = vec![[0u32; 1]; n_seq];
+        for _ in 0..n_gen {
+            for (t, &n) in toks.iter_mut().zip(&next) {
+                *t = [n];
+            }
+            let items: Vec<(usize, &[u32])> =
+                toks.iter().enumerate().map(|(s, t)| (s, &t[..])).collect();
+            let logits = session.step(&items)?;
+            for (s, row) in logits.chunks_exact(vocab).enumerate() {
+                next[s] = argmax(row) as u32;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64())
+    };
+    run(opts.n_gen.min(8))?;
+    let mut dec = Vec::new();
+    for _ in 0..opts.repetitions {
+        let d = run(opts.n_gen)?;
+        if opts.n_gen > 0 {
+            dec.push((n_seq * opts.n_gen) as f64 / d);
+        }
+    }
+    for s in 0..n_seq {
+        session.truncate(s, 0);
+    }
+    Ok(ParallelReport {
+        sequences: n_seq,
+        n_prompt: opts.n_prompt,
+        n_gen: opts.n_gen,
+        repetitions: opts.repetitions,
+        aggregate_decode_tok_s: Stat::of(&dec),
         threads: session.backend_info().threads,
         kernels: session.backend_info().kernels,
     })

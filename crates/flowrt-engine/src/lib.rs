@@ -9,10 +9,10 @@ mod load;
 mod session;
 mod verify;
 
-pub use bench::{bench, BenchOptions, BenchReport, Stat};
+pub use bench::{bench, bench_parallel, BenchOptions, BenchReport, ParallelReport, Stat};
 pub use error::EngineError;
 pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
 pub use load::{EngineOptions, LoadedModel};
-pub use session::Session;
+pub use session::{BatchSession, Session};
 pub use verify::{verify, PromptReport, VerifyReport};

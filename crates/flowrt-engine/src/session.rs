@@ -1,29 +1,47 @@
-//! A session: one sequence's KV cache and position over a loaded model.
+//! Sessions: sequences over a loaded model, run through the dispatcher on a backend.
+//!
+//! [`BatchSession`] holds several sequences ("slots") in one device KV cache and runs a step
+//! over any of them together, so the weights are read once per step for all of them
+//! (continuous batching). [`Session`] is the one-sequence case most callers want.
 
 use std::sync::Arc;
 
 use flowrt_cpu::{CpuBackend, CpuOptions};
-use flowrt_dispatch::{group_costs, Backend, BackendInfo, Batch, Dispatcher, LogitsWanted, Trace};
+use flowrt_dispatch::{
+    group_costs, Backend, BackendInfo, Batch, Dispatcher, LogitsWanted, SeqSpan, Trace,
+};
 use flowrt_model::Plan;
 
 use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
 
-/// One sequence over a loaded model: its device (owning the KV cache), the dispatcher that
-/// submits the forward pass to it in bounded runlists, and the tokens whose keys and values
-/// the cache holds. The sequence advances only when a whole step succeeded.
-pub struct Session {
+/// Several sequences over one model and one device. A step appends tokens to any subset of
+/// the slots; it either completes for all of them or changes none (the dispatcher's steps are
+/// all-or-nothing).
+pub struct BatchSession {
     backend: Box<dyn Backend>,
     dispatcher: Dispatcher,
-    /// Tokens whose keys and values are in the cache, in order.
-    tokens: Vec<u32>,
+    /// Per slot: the tokens whose keys and values are in the cache, in order.
+    slots: Vec<Vec<u32>>,
     model_ctx: usize,
     trace: Option<Trace>,
+    /// Scratch for a step's tokens and spans (allocated once).
+    tokens: Vec<u32>,
+    spans: Vec<SeqSpan>,
 }
 
-impl Session {
-    /// A session on the CPU backend.
-    pub fn new(model: &LoadedModel, opts: &EngineOptions) -> Result<Session, EngineError> {
+impl BatchSession {
+    /// `n_slots` sequences on the CPU backend.
+    pub fn new(
+        model: &LoadedModel,
+        opts: &EngineOptions,
+        n_slots: usize,
+    ) -> Result<BatchSession, EngineError> {
+        if n_slots == 0 {
+            return Err(EngineError::Invalid(
+                "a session needs at least one slot".into(),
+            ));
+        }
         let n_ctx = model.n_ctx(opts)?;
         let backend = CpuBackend::new(
             model.model.clone(),
@@ -32,6 +50,7 @@ impl Session {
                 n_ctx,
                 kv_type: opts.kv_type,
                 max_batch: opts.max_batch,
+                n_seq: n_slots,
                 kernels: opts.kernels,
                 act_quant: opts.act_quant,
             },
@@ -39,18 +58,23 @@ impl Session {
         Self::with_backend(model, opts, Box::new(backend))
     }
 
-    /// A session on any backend (e.g. a fault-injecting wrapper of the CPU one).
+    /// Sequences on any backend (one slot per sequence its cache holds).
     pub fn with_backend(
         model: &LoadedModel,
         opts: &EngineOptions,
         backend: Box<dyn Backend>,
-    ) -> Result<Session, EngineError> {
+    ) -> Result<BatchSession, EngineError> {
         let plan: Arc<Plan> = model.plan.clone();
         let costs = group_costs(&model.model, &plan);
         let dispatcher = Dispatcher::new(plan, costs, opts.dispatch.clone(), backend.as_ref())
             .map_err(EngineError::Invalid)?;
-        Ok(Session {
-            tokens: Vec::with_capacity(backend.n_ctx()),
+        let n_slots = backend.n_seq();
+        Ok(BatchSession {
+            slots: (0..n_slots)
+                .map(|_| Vec::with_capacity(backend.n_ctx()))
+                .collect(),
+            tokens: Vec::with_capacity(backend.max_batch()),
+            spans: Vec::with_capacity(n_slots),
             backend,
             dispatcher,
             model_ctx: model.model_ctx(),
@@ -58,50 +82,55 @@ impl Session {
         })
     }
 
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+    /// Positions each slot holds.
+    pub fn n_ctx(&self) -> usize {
+        self.backend.n_ctx()
+    }
+    /// Most tokens one step carries, over all slots.
+    pub fn max_batch(&self) -> usize {
+        self.backend.max_batch()
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.backend.vocab_size()
+    }
+    pub fn model_ctx(&self) -> usize {
+        self.model_ctx
+    }
+    /// Tokens cached in `slot`.
+    pub fn tokens(&self, slot: usize) -> &[u32] {
+        &self.slots[slot]
+    }
+    pub fn n_past(&self, slot: usize) -> usize {
+        self.slots[slot].len()
+    }
+    /// Keep the first `n` tokens of `slot` and forget the rest (the cache is overwritten as
+    /// new tokens arrive).
+    pub fn truncate(&mut self, slot: usize, n: usize) {
+        self.slots[slot].truncate(n);
+    }
     /// What the session runs on.
     pub fn backend_info(&self) -> BackendInfo {
         self.backend.info()
     }
-
     /// How the forward pass is cut into runlists now.
     pub fn dispatcher(&self) -> &Dispatcher {
         &self.dispatcher
     }
-
     /// The trace recorded so far (with `EngineOptions::trace`).
     pub fn trace(&self) -> Option<&Trace> {
         self.trace.as_ref()
     }
 
-    pub fn n_ctx(&self) -> usize {
-        self.backend.n_ctx()
-    }
-    pub fn n_past(&self) -> usize {
-        self.tokens.len()
-    }
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-    pub fn vocab_size(&self) -> usize {
-        self.backend.vocab_size()
-    }
-
-    /// Forget everything (the cache is overwritten as new tokens arrive).
-    pub fn reset(&mut self) {
-        self.tokens.clear();
-    }
-
-    /// Keep the first `n` tokens of the cache and forget the rest.
-    pub fn truncate(&mut self, n: usize) {
-        self.tokens.truncate(n);
-    }
-
-    /// Check that `n_new` more tokens plus `reserve` generated ones fit the context.
-    pub fn check_fits(&self, n_new: usize, reserve: usize) -> Result<(), EngineError> {
+    /// Check that `n_new` more tokens plus `reserve` generated ones fit `slot`'s context.
+    pub fn check_fits(&self, slot: usize, n_new: usize, reserve: usize) -> Result<(), EngineError> {
         let n_ctx = self.n_ctx();
-        if self.n_past() + n_new + reserve > n_ctx {
+        let past = self.n_past(slot);
+        if past + n_new + reserve > n_ctx {
             return Err(EngineError::PromptTooLong {
-                prompt_tokens: self.n_past() + n_new,
+                prompt_tokens: past + n_new,
                 reserve,
                 n_ctx,
                 model_ctx: self.model_ctx,
@@ -110,13 +139,149 @@ impl Session {
         Ok(())
     }
 
+    /// One step over several slots: `items` are `(slot, tokens)` with distinct slots, at most
+    /// [`BatchSession::max_batch`] tokens in all (a prompt longer than that is fed over
+    /// several steps). Returns the last token's logits of each item, `(items, vocab)`.
+    pub fn step(&mut self, items: &[(usize, &[u32])]) -> Result<&[f32], EngineError> {
+        self.run(items, LogitsWanted::Last)
+    }
+
+    /// [`BatchSession::step`] with the logits to produce chosen: `Last` (one row per item),
+    /// `All` (one per token) or `None`.
+    pub fn run(
+        &mut self,
+        items: &[(usize, &[u32])],
+        logits: LogitsWanted,
+    ) -> Result<&[f32], EngineError> {
+        if items.is_empty() {
+            return Err(EngineError::Invalid(
+                "a step needs at least one sequence".into(),
+            ));
+        }
+        let total: usize = items.iter().map(|(_, t)| t.len()).sum();
+        if total > self.max_batch() {
+            return Err(EngineError::Invalid(format!(
+                "a step carries at most {} tokens, got {total}",
+                self.max_batch()
+            )));
+        }
+        self.tokens.clear();
+        self.spans.clear();
+        for (i, &(slot, toks)) in items.iter().enumerate() {
+            if slot >= self.n_slots() {
+                return Err(EngineError::Invalid(format!(
+                    "slot {slot} does not exist (the session has {})",
+                    self.n_slots()
+                )));
+            }
+            if toks.is_empty() {
+                return Err(EngineError::Invalid(format!("item {i} has no tokens")));
+            }
+            if items[..i].iter().any(|&(s, _)| s == slot) {
+                return Err(EngineError::Invalid(format!(
+                    "slot {slot} appears twice in one step"
+                )));
+            }
+            self.check_fits(slot, toks.len(), 0)?;
+            self.spans.push(SeqSpan {
+                seq: slot,
+                pos0: self.slots[slot].len(),
+                len: toks.len(),
+            });
+            self.tokens.extend_from_slice(toks);
+        }
+        self.dispatcher.step(
+            self.backend.as_mut(),
+            &Batch {
+                tokens: &self.tokens,
+                spans: &self.spans,
+                logits,
+            },
+            self.trace.as_mut(),
+        )?;
+        for &(slot, toks) in items {
+            self.slots[slot].extend_from_slice(toks);
+        }
+        Ok(self.backend.logits())
+    }
+}
+
+/// One sequence over a loaded model: its device (owning the KV cache), the dispatcher that
+/// submits the forward pass to it in bounded runlists, and the tokens whose keys and values
+/// the cache holds. The sequence advances only when a whole step succeeded.
+pub struct Session {
+    inner: BatchSession,
+}
+
+impl Session {
+    /// A session on the CPU backend.
+    pub fn new(model: &LoadedModel, opts: &EngineOptions) -> Result<Session, EngineError> {
+        Ok(Session {
+            inner: BatchSession::new(model, opts, 1)?,
+        })
+    }
+
+    /// A session on any backend (e.g. a fault-injecting wrapper of the CPU one).
+    pub fn with_backend(
+        model: &LoadedModel,
+        opts: &EngineOptions,
+        backend: Box<dyn Backend>,
+    ) -> Result<Session, EngineError> {
+        Ok(Session {
+            inner: BatchSession::with_backend(model, opts, backend)?,
+        })
+    }
+
+    /// What the session runs on.
+    pub fn backend_info(&self) -> BackendInfo {
+        self.inner.backend_info()
+    }
+    /// How the forward pass is cut into runlists now.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        self.inner.dispatcher()
+    }
+    /// The trace recorded so far (with `EngineOptions::trace`).
+    pub fn trace(&self) -> Option<&Trace> {
+        self.inner.trace()
+    }
+    pub fn n_ctx(&self) -> usize {
+        self.inner.n_ctx()
+    }
+    pub fn n_past(&self) -> usize {
+        self.inner.n_past(0)
+    }
+    pub fn tokens(&self) -> &[u32] {
+        self.inner.tokens(0)
+    }
+    pub fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    pub fn model_ctx(&self) -> usize {
+        self.inner.model_ctx()
+    }
+
+    /// Forget everything (the cache is overwritten as new tokens arrive).
+    pub fn reset(&mut self) {
+        self.inner.truncate(0, 0);
+    }
+
+    /// Keep the first `n` tokens of the cache and forget the rest.
+    pub fn truncate(&mut self, n: usize) {
+        self.inner.truncate(0, n);
+    }
+
+    /// Check that `n_new` more tokens plus `reserve` generated ones fit the context.
+    pub fn check_fits(&self, n_new: usize, reserve: usize) -> Result<(), EngineError> {
+        self.inner.check_fits(0, n_new, reserve)
+    }
+
     /// Append `tokens` to the sequence (prefill in batches) and return the last token's logits.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
         if tokens.is_empty() {
             return Err(EngineError::Invalid("feed needs at least one token".into()));
         }
         self.check_fits(tokens.len(), 0)?;
-        let max = self.backend.max_batch();
+        let max = self.inner.max_batch();
         let n_chunks = tokens.len().div_ceil(max);
         for (i, chunk) in tokens.chunks(max).enumerate() {
             let logits = if i + 1 == n_chunks {
@@ -124,9 +289,9 @@ impl Session {
             } else {
                 LogitsWanted::None
             };
-            self.run(chunk, logits)?;
+            self.inner.run(&[(0, chunk)], logits)?;
         }
-        Ok(self.backend.logits())
+        Ok(self.inner.backend.logits())
     }
 
     /// Append `tokens`, calling `on_logits(first_index, logits_rows)` with every token's logits
@@ -137,10 +302,10 @@ impl Session {
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
         self.check_fits(tokens.len(), 0)?;
-        let max = self.backend.max_batch();
+        let max = self.inner.max_batch();
         for (i, chunk) in tokens.chunks(max).enumerate() {
-            self.run(chunk, LogitsWanted::All)?;
-            on_logits(i * max, self.backend.logits());
+            let logits = self.inner.run(&[(0, chunk)], LogitsWanted::All)?;
+            on_logits(i * max, logits);
         }
         Ok(())
     }
@@ -157,30 +322,11 @@ impl Session {
     /// How many leading tokens of `tokens` the cache already holds and [`Session::sync`] would
     /// keep (never all of them: the last is always recomputed).
     pub fn common_prefix(&self, tokens: &[u32]) -> usize {
-        self.tokens
+        self.tokens()
             .iter()
             .zip(tokens)
             .take_while(|(a, b)| a == b)
             .count()
             .min(tokens.len().saturating_sub(1))
-    }
-
-    pub fn model_ctx(&self) -> usize {
-        self.model_ctx
-    }
-
-    fn run(&mut self, chunk: &[u32], logits: LogitsWanted) -> Result<(), EngineError> {
-        let pos0 = self.tokens.len();
-        self.dispatcher.step(
-            self.backend.as_mut(),
-            &Batch {
-                tokens: chunk,
-                pos0,
-                logits,
-            },
-            self.trace.as_mut(),
-        )?;
-        self.tokens.extend_from_slice(chunk);
-        Ok(())
     }
 }

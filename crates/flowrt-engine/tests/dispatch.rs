@@ -42,6 +42,7 @@ fn faulty(m: &LoadedModel, o: &EngineOptions, spec: FaultSpec) -> (Session, Arc<
             n_ctx: m.n_ctx(o).unwrap(),
             kv_type: o.kv_type,
             max_batch: o.max_batch,
+            n_seq: 1,
             kernels: o.kernels,
             act_quant: o.act_quant,
         },

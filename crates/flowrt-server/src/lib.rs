@@ -38,7 +38,7 @@ use flowrt_engine::EngineOptions;
 use serde_json::json;
 use tower_http::trace::TraceLayer;
 
-pub use engine::{SessionStepper, SlotWork, StepEngine};
+pub use engine::{BatchStepper, SessionStepper, SlotWork, StepEngine};
 pub use error::{ApiError, ErrorKind};
 pub use metrics::Metrics;
 pub use models::{ModelManager, ModelSpec, ModelState};

@@ -17,7 +17,7 @@ use flowrt_engine::LoadedModel;
 use tokio::sync::watch;
 
 use crate::details::ModelDetails;
-use crate::engine::{SessionStepper, StepEngine};
+use crate::engine::{BatchStepper, StepEngine};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{Metrics, ModelGauges};
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -411,7 +411,7 @@ fn load_runner(
     };
     let model = Arc::new(LoadedModel::load(&spec.path).map_err(|e| failed(&e))?);
     let parallel = config.parallel.max(1);
-    let engine = SessionStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;
+    let engine = BatchStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;
     let n_ctx = StepEngine::n_ctx(&engine);
     let c = &model.model.config;
     let kv_elem = match config.engine.kv_type {

@@ -1,0 +1,130 @@
+//! Continuous batching: several sequences in one device cache, stepped together in one pass
+//! over the weights, give each sequence the logits it gets alone.
+
+mod common;
+
+use flowrt_cpu::KvType;
+use flowrt_engine::{BatchSession, EngineError, EngineOptions, LoadedModel, Session};
+
+fn opts() -> EngineOptions {
+    EngineOptions {
+        threads: 2,
+        kv_type: KvType::F16,
+        max_batch: 64,
+        ..EngineOptions::default()
+    }
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        (0..7).map(|i| (i * 13 + 5) % 300).collect(),
+        (0..19).map(|i| (i * 7 + 1) % 300).collect(),
+        (0..3).map(|i| (i * 31 + 2) % 300).collect(),
+    ]
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Each prompt alone, then `steps` decode tokens: the logits after each.
+fn solo(m: &LoadedModel, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
+    let mut s = Session::new(m, &opts()).unwrap();
+    let mut out = vec![s.feed(prompt).unwrap().to_vec()];
+    for &t in next {
+        out.push(s.feed(&[t]).unwrap().to_vec());
+    }
+    out
+}
+
+/// Three sequences of different lengths prefilled in one step, then decoded together; a
+/// fourth slot idles. Every row equals the sequence run alone (same kernels, same order of
+/// arithmetic per row).
+fn batched_equals_solo(m: &LoadedModel) {
+    let ps = prompts();
+    let next: Vec<Vec<u32>> = (0..3)
+        .map(|k| (0..5).map(|i| (k * 50 + i * 3 + 7) as u32).collect())
+        .collect();
+    let want: Vec<_> = (0..3).map(|k| solo(m, &ps[k], &next[k])).collect();
+    let vocab = m.model.config.vocab_size;
+    let mut b = BatchSession::new(m, &opts(), 4).unwrap();
+    // Prefill all three in one step (slots 2, 0, 3: order and slot numbers need not match).
+    let slots = [2usize, 0, 3];
+    let items: Vec<(usize, &[u32])> = (0..3).map(|k| (slots[k], &ps[k][..])).collect();
+    let logits = b.step(&items).unwrap().to_vec();
+    assert_eq!(logits.len(), 3 * vocab);
+    for k in 0..3 {
+        let d = max_diff(&logits[k * vocab..(k + 1) * vocab], &want[k][0]);
+        assert!(d <= 1e-5, "prefill of sequence {k}: max diff {d}");
+    }
+    for step in 0..5 {
+        let toks: Vec<[u32; 1]> = (0..3).map(|k| [next[k][step]]).collect();
+        // Step 2 leaves sequence 1 out: a slot may sit a step out.
+        let active: Vec<usize> = (0..3).filter(|&k| step != 2 || k != 1).collect();
+        let items: Vec<(usize, &[u32])> =
+            active.iter().map(|&k| (slots[k], &toks[k][..])).collect();
+        let logits = b.step(&items).unwrap().to_vec();
+        if step == 2 {
+            // Catch sequence 1 up alone.
+            let l = b.step(&[(slots[1], &toks[1][..])]).unwrap().to_vec();
+            assert!(max_diff(&l, &want[1][3]) <= 1e-5);
+        }
+        for (row, &k) in active.iter().enumerate() {
+            let d = max_diff(&logits[row * vocab..(row + 1) * vocab], &want[k][step + 1]);
+            assert!(d <= 1e-5, "decode step {step}, sequence {k}: max diff {d}");
+        }
+    }
+    assert_eq!(b.n_past(slots[0]), 7 + 5);
+    assert_eq!(b.n_past(slots[1]), 19 + 5);
+    assert_eq!(b.n_past(1), 0);
+}
+
+#[test]
+fn batched_sequences_equal_solo_runs_f32_llama() {
+    batched_equals_solo(&LoadedModel::load(&common::fixture("families/llama-tied")).unwrap());
+}
+
+#[test]
+fn batched_sequences_equal_solo_runs_gemma3_sliding_window() {
+    batched_equals_solo(&LoadedModel::load(&common::fixture("families/gemma3")).unwrap());
+}
+
+#[test]
+fn batched_sequences_equal_solo_runs_smollm2_q4_1() {
+    batched_equals_solo(&LoadedModel::load(&common::smollm2()).unwrap());
+}
+
+#[test]
+fn bad_steps_are_errors_and_change_nothing() {
+    let m = LoadedModel::load(&common::fixture("families/llama-tied")).unwrap();
+    let mut b = BatchSession::new(&m, &opts(), 2).unwrap();
+    let t: &[u32] = &[1, 2, 3];
+    type Items<'a> = Vec<(usize, &'a [u32])>;
+    let cases: Vec<(Items, &str)> = vec![
+        (vec![(0, t), (0, t)], "twice"),
+        (vec![(2, t)], "does not exist"),
+        (vec![(0, &[])], "no tokens"),
+        (vec![], "at least one"),
+    ];
+    for (items, needle) in cases {
+        let e = b.step(&items).unwrap_err().to_string();
+        assert!(e.contains(needle), "{e}");
+    }
+    let big = vec![1u32; 65];
+    assert!(matches!(b.step(&[(0, &big)]), Err(EngineError::Invalid(_))));
+    // Fill slot 0 to two short of its context; three more tokens do not fit, and a failed
+    // step leaves both slots as they were.
+    let n_ctx = b.n_ctx();
+    while b.n_past(0) < n_ctx - 2 {
+        let n = (n_ctx - 2 - b.n_past(0)).min(64);
+        b.step(&[(0, &big[..n])]).unwrap();
+    }
+    b.step(&[(1, t)]).unwrap();
+    let e = b.step(&[(1, t), (0, t)]);
+    assert!(matches!(e, Err(EngineError::PromptTooLong { .. })), "{e:?}");
+    assert_eq!((b.n_past(0), b.n_past(1)), (n_ctx - 2, 3));
+}
