@@ -7,14 +7,15 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flowrt_server::{app, AppState, ModelSpec, ServerConfig};
-use flowrt_store::ModelRef;
+use flowrt_store::{find_entry, ModelRef, Store};
 
 use crate::common::{model_fingerprint, resolve_model, EngineArgs};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Models to serve: catalog tags (e.g. smollm2:135m) or .gguf paths. Without any, every
-    /// catalog model already in the store is served.
+    /// Models to serve: registered or catalog tags (e.g. smollm2:135m), bare families, .gguf
+    /// files or checkpoint directories. Without any, every registered model is served
+    /// (loaded on its first request), including models registered while the server runs.
     pub models: Vec<String>,
     /// Address to listen on (loopback by default; anything else exposes the server).
     #[arg(long, default_value = "127.0.0.1")]
@@ -97,44 +98,37 @@ fn parse_bytes(s: &str) -> Result<u64> {
     Ok((n * mult as f64) as u64)
 }
 
-/// What the server answers for: each MODEL argument, or every catalog model in the store.
+/// What the server answers for: each MODEL argument, as `flowrt run` resolves it. A
+/// registered model is served under its tag with the registry's hash, size, source and
+/// format; a catalog model under its tag; a path under its file name, identified by the hash
+/// of its bytes. The name given is an alias of the model it resolved to.
 fn model_specs(args: &ServeArgs) -> Result<Vec<ModelSpec>> {
     let mut specs: Vec<ModelSpec> = Vec::new();
-    if args.models.is_empty() {
-        for entry in flowrt_store::catalog() {
-            if let Ok(path) = resolve_model(entry.tag, true) {
-                let spec =
-                    ModelSpec::new(entry.tag, path, entry.sha256.into(), entry.size, "catalog")
-                        .map_err(anyhow::Error::msg)?
-                        .with_aliases(entry.aliases.iter().map(|a| a.to_string()));
-                specs.push(spec);
-            }
-        }
-        if specs.is_empty() {
-            bail!("no model to serve: name one (e.g. `flowrt serve smollm2:135m`) or fetch one with `flowrt pull`");
-        }
-        return Ok(specs);
-    }
     for arg in &args.models {
         let path = resolve_model(arg, args.engine.no_fetch)?;
         let spec = match flowrt_store::parse_model_arg(arg)? {
+            ModelRef::Registered(entry) => {
+                let catalog_aliases: Vec<String> = find_entry(&entry.tag)
+                    .map(|c| c.aliases.iter().map(|a| a.to_string()).collect())
+                    .unwrap_or_default();
+                ModelSpec::from_entry(entry)
+                    .with_aliases(catalog_aliases)
+                    .with_aliases([arg.clone()])
+            }
+            // Resolving a catalog tag registers it, so this is a model the registry could
+            // not take (e.g. a read-only home): served under its tag all the same.
             ModelRef::Tag(entry) => {
                 ModelSpec::new(entry.tag, path, entry.sha256.into(), entry.size, "catalog")
                     .map_err(anyhow::Error::msg)?
                     .with_aliases(entry.aliases.iter().map(|a| a.to_string()))
                     .with_aliases([arg.clone()])
             }
-            // A file path, or (once the registry lands) a registered tag: named as given,
-            // identified by the hash of its bytes.
-            other => {
+            ModelRef::Path(p) => {
                 let (sha, size) = model_fingerprint(&path)?;
-                let id = match other {
-                    ModelRef::Path(p) => p
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_else(|| arg.clone()),
-                    _ => arg.clone(),
-                };
+                let id = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| arg.clone());
                 ModelSpec::new(id, path, sha, size, "file")
                     .map_err(|e| anyhow::anyhow!("{arg}: {e}"))?
                     .with_aliases([arg.clone()])
@@ -146,6 +140,23 @@ fn model_specs(args: &ServeArgs) -> Result<Vec<ModelSpec>> {
         specs.push(spec);
     }
     Ok(specs)
+}
+
+/// Without MODEL arguments: the registry of the default store, after registering catalog
+/// models fetched before the registry existed. Fails when nothing is registered.
+fn registry_state(config: ServerConfig) -> Result<AppState> {
+    let store = Store::from_env()?;
+    store.register_installed(&mut |m: &str| eprintln!("flowrt serve: {m}"))?;
+    let state = AppState::from_registry(store.home().to_path_buf(), config)
+        .with_context(|| format!("reading the model registry in {}", store.home().display()))?;
+    if state.models.specs().is_empty() {
+        bail!(
+            "no model to serve: nothing is registered in {}; name one (e.g. `flowrt serve smollm2:135m`), \
+             fetch one with `flowrt pull smollm2:135m`, or register a file with `flowrt add TAG PATH`",
+            store.home().display()
+        );
+    }
+    Ok(state)
 }
 
 pub fn serve(args: ServeArgs) -> Result<ExitCode> {
@@ -168,11 +179,16 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             .filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body,
     };
-    let specs = model_specs(&args)?;
-    let preload: Vec<String> = if args.lazy || args.models.is_empty() {
+    let from_registry = args.models.is_empty();
+    let state = if from_registry {
+        registry_state(config)?
+    } else {
+        AppState::new(model_specs(&args)?, config)
+    };
+    let preload: Vec<String> = if args.lazy || from_registry {
         Vec::new()
     } else {
-        specs.iter().map(|s| s.id.clone()).collect()
+        state.models.specs().iter().map(|s| s.id.clone()).collect()
     };
     let host: std::net::IpAddr = args
         .host
@@ -188,10 +204,12 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             .await
             .with_context(|| format!("listening on {addr}"))?;
         let local = listener.local_addr()?;
-        let state = AppState::new(specs, config);
         state.models.spawn_reaper();
+        if let Some(home) = state.models.registry_home() {
+            eprintln!("flowrt serve: serving the models registered in {} (each loads on its first request)", home.display());
+        }
         for s in state.models.specs() {
-            eprintln!("flowrt serve: model {} ({}, sha256 {})", s.id, s.path.display(), s.sha256);
+            eprintln!("flowrt serve: model {} ({}, sha256 {}, {})", s.id, s.path.display(), s.sha256, s.source);
         }
         eprintln!("flowrt serve: listening on http://{local}");
         if !host.is_loopback() {

@@ -43,9 +43,15 @@ impl Drop for Server {
 }
 
 fn serve(extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flowrt"))
-        .arg("serve")
-        .arg(smollm2())
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowrt"));
+    cmd.arg("serve").arg(smollm2()).args(extra);
+    start(cmd)
+}
+
+/// Start `cmd` (a `flowrt serve` without its listening options) on a free port and wait
+/// until it is healthy.
+fn start(mut cmd: Command) -> Server {
+    let mut child = cmd
         .args([
             "--port",
             "0",
@@ -56,7 +62,6 @@ fn serve(extra: &[&str]) -> Server {
             "--parallel",
             "2",
         ])
-        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -236,4 +241,106 @@ fn official_openai_and_ollama_clients_work() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("all client checks passed"), "{stdout}");
+}
+
+/// `flowrt` with `home` as its store; nothing may be fetched.
+fn flowrt_in(home: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_flowrt"));
+    c.env("FLOWRT_HOME", home)
+        .env_remove("FLOWRT_API_KEY")
+        .env("FLOWRT_PYTHON", "/nonexistent/python")
+        .env("FLOWRT_HF_ENDPOINT", "http://127.0.0.1:9");
+    c
+}
+
+/// A flowrt home with SmolLM2 registered as `mine:1` by `flowrt add`; returns its SHA-256.
+fn home_with_mine() -> (tempfile::TempDir, String) {
+    let home = tempfile::tempdir().unwrap();
+    let out = flowrt_in(home.path())
+        .args(["add", "mine:1"])
+        .arg(smollm2())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = flowrt_in(home.path())
+        .args(["list", "--json"])
+        .output()
+        .unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sha = list[0]["sha256"].as_str().unwrap().to_string();
+    (home, sha)
+}
+
+fn chat_body(model: &str) -> String {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 2}).to_string()
+}
+
+#[test]
+fn without_model_arguments_it_serves_every_registered_model_by_its_tag() {
+    let (home, sha) = home_with_mine();
+    let mut cmd = flowrt_in(home.path());
+    cmd.arg("serve");
+    let server = start(cmd);
+    let (status, text) = http(&server.addr, "GET", "/v1/models", "");
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{text}");
+    assert_eq!(data[0]["id"], "mine:1");
+    assert_eq!(data[0]["sha256"], sha.as_str());
+    assert_eq!(data[0]["source"], "local");
+    assert_eq!(data[0]["loaded"], false, "loaded lazily");
+
+    let (status, text) = http(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("mine"),
+    );
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["model"], "mine:1");
+
+    // A catalog model that is not registered in this home is not served.
+    let (status, text) = http(
+        &server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat_body("smollm2:135m"),
+    );
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("model_not_found"), "{text}");
+}
+
+#[test]
+fn a_registered_model_argument_is_served_under_its_tag() {
+    let (home, sha) = home_with_mine();
+    let mut cmd = flowrt_in(home.path());
+    cmd.args(["serve", "mine"]);
+    let server = start(cmd);
+    let (status, text) = http(&server.addr, "GET", "/v1/models/mine", "");
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["id"], "mine:1");
+    assert_eq!(v["sha256"], sha.as_str());
+    assert_eq!(v["source"], "local");
+    assert_eq!(v["format"], "gguf");
+}
+
+#[test]
+fn without_model_arguments_and_nothing_registered_it_says_what_to_do() {
+    let home = tempfile::tempdir().unwrap();
+    let out = flowrt_in(home.path())
+        .args(["serve", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no model to serve"), "{err}");
+    assert!(err.contains("flowrt pull"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

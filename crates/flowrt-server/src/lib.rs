@@ -7,6 +7,8 @@
 //! Layout:
 //! - [`models`]: the models served ([`ModelSpec`]), loading on first use, keep-alive and
 //!   least-recently-used unloading within a memory budget;
+//! - `registry`: serving every model of the registry (`$FLOWRT_HOME/registry.json`) by
+//!   its tag, re-read as it changes ([`AppState::from_registry`]);
 //! - [`scheduler`]: one actor thread per resident model owning its KV cache slots, a bounded
 //!   queue (429 beyond it), one engine step per turn over all active sequences, cancellation
 //!   when a client goes away;
@@ -23,8 +25,10 @@ pub mod metrics;
 pub mod models;
 mod ollama;
 mod openai;
+mod registry;
 pub mod scheduler;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -98,6 +102,28 @@ impl AppState {
             metrics,
             started: Instant::now(),
         }
+    }
+
+    /// A server for every model registered in the flowrt home `home` (none is loaded until
+    /// used): requests name a registered tag, or a bare family naming one registered model;
+    /// models registered or removed while the server runs are picked up on the next request.
+    pub fn from_registry(
+        home: PathBuf,
+        config: ServerConfig,
+    ) -> Result<AppState, flowrt_store::StoreError> {
+        let config = Arc::new(config);
+        let metrics = Arc::new(Metrics::default());
+        let models = Arc::new(ModelManager::from_registry(
+            home,
+            config.clone(),
+            metrics.clone(),
+        )?);
+        Ok(AppState {
+            config,
+            models,
+            metrics,
+            started: Instant::now(),
+        })
     }
 }
 

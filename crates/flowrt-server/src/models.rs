@@ -1,25 +1,29 @@
 //! The models a server answers for, and which of them are resident.
 //!
 //! A [`ModelSpec`] is a model the server may run (its id, aliases, file, hash and details);
-//! requests naming anything else get 404 `model_not_found`, never another model. A spec is
+//! requests naming anything else get 404 `model_not_found`, never another model. The specs
+//! are either a fixed list (the models named to `flowrt serve`) or every model of the
+//! registry, re-read as it changes (see [`crate::registry`]). A spec is
 //! loaded on first use (or by [`ModelManager::preload`]), runs behind its own
 //! [`Scheduler`], stays resident for the keep-alive after its last request, and is unloaded
 //! least-recently-used first when loading another would exceed the memory budget.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use flowrt_cpu::KvType;
 use flowrt_engine::LoadedModel;
+use flowrt_store::{Entry, ModelFormat, StoreError};
 use tokio::sync::watch;
 
 use crate::details::ModelDetails;
 use crate::engine::{BatchStepper, StepEngine};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{Metrics, ModelGauges};
+use crate::registry::RegistryModels;
 use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::ServerConfig;
 
@@ -36,10 +40,12 @@ pub struct ModelSpec {
     pub sha256: String,
     /// Bytes on disk.
     pub size: u64,
-    /// Where it came from, e.g. `catalog` or `file`.
+    /// Where it came from: a registry source (`catalog`, `local`, ...) or `file`.
     pub source: String,
     pub modified: SystemTime,
     pub details: ModelDetails,
+    /// The registry entry it is served from, when it is a registered model.
+    pub entry: Option<Entry>,
 }
 
 impl ModelSpec {
@@ -64,7 +70,65 @@ impl ModelSpec {
             source: source.into(),
             modified,
             details,
+            entry: None,
         })
+    }
+
+    /// The registered model `entry`, served under its tag with the registry's hash, size,
+    /// source and format. The file's metadata fills in the details (chat template, name);
+    /// when it cannot be read the registry's figures stand in, and loading will fail
+    /// with the reason in the log.
+    pub fn from_entry(entry: Entry) -> ModelSpec {
+        let details = match ModelDetails::read(&entry.path) {
+            Ok(mut d) => {
+                if d.parameter_count.is_none() {
+                    d.parameter_count = Some(entry.info.parameters);
+                }
+                d
+            }
+            Err(e) => {
+                tracing::warn!(model = %entry.tag, path = %entry.path.display(), error = %e,
+                    "cannot read the registered model's metadata; listing the registry's");
+                ModelDetails {
+                    format: match entry.format {
+                        ModelFormat::Gguf => "gguf",
+                        ModelFormat::HfDir => "safetensors",
+                    },
+                    architecture: entry.info.architecture.clone(),
+                    name: None,
+                    license: None,
+                    parameter_count: Some(entry.info.parameters),
+                    quantization: entry.info.quantization.to_uppercase(),
+                    context_length: usize::try_from(entry.info.context_length)
+                        .unwrap_or(usize::MAX),
+                    chat_template: None,
+                }
+            }
+        };
+        let modified = chrono::DateTime::parse_from_rfc3339(&entry.added_at)
+            .map(SystemTime::from)
+            .or_else(|_| std::fs::metadata(&entry.path).and_then(|m| m.modified()))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        ModelSpec {
+            id: entry.tag.clone(),
+            aliases: Vec::new(),
+            path: entry.path.clone(),
+            sha256: entry.sha256.clone(),
+            size: entry.size_bytes,
+            source: entry.source.as_str().to_string(),
+            modified,
+            details,
+            entry: Some(entry),
+        }
+    }
+
+    /// `gguf` or `hf-dir` (the registry's names for how a model is stored).
+    pub fn format(&self) -> &'static str {
+        match &self.entry {
+            Some(e) => e.format.as_str(),
+            None if self.path.is_dir() => ModelFormat::HfDir.as_str(),
+            None => ModelFormat::Gguf.as_str(),
+        }
     }
 
     pub fn with_aliases(mut self, aliases: impl IntoIterator<Item = String>) -> ModelSpec {
@@ -127,9 +191,17 @@ enum Resident {
     Ready(Arc<Runner>),
 }
 
+/// Which models a server answers for.
+enum Served {
+    /// Exactly these (the models named to `flowrt serve`).
+    Fixed(Vec<Arc<ModelSpec>>),
+    /// Every model in the registry, as it is now.
+    Registry(RegistryModels),
+}
+
 /// Loads, serves and unloads the models of a server.
 pub struct ModelManager {
-    specs: Vec<Arc<ModelSpec>>,
+    served: Served,
     resident: Arc<Mutex<HashMap<String, Resident>>>,
     config: Arc<ServerConfig>,
     metrics: Arc<Metrics>,
@@ -154,8 +226,31 @@ impl ModelManager {
         config: Arc<ServerConfig>,
         metrics: Arc<Metrics>,
     ) -> ModelManager {
+        ModelManager::with(
+            Served::Fixed(specs.into_iter().map(Arc::new).collect()),
+            config,
+            metrics,
+        )
+    }
+
+    /// A manager for every model registered in the flowrt home `home` (see
+    /// [`crate::registry`]); fails if the registry cannot be read.
+    pub fn from_registry(
+        home: PathBuf,
+        config: Arc<ServerConfig>,
+        metrics: Arc<Metrics>,
+    ) -> Result<ModelManager, StoreError> {
+        let models = RegistryModels::open(home)?;
+        Ok(ModelManager::with(
+            Served::Registry(models),
+            config,
+            metrics,
+        ))
+    }
+
+    fn with(served: Served, config: Arc<ServerConfig>, metrics: Arc<Metrics>) -> ModelManager {
         ModelManager {
-            specs: specs.into_iter().map(Arc::new).collect(),
+            served,
             resident: Arc::new(Mutex::new(HashMap::new())),
             config,
             metrics,
@@ -163,18 +258,38 @@ impl ModelManager {
         }
     }
 
-    pub fn specs(&self) -> &[Arc<ModelSpec>] {
-        &self.specs
+    /// The flowrt home whose registry this server serves, if it serves one.
+    pub fn registry_home(&self) -> Option<&Path> {
+        match &self.served {
+            Served::Fixed(_) => None,
+            Served::Registry(r) => Some(r.home()),
+        }
     }
 
-    /// The spec a request's model name means: an id or alias exactly; `NAME:latest` means
+    /// Every model this server answers for now (for a registry, as it is now).
+    pub fn specs(&self) -> Vec<Arc<ModelSpec>> {
+        match &self.served {
+            Served::Fixed(specs) => specs.clone(),
+            Served::Registry(r) => r.specs(),
+        }
+    }
+
+    /// The spec a request's model name means, or 404 `model_not_found`. A fixed list
+    /// matches an id or alias exactly; a registry resolves the name by its rules (a tag, or a
+    /// bare family naming one registered model). `NAME:latest` that matches nothing means
     /// `NAME` (Ollama clients add it). Nothing else matches.
-    pub fn find(&self, name: &str) -> Option<&Arc<ModelSpec>> {
+    pub fn find(&self, name: &str) -> Result<Arc<ModelSpec>, ApiError> {
+        let specs = match &self.served {
+            Served::Registry(r) => return r.resolve(name),
+            Served::Fixed(specs) => specs,
+        };
         let bare = name.strip_suffix(":latest");
-        self.specs
+        specs
             .iter()
             .find(|s| s.answers_to(name))
-            .or_else(|| bare.and_then(|b| self.specs.iter().find(|s| s.answers_to(b))))
+            .or_else(|| bare.and_then(|b| specs.iter().find(|s| s.answers_to(b))))
+            .cloned()
+            .ok_or_else(|| ApiError::model_not_found(name))
     }
 
     pub fn state(&self, id: &str) -> ModelState {
@@ -205,7 +320,7 @@ impl ModelManager {
 
     pub fn gauges(&self) -> Vec<ModelGauges> {
         let running = self.running();
-        self.specs
+        self.specs()
             .iter()
             .map(|s| {
                 let r = running.iter().find(|r| r.spec.id == s.id);
@@ -236,10 +351,31 @@ impl ModelManager {
     /// The runner for the model `name`, loading it if needed. Unknown names are
     /// `model_not_found`.
     pub async fn get(&self, name: &str) -> Result<Arc<Runner>, ApiError> {
-        let spec = self
-            .find(name)
-            .ok_or_else(|| ApiError::model_not_found(name))?
-            .clone();
+        let spec = self.find(name)?;
+        // A resident model whose tag now names other bytes (re-registered) is replaced:
+        // the name must run the model the registry holds under it.
+        for _ in 0..3 {
+            let runner = self.get_spec(&spec).await?;
+            if runner.spec.sha256 == spec.sha256 && runner.spec.path == spec.path {
+                return Ok(runner);
+            }
+            let mut map = lock(&self.resident);
+            if matches!(map.get(&spec.id), Some(Resident::Ready(r)) if Arc::ptr_eq(r, &runner)) {
+                tracing::info!(model = %spec.id, "the registry holds other bytes under this tag now; reloading");
+                map.remove(&spec.id);
+            }
+        }
+        Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "model `{}` keeps changing in the registry; retry later",
+                spec.id
+            ),
+        ))
+    }
+
+    /// The runner for `spec`, loading it if nothing is resident under its id.
+    async fn get_spec(&self, spec: &Arc<ModelSpec>) -> Result<Arc<Runner>, ApiError> {
         let mut rx = {
             let mut map = lock(&self.resident);
             match map.get(&spec.id) {
@@ -275,7 +411,10 @@ impl ModelManager {
         let resident = self.resident.clone();
         let id = spec.id.clone();
         tracing::info!(model = %id, path = %spec.path.display(), "loading model");
-        let handle = tokio::task::spawn_blocking(move || load_runner(spec, &config, metrics));
+        let check_home = self.registry_home().map(Path::to_path_buf);
+        let handle = tokio::task::spawn_blocking(move || {
+            load_runner(spec, &config, metrics, check_home.as_deref())
+        });
         let budget = self.config.memory_budget;
         // A detached task finishes the load, so a waiter that goes away does not strand it.
         tokio::spawn(async move {
@@ -394,10 +533,12 @@ fn make_room(
 }
 
 /// Load a model and start its scheduler (blocking: runs on the blocking pool).
+/// With `check_home`, the registry of that home must still hold the spec's file, intact.
 fn load_runner(
     spec: Arc<ModelSpec>,
     config: &ServerConfig,
     metrics: Arc<Metrics>,
+    check_home: Option<&Path>,
 ) -> Result<Arc<Runner>, ApiError> {
     let failed = |e: &dyn std::fmt::Display| {
         tracing::error!(model = %spec.id, path = %spec.path.display(), error = %e, "loading failed");
@@ -409,6 +550,9 @@ fn load_runner(
             ),
         )
     };
+    if let Some(home) = check_home {
+        RegistryModels::check_before_load(home, &spec).map_err(|e| failed(&e))?;
+    }
     let model = Arc::new(LoadedModel::load(&spec.path).map_err(|e| failed(&e))?);
     let parallel = config.parallel.max(1);
     let engine = BatchStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;

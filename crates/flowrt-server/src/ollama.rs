@@ -110,10 +110,7 @@ pub async fn show(
     ApiJson(req): ApiJson<ShowRequest>,
 ) -> OResult<Json<Value>> {
     let name = model_name(req.model, req.name)?;
-    let s = state
-        .models
-        .find(&name)
-        .ok_or_else(|| ApiError::model_not_found(&name))?;
+    let s = state.models.find(&name)?;
     let d = &s.details;
     let arch = &d.architecture;
     let mut info = serde_json::Map::new();
@@ -128,6 +125,11 @@ pub async fn show(
     info.insert("general.file_type".into(), json!(d.quantization));
     info.insert("flowrt.sha256".into(), json!(s.sha256));
     info.insert("flowrt.source".into(), json!(s.source));
+    info.insert("flowrt.format".into(), json!(s.format()));
+    if let Some(e) = &s.entry {
+        info.insert("flowrt.origin".into(), json!(e.origin));
+        info.insert("flowrt.added_at".into(), json!(e.added_at));
+    }
     let mut caps = vec!["completion"];
     if d.chat_template.is_some() {
         caps.push("chat");
@@ -138,7 +140,7 @@ pub async fn show(
         "modelfile": format!("# flowrt: {}\nFROM {}\n", s.id, s.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()),
         "parameters": "",
         "template": template,
-        "details": details_json(s),
+        "details": details_json(&s),
         "model_info": info,
         "capabilities": caps,
         "modified_at": rfc3339(s.modified),
@@ -353,11 +355,7 @@ async fn load_only(
     ka: Option<Option<Duration>>,
     chat: bool,
 ) -> OResult<Response> {
-    let spec = state
-        .models
-        .find(model)
-        .ok_or_else(|| ApiError::model_not_found(model))?
-        .clone();
+    let spec = state.models.find(model)?;
     let reason = if ka == Some(Some(Duration::ZERO)) {
         state.models.unload(&spec.id);
         "unload"

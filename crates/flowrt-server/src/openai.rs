@@ -47,7 +47,9 @@ fn model_json(state: &AppState, s: &ModelSpec) -> Value {
         "sha256": s.sha256,
         "size": s.size,
         "source": s.source,
-        "format": s.details.format,
+        "origin": s.entry.as_ref().map(|e| &e.origin),
+        "added_at": s.entry.as_ref().map(|e| &e.added_at),
+        "format": s.format(),
         "architecture": s.details.architecture,
         "quantization": s.details.quantization,
         "parameter_count": s.details.parameter_count,
@@ -76,11 +78,8 @@ pub async fn get_model(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let spec = state
-        .models
-        .find(&id)
-        .ok_or_else(|| ApiError::model_not_found(&id))?;
-    Ok(Json(model_json(&state, spec)))
+    let spec = state.models.find(&id)?;
+    Ok(Json(model_json(&state, &spec)))
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,307 @@
+//! Serving the model registry: a server started without model arguments answers for every
+//! model registered in its flowrt home, by tag or bare family, loads each on its first
+//! request, follows the registry as it changes, and answers 404 `model_not_found` for a
+//! name that resolves to no registered model — never another model.
+//!
+//! Each test has its own temporary flowrt home whose registry points at the real SmolLM2
+//! (`FLOWRT_SMOLLM2_GGUF`); models are driven through `app(state)` without a socket.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use axum::http::StatusCode;
+use common::*;
+use flowrt_server::{app, AppState, ModelState, ServerConfig};
+use flowrt_store::{now_rfc3339, Entry, ModelFormat, ModelInfo, ModelSource, Registry};
+use serde_json::{json, Value};
+
+/// SmolLM2's SHA-256 (hashed once per test binary).
+fn smollm2_sha256() -> &'static str {
+    static SHA: OnceLock<String> = OnceLock::new();
+    SHA.get_or_init(|| flowrt_store::sha256_file(&smollm2()).unwrap())
+}
+
+/// A registry entry for the SmolLM2 file at `path`, as `flowrt add` records it.
+fn entry(tag: &str, path: &Path) -> Entry {
+    Entry {
+        tag: tag.to_string(),
+        path: path.to_path_buf(),
+        format: ModelFormat::Gguf,
+        info: ModelInfo {
+            architecture: "llama".into(),
+            context_length: 8192,
+            parameters: 134_515_008,
+            quantization: "q4_1".into(),
+        },
+        size_bytes: std::fs::metadata(path).unwrap().len(),
+        sha256: smollm2_sha256().to_string(),
+        source: ModelSource::Local,
+        origin: format!("test copy of {}", path.display()),
+        added_at: now_rfc3339(),
+    }
+}
+
+/// A flowrt home with `tags` registered, each to the SmolLM2 file.
+fn home_with(tags: &[&str]) -> tempfile::TempDir {
+    let home = tempfile::tempdir().unwrap();
+    let mut registry = Registry::open(home.path()).unwrap();
+    for tag in tags {
+        registry.add(entry(tag, &smollm2()), false).unwrap();
+    }
+    home
+}
+
+fn registry_state(home: &Path, cfg: ServerConfig) -> AppState {
+    AppState::from_registry(home.to_path_buf(), cfg).unwrap()
+}
+
+fn chat(model: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "What is 2+2?"}],
+        "temperature": 0,
+        "max_tokens": 3,
+    })
+}
+
+fn assert_not_found(r: &Reply, needle: &str) {
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    let e = &r.json()["error"];
+    assert_eq!(e["code"], "model_not_found", "{}", r.text());
+    assert_eq!(e["param"], "model", "{}", r.text());
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains(needle), "`{needle}` not in: {msg}");
+    assert!(
+        !msg.contains(&*smollm2().to_string_lossy()),
+        "a 404 must not name files: {msg}"
+    );
+}
+
+#[tokio::test]
+async fn registered_models_are_listed_with_the_registry_metadata() {
+    let home = home_with(&["smollm2:135m"]);
+    let app = app(registry_state(home.path(), config()));
+    let size = std::fs::metadata(smollm2()).unwrap().len();
+
+    let r = get(&app, "/v1/models").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let data = r.json()["data"].as_array().unwrap().clone();
+    assert_eq!(data.len(), 1, "{data:?}");
+    let m = &data[0];
+    assert_eq!(m["id"], "smollm2:135m");
+    assert_eq!(m["sha256"], smollm2_sha256());
+    assert_eq!(m["size"], size);
+    assert_eq!(m["source"], "local");
+    assert_eq!(m["format"], "gguf");
+    assert_eq!(m["aliases"], json!(["smollm2"]));
+    assert!(m["origin"].as_str().unwrap().starts_with("test copy of"));
+    assert_eq!(m["architecture"], "llama");
+    assert_eq!(m["quantization"], "Q4_1");
+    assert_eq!(m["max_context_length"], 8192);
+    assert_eq!(m["context_length"], N_CTX);
+    assert_eq!(m["loaded"], false);
+
+    // The bare family and Ollama's `:latest` answer with the tag.
+    for name in ["smollm2:135m", "smollm2", "smollm2:latest"] {
+        let r = get(&app, &format!("/v1/models/{name}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{name}: {}", r.text());
+        assert_eq!(r.json()["id"], "smollm2:135m");
+    }
+
+    let r = get(&app, "/api/tags").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let t = &r.json()["models"][0];
+    assert_eq!(t["name"], "smollm2:135m");
+    assert_eq!(t["digest"], smollm2_sha256());
+    assert_eq!(t["size"], size);
+    assert_eq!(t["details"]["quantization_level"], "Q4_1");
+
+    let r = post(&app, "/api/show", &json!({"model": "smollm2"})).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let info = &r.json()["model_info"];
+    assert_eq!(info["flowrt.sha256"], smollm2_sha256());
+    assert_eq!(info["flowrt.source"], "local");
+    assert_eq!(info["flowrt.format"], "gguf");
+
+    let r = get(&app, "/health").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["models"]["smollm2:135m"], "unloaded");
+}
+
+#[tokio::test]
+async fn a_registered_tag_loads_on_its_first_request_and_names_itself() {
+    let home = home_with(&["smollm2:135m"]);
+    let state = registry_state(home.path(), config());
+    let app = app(state.clone());
+    assert_eq!(state.models.state("smollm2:135m"), ModelState::Unloaded);
+
+    // Asked for by its bare family: the response names the tag that ran.
+    let r = post(&app, "/v1/chat/completions", &chat("smollm2")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["model"], "smollm2:135m");
+    assert_eq!(state.models.state("smollm2:135m"), ModelState::Ready);
+
+    let r = get(&app, "/api/ps").await;
+    let ps = &r.json()["models"][0];
+    assert_eq!(ps["name"], "smollm2:135m");
+    assert_eq!(ps["digest"], smollm2_sha256());
+
+    let r = post(
+        &app,
+        "/api/generate",
+        &json!({"model": "smollm2:latest", "prompt": "Hi", "stream": false,
+                "options": {"temperature": 0, "num_predict": 2}}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["model"], "smollm2:135m");
+}
+
+#[tokio::test]
+async fn names_the_registry_does_not_resolve_are_404_never_another_model() {
+    // Two sizes of a family that is not in the catalog: its bare name is ambiguous.
+    let home = home_with(&["smollm2:135m", "tiny:1", "tiny:2"]);
+    let state = registry_state(home.path(), config());
+    let app = app(state.clone());
+
+    // Not registered at all.
+    let r = post(&app, "/v1/chat/completions", &chat("llama3:8b")).await;
+    assert_not_found(&r, "llama3:8b");
+    // A catalog model that is not registered here, by tag and by its catalog alias.
+    let r = post(&app, "/v1/chat/completions", &chat("gemma3:270m")).await;
+    assert_not_found(&r, "gemma3:270m");
+    let r = post(&app, "/v1/chat/completions", &chat("gemma3")).await;
+    assert_not_found(&r, "gemma3:270m");
+    // A family with several registered sizes names none of them.
+    let r = post(&app, "/v1/chat/completions", &chat("tiny")).await;
+    assert_not_found(&r, "tiny:1, tiny:2");
+    // A size that is not registered, and a path-like name.
+    let r = post(&app, "/v1/chat/completions", &chat("smollm2:360m")).await;
+    assert_not_found(&r, "smollm2:360m");
+    let r = post(
+        &app,
+        "/v1/completions",
+        &json!({"model": "../registry.json", "prompt": "x"}),
+    )
+    .await;
+    assert_not_found(&r, "../registry.json");
+    // The same on the Ollama routes, in Ollama's error shape.
+    let r = post(
+        &app,
+        "/api/chat",
+        &json!({"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    assert!(r.json()["error"].as_str().unwrap().contains("llama3"));
+    let r = post(&app, "/api/show", &json!({"model": "tiny"})).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+
+    // Nothing was loaded by any of them.
+    assert!(state.models.running().is_empty());
+}
+
+#[tokio::test]
+async fn the_server_follows_the_registry_while_it_runs() {
+    let home = home_with(&["smollm2:135m"]);
+    let state = registry_state(home.path(), config());
+    let app = app(state.clone());
+    let r = get(&app, "/v1/models/mine:1").await;
+    assert_not_found(&r, "mine:1");
+
+    // `flowrt add mine:1 ...` while the server runs: listed and served.
+    let mut registry = Registry::open(home.path()).unwrap();
+    registry.add(entry("mine:1", &smollm2()), false).unwrap();
+    let ids: Vec<Value> = get(&app, "/v1/models").await.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("mine:1"), json!("smollm2:135m")]);
+    let r = post(&app, "/v1/chat/completions", &chat("mine")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["model"], "mine:1");
+
+    // Re-registered to other bytes under the same tag: the next request runs the new file.
+    let copy_dir = tempfile::tempdir().unwrap();
+    let copy: PathBuf = copy_dir.path().join("copy.gguf");
+    std::fs::copy(smollm2(), &copy).unwrap();
+    registry.add(entry("mine:1", &copy), true).unwrap();
+    let before = state
+        .models
+        .running()
+        .into_iter()
+        .find(|r| r.spec.id == "mine:1")
+        .unwrap();
+    assert_eq!(before.spec.path, smollm2());
+    let r = post(&app, "/v1/chat/completions", &chat("mine:1")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let after = state
+        .models
+        .running()
+        .into_iter()
+        .find(|r| r.spec.id == "mine:1")
+        .unwrap();
+    assert_eq!(after.spec.path, copy, "the re-registered file runs");
+
+    // `flowrt rm mine:1`: no longer listed or served, even though it is still resident.
+    registry.remove("mine:1").unwrap();
+    let r = post(&app, "/v1/chat/completions", &chat("mine:1")).await;
+    assert_not_found(&r, "mine:1");
+    let r = get(&app, "/api/tags").await;
+    assert_eq!(r.json()["models"].as_array().unwrap().len(), 1);
+
+    // A registry left unreadable: the server keeps serving what it last read.
+    std::fs::write(home.path().join("registry.json"), "{ not json").unwrap();
+    let r = get(&app, "/v1/models/smollm2:135m").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+}
+
+#[tokio::test]
+async fn registered_models_load_within_the_memory_budget_least_recently_used_out() {
+    let home = home_with(&["a:1", "b:1"]);
+    let size = std::fs::metadata(smollm2()).unwrap().len();
+    // Room for one SmolLM2 (weights plus a small KV cache), not two.
+    let cfg = ServerConfig {
+        memory_budget: Some(2 * size - 1),
+        ..config()
+    };
+    let state = registry_state(home.path(), cfg);
+    let app = app(state.clone());
+    let resident = |state: &AppState| -> Vec<String> {
+        state
+            .models
+            .running()
+            .iter()
+            .map(|r| r.spec.id.clone())
+            .collect()
+    };
+
+    let r = post(&app, "/v1/chat/completions", &chat("a:1")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(resident(&state), ["a:1"]);
+    let r = post(&app, "/v1/chat/completions", &chat("b:1")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["model"], "b:1");
+    assert_eq!(resident(&state), ["b:1"], "a:1 made room for b:1");
+}
+
+#[tokio::test]
+async fn a_registered_file_that_changed_is_not_loaded() {
+    // Registered with a size the file no longer has: loading refuses it (503), and the
+    // client is not told where the file is.
+    let home = tempfile::tempdir().unwrap();
+    let mut e = entry("smollm2:135m", &smollm2());
+    e.size_bytes += 1;
+    Registry::open(home.path()).unwrap().add(e, false).unwrap();
+    let state = registry_state(home.path(), config());
+    let app = app(state.clone());
+    let r = post(&app, "/v1/chat/completions", &chat("smollm2:135m")).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "model_unavailable");
+    assert!(!r.text().contains(&*smollm2().to_string_lossy()));
+    assert!(state.models.running().is_empty());
+}
