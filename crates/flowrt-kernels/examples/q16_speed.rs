@@ -1,7 +1,10 @@
 //! Single-thread decode (one token) matmul speed, in GB/s of weights, with Q16 activations
 //! (and optionally the ggml 8-bit activations).
 //!
-//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8]]`
+//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8] [tokens=N]]`
+//!
+//! `tokens=N` multiplies N activation rows at once (batched decode or prefill); MAC/s counts
+//! every weight-activation product.
 //!
 //! Types are ggml names (`q4_1 q4_k q6_k ...`; default: every type with a Q16 matmul). Each
 //! round times a batch of matmuls per type, types interleaved so they see the same machine
@@ -31,6 +34,11 @@ fn main() {
         nums.get(1).copied().unwrap_or(2048),
     );
     let with_q8 = args.iter().any(|a| a == "q8");
+    let ntok: usize = args
+        .iter()
+        .find_map(|a| a.strip_prefix("tokens=")?.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     let mut types: Vec<GgmlType> = args
         .iter()
         .filter_map(|a| {
@@ -63,6 +71,7 @@ fn main() {
             .collect();
         let mut a16 = vec![0u8; q16::q16_row_size(k)];
         kern.quantize_row_q16(&x, &mut a16);
+        let a16 = a16.repeat(ntok);
         cases.push(Case {
             ty,
             q8: false,
@@ -74,6 +83,7 @@ fn main() {
             let at = Kernels::vec_dot_type(ty);
             let mut a8 = vec![0u8; row_size(at, k)];
             kern.quantize_row(at, &x, &mut a8);
+            let a8 = a8.repeat(ntok);
             cases.push(Case {
                 ty,
                 q8: true,
@@ -83,36 +93,36 @@ fn main() {
             });
         }
     }
-    let mut out = vec![0f32; rows];
+    let mut out = vec![0f32; rows * ntok];
     for _ in 0..ROUNDS {
         for c in cases.iter_mut() {
             let iters = (200_000_000 / c.w.len()).clamp(2, 500);
             let t = Instant::now();
             for _ in 0..iters {
                 if c.q8 {
-                    kern.matmul(c.ty, k, &c.w, rows, &c.a, 1, &mut out, rows);
+                    kern.matmul(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows);
                 } else {
-                    kern.matmul_q16(c.ty, k, &c.w, rows, &c.a, 1, &mut out, rows);
+                    kern.matmul_q16(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows);
                 }
             }
             c.times.push(t.elapsed().as_secs_f64() / iters as f64);
         }
     }
     println!(
-        "{} K={k} rows={rows}, 1 token, median of {ROUNDS} rounds:",
+        "{} K={k} rows={rows}, {ntok} token(s), median of {ROUNDS} rounds:",
         kern.name()
     );
     for c in &mut cases {
         c.times.sort_by(f64::total_cmp);
         let s = c.times[ROUNDS / 2];
         println!(
-            "  {:5} {}: {:8.1} us, {:5.1} GB/s of weights ({:.2} MB), {:.2} Gvalues/s",
+            "  {:5} {}: {:8.1} us, {:5.1} GB/s of weights ({:.2} MB), {:.2} GMAC/s",
             c.ty.name(),
             if c.q8 { "q8 " } else { "q16" },
             s * 1e6,
             c.w.len() as f64 / s / 1e9,
             c.w.len() as f64 / 1e6,
-            (k * rows) as f64 / s / 1e9
+            (k * rows * ntok) as f64 / s / 1e9
         );
     }
 }

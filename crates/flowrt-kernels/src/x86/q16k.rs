@@ -182,6 +182,15 @@ impl<W: KUnpack> Tiles for Super<W> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn tile<const R: usize, const T: usize>(g: &mut MatmulArgs<'_>, r0: usize, t0: usize) {
+        if T == 8 {
+            // Eight tokens' accumulators would not fit the registers: two tiles of four.
+            // SAFETY: forwarded contract (tokens t0..t0+8 exist).
+            unsafe {
+                Self::tile::<R, 4>(g, r0, t0);
+                Self::tile::<R, 4>(g, r0, t0 + 4);
+            }
+            return;
+        }
         let nsb = g.k / QK_K;
         let wstride = nsb * W::BYTES;
         let astride = g.k / QK * Q16_BLOCK_BYTES;
