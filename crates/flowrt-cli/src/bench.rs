@@ -128,7 +128,9 @@ fn bench_parallel(
             n_gen: args.n_gen,
             repetitions: args.repetitions,
         },
-    )?;
+    );
+    args.engine.write_trace_of(session.trace())?;
+    let r = r?;
     if args.json {
         let v = serde_json::json!({
             "model": model.path.display().to_string(),

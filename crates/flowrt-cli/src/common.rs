@@ -96,7 +96,12 @@ impl EngineArgs {
 
     /// Write the session's trace to `--trace FILE`, if asked for.
     pub fn write_trace(&self, session: &Session) -> Result<()> {
-        if let (Some(path), Some(trace)) = (&self.trace, session.trace()) {
+        self.write_trace_of(session.trace())
+    }
+
+    /// Write `trace` to `--trace FILE`, if asked for.
+    pub fn write_trace_of(&self, trace: Option<&flowrt_dispatch::Trace>) -> Result<()> {
+        if let (Some(path), Some(trace)) = (&self.trace, trace) {
             trace
                 .write(path)
                 .with_context(|| format!("writing trace {}", path.display()))?;

@@ -72,6 +72,17 @@ fn fifth_bits16(h: u16) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi16(16))
 }
 
+/// The two f16 values at `p` and `p + 2`, converted together.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn two_halves(p: *const u8) -> (f32, f32) {
+    // SAFETY: the caller guarantees four readable bytes at p.
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
+        p.cast::<u32>().read_unaligned()
+    } as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn half(p: *const u8) -> f32 {
@@ -103,7 +114,8 @@ impl Unpack for W4_1 {
         // SAFETY: a Q4_1 block is 20 bytes: d at 0, m at 2, 16 bytes of nibbles at 4.
         unsafe {
             let (lo, hi) = nibbles(_mm_loadu_si128(p.add(4).cast()));
-            (lo, hi, half(p), half(p.add(2)))
+            let (d, m) = two_halves(p);
+            (lo, hi, d, m)
         }
     }
 }
@@ -137,12 +149,8 @@ impl Unpack for W5_1 {
         unsafe {
             let (lo, hi) = nibbles(_mm_loadu_si128(p.add(8).cast()));
             let (hlo, hhi) = fifth_bits(p.add(4).cast::<u32>().read_unaligned());
-            (
-                _mm256_or_si256(lo, hlo),
-                _mm256_or_si256(hi, hhi),
-                half(p),
-                half(p.add(2)),
-            )
+            let (d, m) = two_halves(p);
+            (_mm256_or_si256(lo, hlo), _mm256_or_si256(hi, hhi), d, m)
         }
     }
 }
