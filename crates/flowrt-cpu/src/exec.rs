@@ -111,7 +111,7 @@ pub enum BackendError {
 
 /// Per-thread scratch, allocated once.
 struct ThreadScratch {
-    scores: Vec<f32>, // (n_ctx) attention scores of one head
+    scores: Vec<f32>, // (group, n_ctx) attention scores of the query heads of one KV head
     tile: Vec<f32>,   // (max_batch, ROW_BLOCK) one matmul task's output
 }
 
@@ -190,7 +190,7 @@ impl CpuBackend {
         let per_thread = (0..pool.n_threads())
             .map(|_| {
                 Mutex::new(ThreadScratch {
-                    scores: vec![0.0; n_ctx],
+                    scores: vec![0.0; n_ctx * (c.num_attention_heads / c.num_key_value_heads)],
                     tile: vec![0.0; max_batch * ROW_BLOCK],
                 })
             })
@@ -719,13 +719,16 @@ impl CpuBackend {
     }
 
     /// `Attn[t, head] = softmax(Q[t, head] · K[s, g]ᵀ · scale) · V[s, g]` over positions
-    /// `0..=p` of row `t`'s sequence `s` at position `p`,
-    /// where `g = head / (n_heads / n_kv_heads)`; with a window `w`, over positions
-    /// `p+1-w ..= p` only.
+    /// `0..=p` of row `t`'s sequence `s` at position `p`, where `g = head / (n_heads /
+    /// n_kv_heads)`; with a window `w`, over positions `p+1-w ..= p` only.
+    ///
+    /// One task per row and KV head computes all the query heads that share it, so each
+    /// cached key and value row is read once for the group (GQA), not once per query head.
     fn attention(&mut self, l: usize, window: Option<usize>, batch: &Batch) {
         let c = &self.model.config;
         let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
-        let group = nh / c.num_key_value_heads;
+        let nkv = c.num_key_value_heads;
+        let group = nh / nkv;
         let scale = c.attn_scale;
         let n = batch.tokens.len();
         let kern = self.kernels;
@@ -735,31 +738,41 @@ impl CpuBackend {
         let q = &q[..n * qd];
         let per_thread = &self.per_thread;
         let rows = &self.rows;
+        // Heads g*group..(g+1)*group of a row are contiguous in `Attn`: one chunk per (t, g).
         self.pool
-            .for_each_chunk_mut(&mut attn[..n * qd], hd, &|tid, i, out| {
-                let (t, head) = (i / nh, i % nh);
-                let g = head / group;
+            .for_each_chunk_mut(&mut attn[..n * qd], group * hd, &|tid, i, out| {
+                let (t, g) = (i / nkv, i % nkv);
                 let (seq, pos) = rows[t];
                 // First visible position.
                 let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let qv = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
+                let len = pos + 1 - first;
+                let qg = &q[t * qd + g * group * hd..t * qd + (g + 1) * group * hd];
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
-                let scores = &mut scratch.scores[first..=pos];
-                for (j, s) in (first..).zip(scores.iter_mut()) {
+                let scores = &mut scratch.scores[..group * len];
+                for (jj, j) in (first..=pos).enumerate() {
                     let o = kv.offset(seq, g, j);
-                    *s = scale
-                        * match kc {
-                            KvStore::F16(kc) => kern.dot_f32_f16(qv, as_f16(&kc[o..o + hd])),
-                            KvStore::F32(kc) => kern.dot_f32(qv, &kc[o..o + hd]),
-                        };
+                    for h in 0..group {
+                        let qv = &qg[h * hd..(h + 1) * hd];
+                        scores[h * len + jj] = scale
+                            * match kc {
+                                KvStore::F16(kc) => kern.dot_f32_f16(qv, as_f16(&kc[o..o + hd])),
+                                KvStore::F32(kc) => kern.dot_f32(qv, &kc[o..o + hd]),
+                            };
+                    }
                 }
-                kern.softmax(scores);
+                for h in 0..group {
+                    kern.softmax(&mut scores[h * len..(h + 1) * len]);
+                }
                 out.fill(0.0);
-                for (j, &p) in (first..).zip(scores.iter()) {
+                for (jj, j) in (first..=pos).enumerate() {
                     let o = kv.offset(seq, g, j);
-                    match vc {
-                        KvStore::F16(vc) => kern.axpy_f16(out, p, as_f16(&vc[o..o + hd])),
-                        KvStore::F32(vc) => kern.axpy_f32(out, p, &vc[o..o + hd]),
+                    for h in 0..group {
+                        let p = scores[h * len + jj];
+                        let oh = &mut out[h * hd..(h + 1) * hd];
+                        match vc {
+                            KvStore::F16(vc) => kern.axpy_f16(oh, p, as_f16(&vc[o..o + hd])),
+                            KvStore::F32(vc) => kern.axpy_f32(oh, p, &vc[o..o + hd]),
+                        }
                     }
                 }
             });

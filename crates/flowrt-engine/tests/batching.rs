@@ -23,6 +23,10 @@ fn prompts() -> Vec<Vec<u32>> {
     ]
 }
 
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -42,9 +46,10 @@ fn solo(m: &LoadedModel, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
 }
 
 /// Three sequences of different lengths prefilled in one step, then decoded together; a
-/// fourth slot idles. Every row equals the sequence run alone (same kernels, same order of
-/// arithmetic per row).
-fn batched_equals_solo(m: &LoadedModel) {
+/// fourth slot idles. Every row equals the sequence run alone up to `tol`: float weights give
+/// the same arithmetic per row whatever the batch; with quantised weights the matmul tiles
+/// for 1, 4 and 8 tokens sum in different orders, which moves logits by float rounding only.
+fn batched_equals_solo(m: &LoadedModel, tol: f32) {
     let ps = prompts();
     let next: Vec<Vec<u32>> = (0..3)
         .map(|k| (0..5).map(|i| (k * 50 + i * 3 + 7) as u32).collect())
@@ -59,7 +64,7 @@ fn batched_equals_solo(m: &LoadedModel) {
     assert_eq!(logits.len(), 3 * vocab);
     for k in 0..3 {
         let d = max_diff(&logits[k * vocab..(k + 1) * vocab], &want[k][0]);
-        assert!(d <= 1e-5, "prefill of sequence {k}: max diff {d}");
+        assert!(d <= tol, "prefill of sequence {k}: max diff {d}");
     }
     for step in 0..5 {
         let toks: Vec<[u32; 1]> = (0..3).map(|k| [next[k][step]]).collect();
@@ -71,11 +76,13 @@ fn batched_equals_solo(m: &LoadedModel) {
         if step == 2 {
             // Catch sequence 1 up alone.
             let l = b.step(&[(slots[1], &toks[1][..])]).unwrap().to_vec();
-            assert!(max_diff(&l, &want[1][3]) <= 1e-5);
+            assert!(max_diff(&l, &want[1][3]) <= tol);
         }
         for (row, &k) in active.iter().enumerate() {
-            let d = max_diff(&logits[row * vocab..(row + 1) * vocab], &want[k][step + 1]);
-            assert!(d <= 1e-5, "decode step {step}, sequence {k}: max diff {d}");
+            let got = &logits[row * vocab..(row + 1) * vocab];
+            let d = max_diff(got, &want[k][step + 1]);
+            assert!(d <= tol, "decode step {step}, sequence {k}: max diff {d}");
+            assert_eq!(argmax(got), argmax(&want[k][step + 1]));
         }
     }
     assert_eq!(b.n_past(slots[0]), 7 + 5);
@@ -85,17 +92,24 @@ fn batched_equals_solo(m: &LoadedModel) {
 
 #[test]
 fn batched_sequences_equal_solo_runs_f32_llama() {
-    batched_equals_solo(&LoadedModel::load(&common::fixture("families/llama-tied")).unwrap());
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/llama-tied")).unwrap(),
+        1e-5,
+    );
 }
 
 #[test]
 fn batched_sequences_equal_solo_runs_gemma3_sliding_window() {
-    batched_equals_solo(&LoadedModel::load(&common::fixture("families/gemma3")).unwrap());
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/gemma3")).unwrap(),
+        1e-5,
+    );
 }
 
 #[test]
 fn batched_sequences_equal_solo_runs_smollm2_q4_1() {
-    batched_equals_solo(&LoadedModel::load(&common::smollm2()).unwrap());
+    // Logits of this model span about ±30; 0.02 is float rounding through 30 layers.
+    batched_equals_solo(&LoadedModel::load(&common::smollm2()).unwrap(), 2e-2);
 }
 
 #[test]
