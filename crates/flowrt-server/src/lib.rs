@@ -12,8 +12,8 @@
 //! - [`scheduler`]: one actor thread per resident model owning its KV cache slots, a bounded
 //!   queue (429 beyond it), one engine step per turn over all active sequences, cancellation
 //!   when a client goes away;
-//! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and today's
-//!   implementation, one session per slot stepped in turn (**not batched yet**);
+//! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and its batched
+//!   implementation ([`BatchStepper`]: every active sequence in one forward pass);
 //! - `openai`, `ollama`: the routes; [`error`]: the one error type; [`metrics`]: Prometheus.
 
 pub mod details;
