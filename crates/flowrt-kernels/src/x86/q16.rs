@@ -77,9 +77,9 @@ fn fifth_bits16(h: u16) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn two_halves(p: *const u8) -> (f32, f32) {
     // SAFETY: the caller guarantees four readable bytes at p.
-    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(unsafe {
-        p.cast::<u32>().read_unaligned()
-    } as i32));
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(
+        unsafe { p.cast::<u32>().read_unaligned() } as i32,
+    ));
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
