@@ -66,7 +66,8 @@ def main():
     ap.add_argument("-n", type=int, default=64, help="decoded tokens")
     ap.add_argument("-r", "--rounds", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--flowrt", default=str(ROOT / "target" / "release" / "flowrt"))
+    ap.add_argument("--flowrt", default=str(ROOT / "target" / "ci" / "flowrt"),
+                    help="flowrt binary (default: the one scripts/test builds, target/ci/flowrt)")
     ap.add_argument("--peer-python", default=str(ROOT / ".venv-peer" / "bin" / "python"))
     ap.add_argument("--install", action="store_true", help="install llama-cpp-python into .venv-peer first")
     ap.add_argument("--json", action="store_true")
