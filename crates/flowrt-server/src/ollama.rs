@@ -487,35 +487,18 @@ pub async fn chat(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let opts = req.options.unwrap_or_default();
-    let loaded_before = state.models.state(
-        &state
-            .models
-            .find(&req.model)
-            .map(|s| s.id.clone())
-            .unwrap_or_default(),
-    ) == crate::models::ModelState::Ready;
-    let started = start(
+    let stream = req.stream != Some(false);
+    run(
         &state,
         &req.model,
-        GenRequest {
-            prompt: PromptInput::Chat(messages),
-            max_tokens: opts.max_tokens()?,
-            max_tokens_param: "options.num_predict",
-            clamp_max_tokens: true,
-            sampler: opts.sampler()?,
-            stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
-            logprobs: None,
-            ignore_eos: false,
-        },
+        PromptInput::Chat(messages),
+        &opts,
+        ka,
+        stream,
+        true,
+        t0,
     )
-    .await?;
-    apply_keep_alive(&state, &started.runner.spec.id, ka);
-    let load = if loaded_before {
-        Duration::ZERO
-    } else {
-        t0.elapsed()
-    };
-    respond(started, req.stream != Some(false), true, t0, load).await
+    .await
 }
 
 pub async fn generate(
@@ -560,18 +543,36 @@ pub async fn generate(
         PromptInput::Chat(messages)
     };
     let opts = req.options.unwrap_or_default();
+    let stream = req.stream != Some(false);
+    run(&state, &req.model, input, &opts, ka, stream, false, t0).await
+}
+
+/// Generate for `/api/chat` (`chat`) or `/api/generate` with Ollama's options, apply the
+/// keep-alive, and answer (NDJSON when `stream`), reporting load time when this request loaded
+/// the model.
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    state: &AppState,
+    model: &str,
+    prompt: PromptInput,
+    opts: &Options,
+    ka: Option<Option<Duration>>,
+    stream: bool,
+    chat: bool,
+    t0: Instant,
+) -> OResult<Response> {
     let loaded_before = state.models.state(
         &state
             .models
-            .find(&req.model)
+            .find(model)
             .map(|s| s.id.clone())
             .unwrap_or_default(),
     ) == crate::models::ModelState::Ready;
     let started = start(
-        &state,
-        &req.model,
+        state,
+        model,
         GenRequest {
-            prompt: input,
+            prompt,
             max_tokens: opts.max_tokens()?,
             max_tokens_param: "options.num_predict",
             clamp_max_tokens: true,
@@ -582,11 +583,11 @@ pub async fn generate(
         },
     )
     .await?;
-    apply_keep_alive(&state, &started.runner.spec.id, ka);
+    apply_keep_alive(state, &started.runner.spec.id, ka);
     let load = if loaded_before {
         Duration::ZERO
     } else {
         t0.elapsed()
     };
-    respond(started, req.stream != Some(false), false, t0, load).await
+    respond(started, stream, chat, t0, load).await
 }
