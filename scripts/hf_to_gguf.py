@@ -23,7 +23,7 @@ GGUF written (gguf-py's GGUFWriter, v3):
   gguf.quants.quantize; a matrix whose row length is not a multiple of 32 falls
   back to f16 for q* types, and is reported); norms and biases stay f32.
   Tokenizer (from tokenizer.json / tokenizer_config.json, byte-level BPE only):
-  tokenizer.ggml.model "gpt2", tokenizer.ggml.pre (--pre, default "gpt2"),
+  tokenizer.ggml.model "gpt2", tokenizer.ggml.pre (--pre, default "gpt-2", the name llama.cpp knows),
   tokens, token_type (1 normal, 3 control = special added token, 4 user-defined
   = other added token, 5 unused = padding ids past the tokenizer up to
   vocab_size, named "[PAD{id}]"), merges, bos/eos/padding ids, add_bos_token,
@@ -404,7 +404,8 @@ def main(argv=None) -> int:
     ap.add_argument("model_dir", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--outtype", choices=OUTTYPES, default="f32")
-    ap.add_argument("--pre", default="gpt2", help='tokenizer.ggml.pre value (default "gpt2")')
+    ap.add_argument("--pre", default="gpt-2",
+                    help='tokenizer.ggml.pre value (default "gpt-2", the name llama.cpp knows)')
     ap.add_argument("--name", help="general.name (default: the directory's name)")
     ap.add_argument("--ref", type=Path, metavar="FILE",
                     help="also write a REF file of the GGUF's logits (as transformers dequantises it) "

@@ -52,6 +52,8 @@ enum Gpt2Split {
 const GPT2_PRE_TOKENIZERS: &[(&str, Gpt2Split)] = &[
     ("default", Gpt2Split::ByteLevelRegex),
     ("gpt2", Gpt2Split::ByteLevelRegex),
+    // llama.cpp's converter writes this name for the GPT-2 split.
+    ("gpt-2", Gpt2Split::ByteLevelRegex),
     ("smollm", Gpt2Split::DigitsThenByteLevel),
     ("llama-bpe", Gpt2Split::Regex(LLAMA3_SPLIT)),
     ("llama3", Gpt2Split::Regex(LLAMA3_SPLIT)),
