@@ -166,6 +166,10 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     if args.engine.quant.is_some() {
         bail!("--quant is not supported by serve yet: quantise a checkpoint to GGUF first");
     }
+    if args.engine.trace.is_some() {
+        // The server's sessions would record a trace that nothing writes out yet.
+        bail!("--trace is not supported by serve yet: trace a model with `flowrt run` or `flowrt bench`");
+    }
     let config = ServerConfig {
         engine: args.engine.options()?,
         parallel: args.parallel,

@@ -365,3 +365,19 @@ fn hf_directory_runs_and_quantises_on_load() {
         "applies to Hugging Face directories",
     );
 }
+
+/// Options `serve` does not implement are refused, not silently ignored (a trace that nothing
+/// writes would only grow).
+#[test]
+fn serve_refuses_options_it_does_not_implement() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    fails_with(
+        &["serve", m, "--trace", "t.json"],
+        "--trace is not supported by serve",
+    );
+    fails_with(
+        &["serve", m, "--quant", "q8_0"],
+        "--quant is not supported by serve",
+    );
+}
