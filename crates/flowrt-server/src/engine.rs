@@ -90,9 +90,15 @@ impl StepEngine for SessionStepper {
 /// first).
 pub struct BatchStepper {
     session: BatchSession,
-    /// Per work item: tokens fed so far this step, and its final logits.
+    /// Scratch reused by every step, so a decode step allocates nothing sized by the
+    /// vocabulary. Per work item: tokens fed so far, still running, finished; the finished
+    /// items' logits (`work.len() x vocab`); this pass's order and chunks.
     fed: Vec<usize>,
-    done: Vec<Option<Vec<f32>>>,
+    live: Vec<bool>,
+    done: Vec<bool>,
+    rows: Vec<f32>,
+    order: Vec<usize>,
+    items: Vec<(usize, usize, usize)>, // (work index, from, to)
 }
 
 impl BatchStepper {
@@ -104,7 +110,11 @@ impl BatchStepper {
         Ok(BatchStepper {
             session: BatchSession::new(model, opts, slots.max(1))?,
             fed: Vec::new(),
+            live: Vec::new(),
             done: Vec::new(),
+            rows: Vec::new(),
+            order: Vec::new(),
+            items: Vec::new(),
         })
     }
 }
@@ -135,55 +145,56 @@ impl StepEngine for BatchStepper {
     fn step(&mut self, work: &[SlotWork<'_>], on_logits: &mut OnLogits<'_>) {
         let vocab = self.session.vocab_size();
         let max = self.session.max_batch();
+        let n = work.len();
         self.fed.clear();
-        self.fed.resize(work.len(), 0);
+        self.fed.resize(n, 0);
         self.done.clear();
-        self.done.resize(work.len(), None);
+        self.done.resize(n, false);
+        self.rows.resize(n * vocab, 0.0);
         // A sequence whose tokens cannot fit its context fails alone, before any pass.
-        let mut live: Vec<bool> = work
-            .iter()
-            .enumerate()
-            .map(
-                |(i, w)| match self.session.check_fits(w.slot, w.tokens.len(), 0) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        on_logits(i, Err(e));
-                        false
-                    }
-                },
-            )
-            .collect();
+        self.live.clear();
+        for (i, w) in work.iter().enumerate() {
+            let fits = self.session.check_fits(w.slot, w.tokens.len(), 0);
+            self.live.push(fits.is_ok());
+            if let Err(e) = fits {
+                on_logits(i, Err(e));
+            }
+        }
         loop {
             // This pass: every live, unfinished sequence's next chunk, within the batch size;
             // one-token decodes first so prompts never starve them.
             let mut budget = max;
-            let mut items: Vec<(usize, usize, usize)> = Vec::new(); // (work index, from, to)
-            let mut order: Vec<usize> = (0..work.len())
-                .filter(|&i| live[i] && self.fed[i] < work[i].tokens.len())
-                .collect();
-            order.sort_by_key(|&i| work[i].tokens.len() - self.fed[i]);
-            for i in order {
+            self.items.clear();
+            self.order.clear();
+            self.order
+                .extend((0..n).filter(|&i| self.live[i] && self.fed[i] < work[i].tokens.len()));
+            let fed = &self.fed;
+            self.order.sort_by_key(|&i| work[i].tokens.len() - fed[i]);
+            for &i in &self.order {
                 if budget == 0 {
                     break;
                 }
                 let from = self.fed[i];
                 let to = work[i].tokens.len().min(from + budget);
                 budget -= to - from;
-                items.push((i, from, to));
+                self.items.push((i, from, to));
             }
-            if items.is_empty() {
+            if self.items.is_empty() {
                 break;
             }
-            let batch: Vec<(usize, &[u32])> = items
+            let batch: Vec<(usize, &[u32])> = self
+                .items
                 .iter()
                 .map(|&(i, from, to)| (work[i].slot, &work[i].tokens[from..to]))
                 .collect();
             match self.session.step(&batch) {
                 Ok(logits) => {
-                    for (row, &(i, _, to)) in items.iter().enumerate() {
+                    for (row, &(i, _, to)) in self.items.iter().enumerate() {
                         self.fed[i] = to;
                         if to == work[i].tokens.len() {
-                            self.done[i] = Some(logits[row * vocab..(row + 1) * vocab].to_vec());
+                            self.done[i] = true;
+                            self.rows[i * vocab..(i + 1) * vocab]
+                                .copy_from_slice(&logits[row * vocab..(row + 1) * vocab]);
                         }
                     }
                 }
@@ -191,8 +202,8 @@ impl StepEngine for BatchStepper {
                     // A device failure fails every sequence of the pass.
                     let msg = e.to_string();
                     let mut first = Some(e);
-                    for &(i, _, _) in &items {
-                        live[i] = false;
+                    for &(i, _, _) in &self.items {
+                        self.live[i] = false;
                         let err = first
                             .take()
                             .unwrap_or_else(|| EngineError::Invalid(msg.clone()));
@@ -201,9 +212,9 @@ impl StepEngine for BatchStepper {
                 }
             }
         }
-        for (i, d) in self.done.iter().enumerate() {
-            if let Some(l) = d {
-                on_logits(i, Ok(l));
+        for i in 0..n {
+            if self.done[i] {
+                on_logits(i, Ok(&self.rows[i * vocab..(i + 1) * vocab]));
             }
         }
     }
