@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flowrt_cpu::{CpuBackend, CpuOptions, KvType};
-use flowrt_dispatch::{DispatchOptions, FaultBackend, FaultScope, FaultSpec, Inject, LogitsWanted};
+use flowrt_dispatch::{DispatchOptions, FaultBackend, FaultScope, FaultSpec, Inject};
 use flowrt_engine::{EngineError, EngineOptions, LoadedModel, Session};
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -307,5 +307,4 @@ fn trace_has_every_runlist_and_op_span_in_order() {
             .filter(|e| e["cat"] == "op")
             .all(|e| e["tid"] == tid));
     }
-    let _ = LogitsWanted::Last;
 }
