@@ -35,6 +35,10 @@ pub struct EngineArgs {
     /// rounding noise) or q8 (ggml's 8-bit activations).
     #[arg(long = "act-quant", default_value = "q16")]
     pub act_quant: ActQuant,
+    /// Keep weights in the file's row layout instead of repacking them at load into the
+    /// kernels' interleaved x8 layout (Q4_0, Q4_1, Q8_0; for A/B comparisons).
+    #[arg(long = "no-repack")]
+    pub no_repack: bool,
     /// Quantise a Hugging Face checkpoint's float weights on load: q4_0, q4_1 or q8_0
     /// (GGUF files run with the types they hold).
     #[arg(long, value_parser = parse_quant)]
@@ -91,6 +95,7 @@ impl EngineArgs {
                 ..DispatchOptions::default()
             },
             trace: self.trace.is_some(),
+            repack: !self.no_repack,
         })
     }
 

@@ -12,6 +12,7 @@ use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Model, Plan, WeightMatrix};
 
 use crate::kv::{self, as_f16, as_f16_mut, KvCache, KvStore, KvType};
+use crate::packed::PackedWeights;
 use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
 
@@ -83,6 +84,9 @@ pub struct CpuOptions {
     pub kernels: Option<&'static Kernels>,
     /// Activation quantisation for quantised weights.
     pub act_quant: ActQuant,
+    /// Repack the weights that have an x8 layout (`flowrt_kernels::x8`) at creation: faster
+    /// matmuls; needs `act_quant` Q16 and a SIMD kernel table (otherwise ignored).
+    pub repack: bool,
 }
 
 pub use flowrt_dispatch::{Batch, LogitsWanted, SeqSpan};
@@ -111,6 +115,8 @@ pub enum BackendError {
         op: &'static str,
         late: std::time::Duration,
     },
+    #[error("repacking the weights: {0}")]
+    Repack(std::io::Error),
     #[error("group {group} ({kind:?}), op `{op}`: {reason}")]
     Op {
         group: usize,
@@ -142,6 +148,8 @@ pub struct CpuBackend {
     rows: Vec<(usize, usize)>, // (max_batch) sequence and position of each row of the batch
     logit_rows: Vec<usize>,    // (max_batch) rows whose logits the batch wants
     act_quant: ActQuant,
+    /// Matrices repacked in the x8 layout (the rest are used in their row layout).
+    packed: PackedWeights,
     per_thread: Vec<Mutex<ThreadScratch>>,
     n_logit_rows: usize,
     /// A submitted runlist: its groups and logits wanted; tokens and spans alongside.
@@ -198,6 +206,14 @@ impl CpuBackend {
             vec![0.0f32; rows * buf_width(&model, b)]
         });
         let pool = ThreadPool::new(opts.threads);
+        let packed = if opts.repack
+            && opts.act_quant == ActQuant::Q16
+            && kernels.isa() != flowrt_kernels::Isa::Scalar
+        {
+            PackedWeights::build(&model, pool.n_threads()).map_err(BackendError::Repack)?
+        } else {
+            PackedWeights::none(model.layers.len())
+        };
         let per_thread = (0..pool.n_threads())
             .map(|_| {
                 Mutex::new(ThreadScratch {
@@ -234,6 +250,7 @@ impl CpuBackend {
             pending_tokens: Vec::with_capacity(max_batch),
             pending_spans: Vec::with_capacity(opts.n_seq.max(1)),
             act_quant: opts.act_quant,
+            packed,
             model,
         })
     }
@@ -253,6 +270,11 @@ impl CpuBackend {
     pub fn max_batch(&self) -> usize {
         self.max_batch
     }
+    /// Bytes of weights repacked at creation (0 when none were).
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.bytes()
+    }
+
     pub fn kv_cache(&self) -> &KvCache {
         &self.kv
     }
@@ -576,9 +598,11 @@ impl CpuBackend {
     ) -> Result<(), String> {
         let model = self.model.clone();
         let mut ws: [Option<WeightAndBias>; MAX_FUSED] = [None; MAX_FUSED];
+        let mut packed: [Option<&[u8]>; MAX_FUSED] = [None; MAX_FUSED];
         for (j, &(_, role)) in items.iter().enumerate() {
             // Borrowed from the cloned `Arc`, so `self`'s buffers stay free below.
             ws[j] = Some(Self::weight(&model, layer, role)?);
+            packed[j] = self.packed.get(layer, role);
         }
         let first = ws[0].expect("at least one matmul").0;
         let fmt = self.act_rows(first.dtype);
@@ -665,6 +689,12 @@ impl CpuBackend {
             let tile = &mut scratch.tile[..nsel * nr];
             let wb = w.rows_bytes(c0, c1);
             match fmt {
+                // Packed groups of 8 rows have the size of their rows; blocks start at
+                // multiples of 8 rows (`row_block`).
+                ActRows::Q16 if packed[j].is_some() => {
+                    let p = packed[j].map_or(&[][..], |p| &p[c0 * w.row_bytes..c1 * w.row_bytes]);
+                    kern.matmul_q16_x8(w.dtype, kdim, p, nr, quant, nsel, tile, nr)
+                }
                 ActRows::Q16 => kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
                 ActRows::Ggml(_) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
             }

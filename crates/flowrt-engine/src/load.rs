@@ -32,6 +32,8 @@ pub struct EngineOptions {
     pub dispatch: DispatchOptions,
     /// Record a trace of runlists and ops (see [`crate::Session::trace`]).
     pub trace: bool,
+    /// Repack weights into the kernels' x8 layout at load (see `flowrt_cpu::CpuOptions`).
+    pub repack: bool,
 }
 
 impl Default for EngineOptions {
@@ -45,6 +47,7 @@ impl Default for EngineOptions {
             act_quant: ActQuant::Q16,
             dispatch: DispatchOptions::default(),
             trace: false,
+            repack: true,
         }
     }
 }

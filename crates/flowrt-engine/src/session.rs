@@ -53,6 +53,7 @@ impl BatchSession {
                 n_seq: n_slots,
                 kernels: opts.kernels,
                 act_quant: opts.act_quant,
+                repack: opts.repack,
             },
         )?;
         Self::with_backend(model, opts, Box::new(backend))

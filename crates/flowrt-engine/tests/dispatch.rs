@@ -45,6 +45,7 @@ fn faulty(m: &LoadedModel, o: &EngineOptions, spec: FaultSpec) -> (Session, Arc<
             n_seq: 1,
             kernels: o.kernels,
             act_quant: o.act_quant,
+            repack: o.repack,
         },
     )
     .unwrap();

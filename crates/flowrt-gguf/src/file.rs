@@ -169,6 +169,29 @@ impl GgufFile {
     }
 
     /// All tensor infos, in file order.
+    /// Tells the kernel that the file's bytes `start..start + len` are not needed for now:
+    /// their pages leave this process's resident set and are read again from the file (or the
+    /// page cache) if touched later. For a backend that copied them elsewhere (repacked
+    /// weights). Best effort: a range shorter than a page, or an in-memory file, is left as is.
+    pub fn release(&self, start: usize, len: usize) {
+        const PAGE: usize = 4096;
+        let Bytes::Mapped(map) = &self.bytes else {
+            return;
+        };
+        let end = start.saturating_add(len).min(map.len()) / PAGE * PAGE;
+        let start = start.next_multiple_of(PAGE);
+        if end > start {
+            // SAFETY: the mapping is read-only and shared, so dropping its pages loses nothing:
+            // later reads fault the unchanged file contents back in. (The hazard this call is
+            // `unsafe` for is discarding private modified pages, which a read-only map has none
+            // of.) Failure (e.g. a larger page size) only leaves the pages resident.
+            #[allow(unsafe_code)]
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.header.tensors
     }

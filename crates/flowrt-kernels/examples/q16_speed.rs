@@ -1,7 +1,9 @@
 //! Single-thread decode (one token) matmul speed, in GB/s of weights, with Q16 activations
 //! (and optionally the ggml 8-bit activations).
 //!
-//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8] [tokens=N]]`
+//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8] [x8] [tokens=N]]`
+//!
+//! `x8` adds the same matmul on weights packed in the x8 layout (`flowrt_kernels::x8`).
 //!
 //! `tokens=N` multiplies N activation rows at once (batched decode or prefill); MAC/s counts
 //! every weight-activation product.
@@ -13,13 +15,20 @@
 use std::time::Instant;
 
 use flowrt_dtype::GgmlType;
-use flowrt_kernels::{q16, row_size, Kernels};
+use flowrt_kernels::{q16, row_size, x8, Kernels};
 
 const ROUNDS: usize = 15;
 
+#[derive(PartialEq)]
+enum Mode {
+    Q16,
+    Q8,
+    X8,
+}
+
 struct Case {
     ty: GgmlType,
-    q8: bool,
+    mode: Mode,
     w: Vec<u8>,
     a: Vec<u8>,
     times: Vec<f64>,
@@ -34,6 +43,7 @@ fn main() {
         nums.get(1).copied().unwrap_or(2048),
     );
     let with_q8 = args.iter().any(|a| a == "q8");
+    let with_x8 = args.iter().any(|a| a == "x8");
     let ntok: usize = args
         .iter()
         .find_map(|a| a.strip_prefix("tokens=")?.parse().ok())
@@ -72,9 +82,20 @@ fn main() {
         let mut a16 = vec![0u8; q16::q16_row_size(k)];
         kern.quantize_row_q16(&x, &mut a16);
         let a16 = a16.repeat(ntok);
+        if with_x8 && x8::can_pack(ty, rows, k) {
+            let mut p = vec![0u8; w.len()];
+            x8::pack(ty, rows, k, &w, &mut p);
+            cases.push(Case {
+                ty,
+                mode: Mode::X8,
+                w: p,
+                a: a16.clone(),
+                times: Vec::new(),
+            });
+        }
         cases.push(Case {
             ty,
-            q8: false,
+            mode: Mode::Q16,
             w: w.clone(),
             a: a16,
             times: Vec::new(),
@@ -86,7 +107,7 @@ fn main() {
             let a8 = a8.repeat(ntok);
             cases.push(Case {
                 ty,
-                q8: true,
+                mode: Mode::Q8,
                 w,
                 a: a8,
                 times: Vec::new(),
@@ -99,10 +120,10 @@ fn main() {
             let iters = (200_000_000 / c.w.len()).clamp(2, 500);
             let t = Instant::now();
             for _ in 0..iters {
-                if c.q8 {
-                    kern.matmul(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows);
-                } else {
-                    kern.matmul_q16(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows);
+                match c.mode {
+                    Mode::Q8 => kern.matmul(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
+                    Mode::Q16 => kern.matmul_q16(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
+                    Mode::X8 => kern.matmul_q16_x8(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
                 }
             }
             c.times.push(t.elapsed().as_secs_f64() / iters as f64);
@@ -118,7 +139,11 @@ fn main() {
         println!(
             "  {:5} {}: {:8.1} us, {:5.1} GB/s of weights ({:.2} MB), {:.2} GMAC/s",
             c.ty.name(),
-            if c.q8 { "q8 " } else { "q16" },
+            match c.mode {
+                Mode::Q8 => "q8 ",
+                Mode::Q16 => "q16",
+                Mode::X8 => "x8 ",
+            },
             s * 1e6,
             c.w.len() as f64 / s / 1e9,
             c.w.len() as f64 / 1e6,

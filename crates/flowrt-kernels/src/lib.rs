@@ -30,6 +30,7 @@ use flowrt_dtype::GgmlType;
 pub mod blocks;
 pub mod q16;
 mod scalar;
+pub mod x8;
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -500,6 +501,46 @@ impl Kernels {
 
     /// Weight types [`Kernels::matmul_q16`] takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
     /// Q6_K.
+    /// Like [`Kernels::matmul_q16`], with weights packed by [`x8::pack`]: `packed` holds
+    /// `nrows / 8` whole groups (`nrows` a multiple of 8).
+    ///
+    /// # Panics
+    /// If `w` has no x8 layout (see [`x8::supports`]), `nrows` is not a multiple of 8, or on a
+    /// length mismatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_q16_x8(
+        &self,
+        w: GgmlType,
+        k: usize,
+        packed: &[u8],
+        nrows: usize,
+        a: &[u8],
+        ntok: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let f = x8::matmul_fn(self.isa, w)
+            .unwrap_or_else(|| panic!("matmul_q16_x8: {w} has no x8 layout"));
+        assert!(
+            nrows.is_multiple_of(x8::ROWS),
+            "matmul_q16_x8: nrows {nrows} is not a multiple of {}",
+            x8::ROWS
+        );
+        // The packed groups have exactly the size of the rows they hold.
+        checked_matmul(
+            f,
+            w,
+            k,
+            packed,
+            nrows,
+            a,
+            q16::q16_row_size(k),
+            ntok,
+            out,
+            out_stride,
+        );
+    }
+
     pub fn supports_q16(w: GgmlType) -> bool {
         q16::supports(w)
     }

@@ -6,7 +6,7 @@ mod common;
 use common::decode_parts_f64;
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::q16::{q16_row_size, quantize_row_ref, Q16_BLOCK_BYTES};
-use flowrt_kernels::{row_size, Kernels};
+use flowrt_kernels::{row_size, x8, Kernels};
 use proptest::prelude::*;
 
 const TYPES: [GgmlType; 8] = [
@@ -116,8 +116,65 @@ fn matmul(
     out
 }
 
+/// Packs `w` (`nrows x k` of type `ty`) into the x8 layout.
+fn pack_x8(ty: GgmlType, k: usize, w: &[u8], nrows: usize) -> Vec<u8> {
+    let mut p = vec![0u8; w.len()];
+    x8::pack(ty, nrows, k, w, &mut p);
+    p
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn x8_packing_round_trips(ty_i in 0usize..3, nb in 1usize..=12, groups in 1usize..=3, seed in any::<u64>()) {
+        let ty = TYPES[ty_i];
+        let (k, nrows) = (32 * nb, 8 * groups);
+        let w = weights(ty, k, nrows, seed);
+        let p = pack_x8(ty, k, &w, nrows);
+        prop_assert_ne!(&p, &w, "packing must move bytes");
+        let bb = ty.type_size() as usize;
+        let mut blk = vec![0u8; bb];
+        for r in 0..nrows {
+            for b in 0..nb {
+                let o = ((r / 8) * nb + b) * 8 * bb;
+                x8::unpack_block(ty, &p[o..o + 8 * bb], r % 8, &mut blk);
+                prop_assert_eq!(&blk[..], &w[(r * nb + b) * bb..(r * nb + b + 1) * bb], "row {} block {}", r, b);
+            }
+        }
+    }
+
+    #[test]
+    fn x8_matmuls_match_the_unpacked_reference(
+        ty_i in 0usize..3, nb in 1usize..=48, groups in 1usize..=3, ntok in 1usize..=9, seed in any::<u64>()
+    ) {
+        let ty = TYPES[ty_i];
+        let (k, nrows) = (32 * nb, 8 * groups);
+        let w = weights(ty, k, nrows, seed);
+        let p = pack_x8(ty, k, &w, nrows);
+        let x = acts(k, ntok, seed);
+        let a = quantize(&x, k);
+        let want = matmul(Kernels::scalar(), ty, k, &w, nrows, &a, ntok);
+        let rb = row_size(ty, k);
+        for kern in Kernels::available() {
+            // A wider output than the rows: the kernels must keep to their columns.
+            let stride = nrows + 3;
+            let mut got = vec![f32::NAN; ntok * stride];
+            kern.matmul_q16_x8(ty, k, &p, nrows, &a, ntok, &mut got, stride);
+            for t in 0..ntok {
+                prop_assert!(got[t * stride + nrows..][..3.min(got.len() - t * stride - nrows)].iter().all(|v| v.is_nan()));
+                for row in 0..nrows {
+                    let (g, r) = (got[t * stride + row], want[t * nrows + row]);
+                    if kern.name() == "scalar" {
+                        prop_assert_eq!(g.to_bits(), r.to_bits(), "scalar {} k={} t={} row={}", ty, k, t, row);
+                    }
+                    let abs = abs_terms(ty, &w[row * rb..(row + 1) * rb], &x[t * k..(t + 1) * k]);
+                    let tol = 1e-6 * (1.0 + abs) * (k as f64).sqrt();
+                    prop_assert!(((g - r).abs() as f64) <= tol, "{} {ty} k={k} t={t} row={row}: {g} vs {r} (tol {tol:e})", kern.name());
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_table_matches_the_scalar_reference(

@@ -44,6 +44,21 @@ impl WeightData {
             WeightData::Owned(v) => v,
         }
     }
+
+    /// Whether the bytes are a view of a memory-mapped file (not owned by the process).
+    pub fn is_mapped(&self) -> bool {
+        !matches!(self, WeightData::Owned(_))
+    }
+
+    /// Lets the pages of memory-mapped bytes leave the resident set (they are read from the
+    /// file again if touched): for a backend that keeps its own copy. Owned bytes stay.
+    pub fn release(&self) {
+        if let WeightData::Gguf { file, tensor } = self {
+            let t = &file.tensors()[*tensor];
+            let start = file.data_offset().saturating_add(t.offset);
+            file.release(start as usize, t.size_bytes as usize);
+        }
+    }
 }
 
 /// A 2-D weight: `rows` output features, each a row of `cols` input features in `dtype`.

@@ -13,6 +13,7 @@ mod avx512;
 mod elem;
 pub(crate) mod q16;
 mod q16k;
+pub(crate) mod x8;
 mod quant;
 
 use std::sync::OnceLock;

@@ -1,0 +1,133 @@
+//! Weights repacked at load into the kernels' x8 layout (`flowrt_kernels::x8`: 8 rows
+//! interleaved per block), held in one anonymous mapping advised for transparent huge pages.
+//!
+//! Only matrices read from a memory-mapped file are packed; their file pages are released once
+//! copied, so the resident set holds each weight once. (Weights the process owns, e.g. those
+//! quantised at load, stay in ggml's row layout: packing them would hold two copies.)
+
+use std::ops::Range;
+use std::sync::Mutex;
+
+use flowrt_kernels::x8;
+use flowrt_model::plan::MatRole;
+use flowrt_model::{Model, WeightMatrix};
+use memmap2::{Mmap, MmapOptions};
+
+/// Layer matrices in the order of [`slot`].
+const LAYER_ROLES: [MatRole; 7] = [
+    MatRole::Q,
+    MatRole::K,
+    MatRole::V,
+    MatRole::O,
+    MatRole::Gate,
+    MatRole::Up,
+    MatRole::Down,
+];
+
+fn slot(role: MatRole) -> Option<usize> {
+    LAYER_ROLES.iter().position(|&r| r == role)
+}
+
+fn layer_matrix(model: &Model, layer: usize, role: MatRole) -> &WeightMatrix {
+    let l = &model.layers[layer];
+    match role {
+        MatRole::Q => &l.wq,
+        MatRole::K => &l.wk,
+        MatRole::V => &l.wv,
+        MatRole::O => &l.wo,
+        MatRole::Gate => &l.w_gate,
+        MatRole::Up => &l.w_up,
+        MatRole::Down => &l.w_down,
+        MatRole::Output => &model.output,
+    }
+}
+
+/// Packed copies of a model's matrices.
+pub(crate) struct PackedWeights {
+    mem: Option<Mmap>,
+    layers: Vec<[Option<Range<usize>>; 7]>,
+    output: Option<Range<usize>>,
+}
+
+impl PackedWeights {
+    /// Nothing packed: every matmul uses the row layout.
+    pub(crate) fn none(n_layers: usize) -> Self {
+        PackedWeights {
+            mem: None,
+            layers: vec![Default::default(); n_layers],
+            output: None,
+        }
+    }
+
+    /// Packs every matrix of `model` that has an x8 layout, using `threads` threads.
+    pub(crate) fn build<'m>(model: &'m Model, threads: usize) -> std::io::Result<Self> {
+        let mut me = Self::none(model.layers.len());
+        let eligible =
+            |m: &WeightMatrix| m.data.is_mapped() && x8::can_pack(m.dtype, m.rows, m.cols);
+        let mut jobs: Vec<(&'m WeightMatrix, Range<usize>)> = Vec::new();
+        let mut total = 0usize;
+        let mut take = |m: &'m WeightMatrix| {
+            let len = m.bytes().len();
+            let r = total..total + len;
+            total += len;
+            jobs.push((m, r.clone()));
+            r
+        };
+        for l in 0..model.layers.len() {
+            for (s, &role) in LAYER_ROLES.iter().enumerate() {
+                let m = layer_matrix(model, l, role);
+                if eligible(m) {
+                    me.layers[l][s] = Some(take(m));
+                }
+            }
+        }
+        if eligible(&model.output) {
+            me.output = Some(take(&model.output));
+        }
+        if total == 0 {
+            return Ok(me);
+        }
+        let mut mem = MmapOptions::new().len(total).map_anon()?;
+        #[cfg(target_os = "linux")]
+        {
+            // Fewer TLB misses while streaming weights; a kernel without THP just says no.
+            let _ = mem.advise(memmap2::Advice::HugePage);
+        }
+        // Hand each job its own slice of the mapping (jobs are in address order).
+        let mut rest: &mut [u8] = &mut mem;
+        let mut work = Vec::with_capacity(jobs.len());
+        for (m, r) in jobs {
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+            rest = tail;
+            work.push((m, dst));
+        }
+        let queue = Mutex::new(work);
+        std::thread::scope(|s| {
+            for _ in 0..threads.max(1) {
+                s.spawn(|| loop {
+                    let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some((m, dst)) = job else { break };
+                    x8::pack(m.dtype, m.rows, m.cols, m.bytes(), dst);
+                    m.data.release();
+                });
+            }
+        });
+        me.mem = Some(mem.make_read_only()?);
+        Ok(me)
+    }
+
+    /// The packed bytes of a matrix, if it was packed.
+    pub(crate) fn get(&self, layer: Option<usize>, role: MatRole) -> Option<&[u8]> {
+        let r = match (role, layer) {
+            (MatRole::Output, _) => self.output.as_ref(),
+            (role, Some(l)) => self.layers.get(l)?[slot(role)?].as_ref(),
+            (_, None) => None,
+        }?;
+        Some(&self.mem.as_ref()?[r.clone()])
+    }
+
+    /// Bytes of packed weights.
+    pub(crate) fn bytes(&self) -> usize {
+        self.mem.as_ref().map_or(0, |m| m.len())
+    }
+}

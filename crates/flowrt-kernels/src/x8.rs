@@ -1,0 +1,219 @@
+//! Weights repacked at load into groups of 8 interleaved rows ("x8" layouts), for matmuls with
+//! Q16 activations (see [`crate::q16`]).
+//!
+//! In ggml's layouts each row is a run of blocks, so a SIMD dot product of one row with an
+//! activation ends in a horizontal sum per row, and a few rows processed together read from a
+//! few separate streams. In an x8 layout the same block of 8 consecutive rows is stored
+//! together, interleaved so that one 32-bit lane of a vector holds one row: `vpmaddwd` of 8
+//! rows' weight pairs with a broadcast activation pair gives 8 rows' partial sums at once, the
+//! per-block scales of 8 rows are one vector, and a task's weights are one linear stream.
+//! The packed bytes have exactly the size of the original rows.
+//!
+//! A packed matrix is `rows / 8` groups; a group is the `k / 32` packed blocks of its 8 rows, in
+//! order. One packed block (of 8 rows, 32 values each):
+//!
+//! | type | bytes | layout |
+//! |---|---|---|
+//! | Q4_0 | 144 | `d: [f16; 8]`, `q: [u8; 128]` |
+//! | Q4_1 | 160 | `d: [f16; 8]`, `m: [f16; 8]`, `q: [u8; 128]` |
+//! | Q8_0 | 272 | `d: [f16; 8]`, `q: [i8; 256]` |
+//!
+//! 4-bit `q`: 8 chunks of 16 bytes; chunk `c` holds values `4c..4c+4` of all 8 rows: byte `i`
+//! belongs to row `i / 2`; its low nibble is value `4c + i % 2`, its high nibble value
+//! `4c + 2 + i % 2`. Widened to 16 bits, the low nibbles are then the pairs `(4c, 4c+1)` of rows
+//! 0..8 in order, the high nibbles the pairs `(4c+2, 4c+3)`.
+//! 8-bit `q`: 16 chunks of 16 bytes; chunk `c` holds values `2c, 2c+1`: byte `i` is row `i / 2`,
+//! value `2c + i % 2`.
+
+use flowrt_dtype::GgmlType;
+
+use crate::blocks::QK;
+use crate::q16::{self, Q16Weight};
+use crate::{Isa, MatmulArgs, MatmulFn};
+
+/// Rows per group.
+pub const ROWS: usize = 8;
+
+/// Weight types with an x8 layout.
+pub fn supports(w: GgmlType) -> bool {
+    matches!(w, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+}
+
+/// Whether a `rows x k` matrix of type `w` can be packed.
+pub fn can_pack(w: GgmlType, rows: usize, k: usize) -> bool {
+    supports(w) && rows.is_multiple_of(ROWS) && k.is_multiple_of(QK) && k > 0
+}
+
+/// Bytes of one ggml block of `w` (a supported type).
+fn block_bytes(w: GgmlType) -> usize {
+    match w {
+        GgmlType::Q4_0 => 18,
+        GgmlType::Q4_1 => 20,
+        GgmlType::Q8_0 => 34,
+        other => panic!("x8: {other} has no x8 layout"),
+    }
+}
+
+/// Where the quants start in a ggml block of `w`: after `d` (and `m` for Q4_1).
+fn quant_offset(w: GgmlType) -> usize {
+    if w == GgmlType::Q4_1 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Bytes of a header (8 rows' scales) in a packed block.
+fn header_bytes(w: GgmlType) -> usize {
+    if w == GgmlType::Q4_1 {
+        32
+    } else {
+        16
+    }
+}
+
+/// Packs `rows x k` weights of type `w` from ggml's row layout (`src`) into the x8 layout
+/// (`dst`, the same length).
+///
+/// # Panics
+/// If the matrix cannot be packed (see [`can_pack`]) or a length does not match.
+pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
+    assert!(can_pack(w, rows, k), "x8::pack: {w} {rows}x{k}");
+    let bb = block_bytes(w);
+    let nb = k / QK;
+    assert_eq!(src.len(), rows * nb * bb, "x8::pack: source length");
+    assert_eq!(dst.len(), src.len(), "x8::pack: destination length");
+    let hb = header_bytes(w);
+    for g in 0..rows / ROWS {
+        for b in 0..nb {
+            let out = &mut dst[(g * nb + b) * ROWS * bb..(g * nb + b + 1) * ROWS * bb];
+            let blk = |r: usize| {
+                let o = ((g * ROWS + r) * nb + b) * bb;
+                &src[o..o + bb]
+            };
+            for r in 0..ROWS {
+                let s = blk(r);
+                out[2 * r..2 * r + 2].copy_from_slice(&s[0..2]);
+                if w == GgmlType::Q4_1 {
+                    out[16 + 2 * r..18 + 2 * r].copy_from_slice(&s[2..4]);
+                }
+            }
+            let q = &mut out[hb..];
+            match w {
+                GgmlType::Q8_0 => {
+                    for c in 0..QK / 2 {
+                        for i in 0..16 {
+                            q[16 * c + i] = blk(i / 2)[quant_offset(w) + 2 * c + i % 2];
+                        }
+                    }
+                }
+                _ => {
+                    let nib = |r: usize, e: usize| {
+                        let s = &blk(r)[quant_offset(w)..];
+                        if e < 16 {
+                            s[e] & 0x0F
+                        } else {
+                            s[e - 16] >> 4
+                        }
+                    };
+                    for c in 0..QK / 4 {
+                        for i in 0..16 {
+                            let (r, j) = (i / 2, i % 2);
+                            q[16 * c + i] = nib(r, 4 * c + j) | (nib(r, 4 * c + 2 + j) << 4);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The ggml block `b` of row `r` (within its group) of packed block bytes `p`, written to `out`
+/// (one ggml block of `w`). The inverse of [`pack`], block by block.
+pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
+    let bb = block_bytes(w);
+    let hb = header_bytes(w);
+    assert!(
+        p.len() == ROWS * bb && out.len() == bb && r < ROWS,
+        "x8::unpack_block lengths"
+    );
+    out[0..2].copy_from_slice(&p[2 * r..2 * r + 2]);
+    if w == GgmlType::Q4_1 {
+        out[2..4].copy_from_slice(&p[16 + 2 * r..18 + 2 * r]);
+    }
+    let q = &p[hb..];
+    match w {
+        GgmlType::Q8_0 => {
+            for e in 0..QK {
+                let (c, j) = (e / 2, e % 2);
+                out[2 + e] = q[16 * c + 2 * r + j];
+            }
+        }
+        _ => {
+            let nib = |e: usize| {
+                let (c, m) = (e / 4, e % 4);
+                let byte = q[16 * c + 2 * r + m % 2];
+                if m < 2 {
+                    byte & 0x0F
+                } else {
+                    byte >> 4
+                }
+            };
+            let o = &mut out[quant_offset(w)..];
+            for (j, o) in o[..16].iter_mut().enumerate() {
+                *o = nib(j) | (nib(j + 16) << 4);
+            }
+        }
+    }
+}
+
+/// Scalar reference: each packed block is unpacked to ggml blocks and multiplied exactly as
+/// [`q16`]'s reference does, so the result equals the unpacked matmul's bit for bit.
+fn matmul_ref<W: Q16Weight>(w: GgmlType, g: MatmulArgs<'_>) {
+    let bb = W::BYTES;
+    let nb = g.k / QK;
+    let arow = q16::q16_row_size(g.k);
+    let mut row = vec![0u8; nb * bb];
+    for r in 0..g.nrows {
+        let (grp, ri) = (r / ROWS, r % ROWS);
+        for b in 0..nb {
+            let o = (grp * nb + b) * ROWS * bb;
+            unpack_block(
+                w,
+                &g.w[o..o + ROWS * bb],
+                ri,
+                &mut row[b * bb..(b + 1) * bb],
+            );
+        }
+        for t in 0..g.ntok {
+            g.out[t * g.out_stride + r] =
+                q16::dot_ref::<W>(g.k, &row, &g.a[t * arow..(t + 1) * arow]);
+        }
+    }
+}
+
+fn matmul_ref_q4_0(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W4_0>(GgmlType::Q4_0, g)
+}
+fn matmul_ref_q4_1(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W4_1>(GgmlType::Q4_1, g)
+}
+fn matmul_ref_q8_0(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W8_0>(GgmlType::Q8_0, g)
+}
+
+/// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
+pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) {
+        // The table for `isa` exists only when the host has AVX2, FMA and F16C.
+        return crate::x86::x8::matmul_fn(w);
+    }
+    let _ = isa;
+    match w {
+        GgmlType::Q4_0 => Some(matmul_ref_q4_0),
+        GgmlType::Q4_1 => Some(matmul_ref_q4_1),
+        GgmlType::Q8_0 => Some(matmul_ref_q8_0),
+        _ => None,
+    }
+}

@@ -1,0 +1,231 @@
+//! AVX2 (+FMA+F16C) matmuls on x8-packed weights (see `crate::x8`) with Q16 activations.
+//!
+//! One 32-bit lane is one of a group's 8 rows: `vpmaddwd` of 8 rows' weight pairs with a
+//! broadcast activation pair adds 2 products to each row's integer sum, a block's 8 integer
+//! sums are converted and scaled in one instruction each, and the group's outputs are 8
+//! adjacent floats: no horizontal sums. A tile is one group by up to 4 tokens; its weights are
+//! widened once per chunk and used for every token.
+
+use core::arch::x86_64::*;
+
+use flowrt_dtype::GgmlType;
+
+use crate::blocks::QK;
+use crate::q16::Q16_BLOCK_BYTES;
+use crate::x8::ROWS;
+use crate::{MatmulArgs, MatmulFn};
+
+/// How far ahead of the block being multiplied the weight stream is prefetched, in bytes.
+const PREFETCH_BYTES: usize = 2048;
+
+/// A packed type: its block size and how its chunks widen to 16-bit weight pairs.
+trait Packed {
+    /// Bytes of one packed block (8 rows x 32 values).
+    const BYTES: usize;
+    /// Offset of the quants in a packed block.
+    const Q: usize;
+    /// The offset term's factor per row (see `crate::q16::Q16Weight::sub`): `m` for Q4_1, `-8 d`
+    /// for Q4_0, nothing for Q8_0.
+    ///
+    /// # Safety
+    /// `p` points to a whole packed block; the host has AVX2, FMA and F16C.
+    unsafe fn offsets(p: *const u8, d: __m256) -> Option<__m256>;
+    /// Adds this block's products to `acc[t]` for the `T` tokens whose Q16 block quants (32 i16)
+    /// start at `a[t]`.
+    ///
+    /// # Safety
+    /// `q` points to the block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
+    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]);
+}
+
+struct P4_0;
+struct P4_1;
+struct P8_0;
+
+/// Two 16-bit values at `p`, broadcast to every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at p.
+    _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots4<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+    let mask = _mm256_set1_epi16(0x0F);
+    // SAFETY: a 4-bit block has 8 chunks of 16 bytes at q; chunk c pairs with activation
+    // values 4c..4c+4 at bytes 8c..8c+8 of each a[t].
+    unsafe {
+        for c in 0..QK / 4 {
+            let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(q.add(16 * c).cast()));
+            let lo = _mm256_and_si256(x, mask);
+            let hi = _mm256_srli_epi16::<4>(x);
+            for t in 0..T {
+                let p = _mm256_add_epi32(
+                    _mm256_madd_epi16(lo, pair(a[t].add(8 * c))),
+                    _mm256_madd_epi16(hi, pair(a[t].add(8 * c + 4))),
+                );
+                acc[t] = _mm256_add_epi32(acc[t], p);
+            }
+        }
+    }
+}
+
+impl Packed for P4_0 {
+    const BYTES: usize = 144;
+    const Q: usize = 16;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn offsets(_: *const u8, d: __m256) -> Option<__m256> {
+        Some(_mm256_mul_ps(d, _mm256_set1_ps(-8.0)))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+        // SAFETY: forwarded contract.
+        unsafe { dots4(q, a, acc) }
+    }
+}
+
+impl Packed for P4_1 {
+    const BYTES: usize = 160;
+    const Q: usize = 32;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn offsets(p: *const u8, _: __m256) -> Option<__m256> {
+        // SAFETY: a Q4_1 packed block has 8 f16 minimums at byte 16.
+        Some(_mm256_cvtph_ps(unsafe {
+            _mm_loadu_si128(p.add(16).cast())
+        }))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+        // SAFETY: forwarded contract.
+        unsafe { dots4(q, a, acc) }
+    }
+}
+
+impl Packed for P8_0 {
+    const BYTES: usize = 272;
+    const Q: usize = 16;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn offsets(_: *const u8, _: __m256) -> Option<__m256> {
+        None
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+        // SAFETY: an 8-bit block has 16 chunks of 16 bytes at q; chunk c pairs with activation
+        // values 2c, 2c+1 at bytes 4c..4c+4 of each a[t].
+        unsafe {
+            for c in 0..QK / 2 {
+                let x = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(16 * c).cast()));
+                for t in 0..T {
+                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(x, pair(a[t].add(4 * c))));
+                }
+            }
+        }
+    }
+}
+
+/// Group `grp` (rows `8 grp..8 grp + 8`) times tokens `t0..t0+T`.
+///
+/// # Safety
+/// The group and tokens exist in `g` (lengths checked by `Kernels::matmul_q16_x8`); the host
+/// has AVX2, FMA and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile<P: Packed, const T: usize>(g: &mut MatmulArgs<'_>, grp: usize, t0: usize) {
+    let nb = g.k / QK;
+    let astride = nb * Q16_BLOCK_BYTES;
+    let wg = g.w.as_ptr().wrapping_add(grp * nb * P::BYTES);
+    let wend = g.w.as_ptr().wrapping_add(g.w.len());
+    let a = g.a.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); T];
+    // SAFETY (loop): block b of the group and of tokens t0..t0+T lies inside `g.w` / `g.a`.
+    unsafe {
+        for b in 0..nb {
+            let p = wg.add(b * P::BYTES);
+            let ahead = p.wrapping_add(PREFETCH_BYTES);
+            if ahead < wend {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128).cast());
+                if P::BYTES > 192 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(192).cast());
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(256).cast());
+                }
+            }
+            let ab: [*const u8; T] =
+                std::array::from_fn(|t| a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES));
+            let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
+            let mut isum = [_mm256_setzero_si256(); T];
+            P::dots::<T>(p.add(P::Q), &aq, &mut isum);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            let off = P::offsets(p, d);
+            for t in 0..T {
+                let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, da), acc[t]);
+                if let Some(m) = off {
+                    let sa = _mm256_set1_ps(ab[t].add(4).cast::<f32>().read_unaligned());
+                    acc[t] = _mm256_fmadd_ps(m, sa, acc[t]);
+                }
+            }
+        }
+        let out = g.out.as_mut_ptr();
+        for t in 0..T {
+            _mm256_storeu_ps(out.add((t0 + t) * g.out_stride + grp * ROWS), acc[t]);
+        }
+    }
+}
+
+/// Every group times every token: tiles of 4 tokens, then the remainder.
+///
+/// # Safety
+/// As for [`tile`]; `g.nrows` is a multiple of 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
+    let nt = g.ntok;
+    // SAFETY: every tile stays within the groups and tokens of `g`.
+    unsafe {
+        for grp in 0..g.nrows / ROWS {
+            let mut t = 0;
+            while t + 4 <= nt {
+                tile::<P, 4>(g, grp, t);
+                t += 4;
+            }
+            match nt - t {
+                3 => tile::<P, 3>(g, grp, t),
+                2 => tile::<P, 2>(g, grp, t),
+                1 => tile::<P, 1>(g, grp, t),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn matmul_q4_0(mut g: MatmulArgs<'_>) {
+    // SAFETY: this function is only reachable from tables built after AVX2/FMA/F16C were
+    // detected, with lengths checked by `Kernels::matmul_q16_x8`.
+    unsafe { run::<P4_0>(&mut g) }
+}
+fn matmul_q4_1(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P4_1>(&mut g) }
+}
+fn matmul_q8_0(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P8_0>(&mut g) }
+}
+
+pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
+    match w {
+        GgmlType::Q4_0 => Some(matmul_q4_0),
+        GgmlType::Q4_1 => Some(matmul_q4_1),
+        GgmlType::Q8_0 => Some(matmul_q8_0),
+        _ => None,
+    }
+}
