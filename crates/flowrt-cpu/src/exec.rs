@@ -792,6 +792,17 @@ impl CpuBackend {
                 let qg = &q[t * qd + g * group * hd..t * qd + (g + 1) * group * hd];
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
                 let scores = &mut scratch.scores[..group * len];
+                if let (KvStore::F16(kc), KvStore::F16(vc)) = (kc, vc) {
+                    // Positions first..=pos of this KV head are contiguous rows.
+                    let o = kv.offset(seq, g, first);
+                    let (ks, vs) = (as_f16(&kc[o..o + len * hd]), as_f16(&vc[o..o + len * hd]));
+                    kern.attn_scores_f16(qg, hd, ks, scale, scores);
+                    for h in 0..group {
+                        kern.softmax(&mut scores[h * len..(h + 1) * len]);
+                    }
+                    kern.attn_values_f16(scores, hd, vs, out);
+                    return;
+                }
                 for (jj, j) in (first..=pos).enumerate() {
                     let o = kv.offset(seq, g, j);
                     for h in 0..group {

@@ -147,6 +147,8 @@ pub(crate) struct ElemOps {
     pub axpy_f32: fn(&mut [f32], f32, &[f32]),
     pub axpy_f16: fn(&mut [f32], f32, &[half::f16]),
     pub f32_to_f16: fn(&[f32], &mut [half::f16]),
+    pub attn_scores_f16: fn(&[f32], usize, &[half::f16], f32, &mut [f32]),
+    pub attn_values_f16: fn(&[f32], usize, &[half::f16], &mut [f32]),
 }
 
 /// The types with a row in the table, in slot order.
@@ -615,6 +617,50 @@ impl Kernels {
     pub fn axpy_f16(&self, out: &mut [f32], alpha: f32, x: &[half::f16]) {
         assert_eq!(out.len(), x.len(), "axpy_f16: length mismatch");
         (self.elem.axpy_f16)(out, alpha, x)
+    }
+
+    /// Attention scores of `group` query heads against `len` keys: `out[h * len + j] =
+    /// scale * q_h · k_j`, where `q` is `(group, hd)` and `k` is `(len, hd)` (f16, one key
+    /// per row). Each key is read once for all the heads that share it (GQA).
+    ///
+    /// # Panics
+    /// On a length mismatch (`hd` 0, `q` or `k` not whole rows, `out` not `group * len`).
+    pub fn attn_scores_f16(
+        &self,
+        q: &[f32],
+        hd: usize,
+        k: &[half::f16],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        assert!(
+            hd > 0 && q.len().is_multiple_of(hd) && k.len().is_multiple_of(hd),
+            "attn_scores_f16: rows of {hd}"
+        );
+        assert_eq!(
+            out.len(),
+            q.len() / hd * (k.len() / hd),
+            "attn_scores_f16: output length"
+        );
+        (self.elem.attn_scores_f16)(q, hd, k, scale, out)
+    }
+
+    /// Attention outputs of `group` heads: `out[h] = sum_j p[h * len + j] * v_j`, where `p`
+    /// is `(group, len)` and `v` is `(len, hd)` (f16); `out` is `(group, hd)`, overwritten.
+    ///
+    /// # Panics
+    /// On a length mismatch.
+    pub fn attn_values_f16(&self, p: &[f32], hd: usize, v: &[half::f16], out: &mut [f32]) {
+        assert!(
+            hd > 0 && v.len().is_multiple_of(hd) && out.len().is_multiple_of(hd),
+            "attn_values_f16: rows of {hd}"
+        );
+        assert_eq!(
+            p.len(),
+            out.len() / hd * (v.len() / hd),
+            "attn_values_f16: weights length"
+        );
+        (self.elem.attn_values_f16)(p, hd, v, out)
     }
 
     /// Converts with round-to-nearest-even (the same bits as `half::f16::from_f32`, NaNs aside).

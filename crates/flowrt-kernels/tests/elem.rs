@@ -154,6 +154,41 @@ proptest! {
     }
 
     #[test]
+    fn attention_helpers_match_f64(
+        seed: u64, group in 1usize..=9, hdi in 0usize..5, len in 1usize..=40, scale in 0.01f32..1.0
+    ) {
+        let hd = [8usize, 12, 16, 64, 128][hdi];
+        let mut rng = rng(seed);
+        let q = random_f32s(&mut rng, group * hd);
+        let half = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<f16>>();
+        let k = half(random_f32s(&mut rng, len * hd));
+        let v = half(random_f32s(&mut rng, len * hd));
+        let p: Vec<f32> = (0..group * len).map(|_| rng.random_range(0.0f32..1.0)).collect();
+        for kern in Kernels::available() {
+            let mut scores = vec![f32::NAN; group * len];
+            kern.attn_scores_f16(&q, hd, &k, scale, &mut scores);
+            let mut out = vec![f32::NAN; group * hd];
+            kern.attn_values_f16(&p, hd, &v, &mut out);
+            for h in 0..group {
+                for j in 0..len {
+                    let (qh, kj) = (&q[h * hd..(h + 1) * hd], &k[j * hd..(j + 1) * hd]);
+                    let exact: f64 = qh.iter().zip(kj).map(|(&a, b)| a as f64 * b.to_f64()).sum::<f64>() * scale as f64;
+                    let abs: f64 = qh.iter().zip(kj).map(|(&a, b)| (a as f64 * b.to_f64()).abs()).sum::<f64>() * scale as f64;
+                    let got = scores[h * len + j] as f64;
+                    prop_assert!((got - exact).abs() <= dot_tol(hd, abs) + 1e-30, "{} scores[{h},{j}] {got} vs {exact}", kern.name());
+                }
+                for c in 0..hd {
+                    let terms = (0..len).map(|j| p[h * len + j] as f64 * v[j * hd + c].to_f64());
+                    let exact: f64 = terms.clone().sum();
+                    let abs: f64 = terms.map(f64::abs).sum();
+                    let got = out[h * hd + c] as f64;
+                    prop_assert!((got - exact).abs() <= dot_tol(len, abs) + 1e-30, "{} out[{h},{c}] {got} vs {exact}", kern.name());
+                }
+            }
+        }
+    }
+
+    #[test]
     fn f32_to_f16_rounds_like_half(seed: u64, li in 0..16usize) {
         let mut rng = rng(seed);
         let n = len(&mut rng, li);

@@ -86,3 +86,22 @@ pub(crate) fn f32_to_f16(x: &[f32], out: &mut [f16]) {
         *o = f16::from_f32(v);
     }
 }
+
+pub(crate) fn attn_scores_f16(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]) {
+    let len = k.len() / hd;
+    for (h, qh) in q.chunks_exact(hd).enumerate() {
+        for (j, kj) in k.chunks_exact(hd).enumerate() {
+            out[h * len + j] = scale * dot_f32_f16(qh, kj);
+        }
+    }
+}
+
+pub(crate) fn attn_values_f16(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
+    let len = v.len() / hd;
+    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+        oh.fill(0.0);
+        for (j, vj) in v.chunks_exact(hd).enumerate() {
+            axpy_f16(oh, p[h * len + j], vj);
+        }
+    }
+}

@@ -103,6 +103,8 @@ pub(crate) fn elem_ops() -> ElemOps {
         axpy_f32: elem::axpy_f32,
         axpy_f16: elem::axpy_f16,
         f32_to_f16: elem::f32_to_f16,
+        attn_scores_f16: elem::attn_scores_f16,
+        attn_values_f16: elem::attn_values_f16,
     }
 }
 

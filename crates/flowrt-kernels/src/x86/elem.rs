@@ -24,6 +24,8 @@ pub(super) fn install(t: &mut Kernels) {
     t.elem.axpy_f32 = axpy_f32;
     t.elem.axpy_f16 = axpy_f16;
     t.elem.f32_to_f16 = f32_to_f16;
+    t.elem.attn_scores_f16 = attn_scores_f16;
+    t.elem.attn_values_f16 = attn_values_f16;
 }
 
 /// `exp(x)` for 8 lanes: `2^n * p(r)`, `x = n ln2 + r`, `|r| <= ln2/2`, degree-7 Taylor
@@ -312,4 +314,68 @@ safe_wrappers! {
     axpy_f32 => axpy_f32_avx2(out: &mut [f32], alpha: f32, x: &[f32]);
     axpy_f16 => axpy_f16_avx2(out: &mut [f32], alpha: f32, x: &[f16]);
     f32_to_f16 => f32_to_f16_avx2(x: &[f32], out: &mut [f16]);
+    attn_scores_f16 => attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]);
+    attn_values_f16 => attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]);
+}
+
+/// Query heads handled per pass over the keys (accumulators in registers).
+const HEADS: usize = 4;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]) {
+    if !hd.is_multiple_of(8) {
+        return crate::scalar::elem::attn_scores_f16(q, hd, k, scale, out);
+    }
+    let (group, len) = (q.len() / hd, k.len() / hd);
+    let mut h0 = 0;
+    while h0 < group {
+        let nh = (group - h0).min(HEADS);
+        for j in 0..len {
+            let mut acc = [_mm256_setzero_ps(); HEADS];
+            for c in (0..hd).step_by(8) {
+                // SAFETY: key j and heads h0..h0+nh have hd values; c + 8 <= hd.
+                unsafe {
+                    let kv = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(j * hd + c).cast()));
+                    for h in 0..nh {
+                        let qv = _mm256_loadu_ps(q.as_ptr().add((h0 + h) * hd + c));
+                        acc[h] = _mm256_fmadd_ps(qv, kv, acc[h]);
+                    }
+                }
+            }
+            for h in 0..nh {
+                out[(h0 + h) * len + j] = scale * hsum(acc[h]);
+            }
+        }
+        h0 += nh;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
+    if !hd.is_multiple_of(8) {
+        return crate::scalar::elem::attn_values_f16(p, hd, v, out);
+    }
+    let (group, len) = (out.len() / hd, v.len() / hd);
+    let mut h0 = 0;
+    while h0 < group {
+        let nh = (group - h0).min(HEADS);
+        for c in (0..hd).step_by(8) {
+            let mut acc = [_mm256_setzero_ps(); HEADS];
+            for j in 0..len {
+                // SAFETY: value row j has hd values, c + 8 <= hd; p has group * len weights.
+                unsafe {
+                    let vv = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(j * hd + c).cast()));
+                    for h in 0..nh {
+                        let w = _mm256_set1_ps(*p.get_unchecked((h0 + h) * len + j));
+                        acc[h] = _mm256_fmadd_ps(w, vv, acc[h]);
+                    }
+                }
+            }
+            for h in 0..nh {
+                // SAFETY: head h0 + h has hd outputs, c + 8 <= hd.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add((h0 + h) * hd + c), acc[h]) };
+            }
+        }
+        h0 += nh;
+    }
 }
