@@ -30,12 +30,16 @@ trait Packed {
     /// # Safety
     /// `p` points to a whole packed block; the host has AVX2, FMA and F16C.
     unsafe fn offsets(p: *const u8, d: __m256) -> Option<__m256>;
-    /// Adds this block's products to `acc[t]` for the `T` tokens whose Q16 block quants (32 i16)
-    /// start at `a[t]`.
+    /// Adds the products of `G` groups' blocks to `acc[g][t]` for the `T` tokens whose Q16
+    /// block quants (32 i16) start at `a[t]`.
     ///
     /// # Safety
-    /// `q` points to the block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
-    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]);
+    /// Each `q[g]` points to a block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
+    unsafe fn dots<const G: usize, const T: usize>(
+        q: &[*const u8; G],
+        a: &[*const u8; T],
+        acc: &mut [[__m256i; T]; G],
+    );
 }
 
 struct P4_0;
@@ -52,21 +56,32 @@ unsafe fn pair(p: *const u8) -> __m256i {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots4<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+unsafe fn dots4<const G: usize, const T: usize>(
+    q: &[*const u8; G],
+    a: &[*const u8; T],
+    acc: &mut [[__m256i; T]; G],
+) {
     let mask = _mm256_set1_epi16(0x0F);
-    // SAFETY: a 4-bit block has 8 chunks of 16 bytes at q; chunk c pairs with activation
+    // SAFETY: a 4-bit block has 8 chunks of 16 bytes at q[g]; chunk c pairs with activation
     // values 4c..4c+4 at bytes 8c..8c+8 of each a[t].
     unsafe {
         for c in 0..QK / 4 {
-            let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(q.add(16 * c).cast()));
-            let lo = _mm256_and_si256(x, mask);
-            let hi = _mm256_srli_epi16::<4>(x);
+            let mut lo = [_mm256_setzero_si256(); G];
+            let mut hi = [_mm256_setzero_si256(); G];
+            for g in 0..G {
+                let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(q[g].add(16 * c).cast()));
+                lo[g] = _mm256_and_si256(x, mask);
+                hi[g] = _mm256_srli_epi16::<4>(x);
+            }
             for t in 0..T {
-                let p = _mm256_add_epi32(
-                    _mm256_madd_epi16(lo, pair(a[t].add(8 * c))),
-                    _mm256_madd_epi16(hi, pair(a[t].add(8 * c + 4))),
-                );
-                acc[t] = _mm256_add_epi32(acc[t], p);
+                let (a0, a1) = (pair(a[t].add(8 * c)), pair(a[t].add(8 * c + 4)));
+                for g in 0..G {
+                    let p = _mm256_add_epi32(
+                        _mm256_madd_epi16(lo[g], a0),
+                        _mm256_madd_epi16(hi[g], a1),
+                    );
+                    acc[g][t] = _mm256_add_epi32(acc[g][t], p);
+                }
             }
         }
     }
@@ -82,7 +97,11 @@ impl Packed for P4_0 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+    unsafe fn dots<const G: usize, const T: usize>(
+        q: &[*const u8; G],
+        a: &[*const u8; T],
+        acc: &mut [[__m256i; T]; G],
+    ) {
         // SAFETY: forwarded contract.
         unsafe { dots4(q, a, acc) }
     }
@@ -101,7 +120,11 @@ impl Packed for P4_1 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
+    unsafe fn dots<const G: usize, const T: usize>(
+        q: &[*const u8; G],
+        a: &[*const u8; T],
+        acc: &mut [[__m256i; T]; G],
+    ) {
         // SAFETY: forwarded contract.
         unsafe { dots4(q, a, acc) }
     }
@@ -117,67 +140,91 @@ impl Packed for P8_0 {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const T: usize>(q: *const u8, a: &[*const u8; T], acc: &mut [__m256i; T]) {
-        // SAFETY: an 8-bit block has 16 chunks of 16 bytes at q; chunk c pairs with activation
-        // values 2c, 2c+1 at bytes 4c..4c+4 of each a[t].
+    unsafe fn dots<const G: usize, const T: usize>(
+        q: &[*const u8; G],
+        a: &[*const u8; T],
+        acc: &mut [[__m256i; T]; G],
+    ) {
+        // SAFETY: an 8-bit block has 16 chunks of 16 bytes at q[g]; chunk c pairs with
+        // activation values 2c, 2c+1 at bytes 4c..4c+4 of each a[t].
         unsafe {
             for c in 0..QK / 2 {
-                let x = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.add(16 * c).cast()));
+                let x: [__m256i; G] = std::array::from_fn(|g| {
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(q[g].add(16 * c).cast()))
+                });
                 for t in 0..T {
-                    acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(x, pair(a[t].add(4 * c))));
+                    let av = pair(a[t].add(4 * c));
+                    for g in 0..G {
+                        acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(x[g], av));
+                    }
                 }
             }
         }
     }
 }
 
-/// Group `grp` (rows `8 grp..8 grp + 8`) times tokens `t0..t0+T`.
+/// Groups `grp..grp+G` (rows `8 grp..8 (grp + G)`) times tokens `t0..t0+T`.
 ///
 /// # Safety
-/// The group and tokens exist in `g` (lengths checked by `Kernels::matmul_q16_x8`); the host
+/// The groups and tokens exist in `g` (lengths checked by `Kernels::matmul_q16_x8`); the host
 /// has AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<P: Packed, const T: usize>(g: &mut MatmulArgs<'_>, grp: usize, t0: usize) {
+unsafe fn tile<P: Packed, const G: usize, const T: usize>(
+    g: &mut MatmulArgs<'_>,
+    grp: usize,
+    t0: usize,
+) {
     let nb = g.k / QK;
     let astride = nb * Q16_BLOCK_BYTES;
-    let wg = g.w.as_ptr().wrapping_add(grp * nb * P::BYTES);
+    let wg: [*const u8; G] =
+        std::array::from_fn(|i| g.w.as_ptr().wrapping_add((grp + i) * nb * P::BYTES));
     let wend = g.w.as_ptr().wrapping_add(g.w.len());
     let a = g.a.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); T];
-    // SAFETY (loop): block b of the group and of tokens t0..t0+T lies inside `g.w` / `g.a`.
+    let mut acc = [[_mm256_setzero_ps(); T]; G];
+    // SAFETY (loop): block b of the groups and of tokens t0..t0+T lies inside `g.w` / `g.a`.
     unsafe {
         for b in 0..nb {
-            let p = wg.add(b * P::BYTES);
-            let ahead = p.wrapping_add(PREFETCH_BYTES);
-            if ahead < wend {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64).cast());
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(128).cast());
-                if P::BYTES > 192 {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(192).cast());
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(256).cast());
+            let p: [*const u8; G] = std::array::from_fn(|i| wg[i].add(b * P::BYTES));
+            for &p in &p {
+                let ahead = p.wrapping_add(PREFETCH_BYTES);
+                if ahead < wend {
+                    for line in (0..P::BYTES).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                    }
                 }
             }
             let ab: [*const u8; T] =
                 std::array::from_fn(|t| a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES));
             let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
-            let mut isum = [_mm256_setzero_si256(); T];
-            P::dots::<T>(p.add(P::Q), &aq, &mut isum);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-            let off = P::offsets(p, d);
-            for t in 0..T {
-                let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
-                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_mul_ps(d, da), acc[t]);
-                if let Some(m) = off {
-                    let sa = _mm256_set1_ps(ab[t].add(4).cast::<f32>().read_unaligned());
-                    acc[t] = _mm256_fmadd_ps(m, sa, acc[t]);
+            let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q));
+            let mut isum = [[_mm256_setzero_si256(); T]; G];
+            P::dots::<G, T>(&q, &aq, &mut isum);
+            for i in 0..G {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(p[i].cast()));
+                let off = P::offsets(p[i], d);
+                for t in 0..T {
+                    let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
+                    acc[i][t] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(isum[i][t]),
+                        _mm256_mul_ps(d, da),
+                        acc[i][t],
+                    );
+                    if let Some(m) = off {
+                        let sa = _mm256_set1_ps(ab[t].add(4).cast::<f32>().read_unaligned());
+                        acc[i][t] = _mm256_fmadd_ps(m, sa, acc[i][t]);
+                    }
                 }
             }
         }
         let out = g.out.as_mut_ptr();
-        for t in 0..T {
-            _mm256_storeu_ps(out.add((t0 + t) * g.out_stride + grp * ROWS), acc[t]);
+        for i in 0..G {
+            for t in 0..T {
+                _mm256_storeu_ps(
+                    out.add((t0 + t) * g.out_stride + (grp + i) * ROWS),
+                    acc[i][t],
+                );
+            }
         }
     }
 }
@@ -191,18 +238,37 @@ unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
     let nt = g.ntok;
     // SAFETY: every tile stays within the groups and tokens of `g`.
     unsafe {
-        for grp in 0..g.nrows / ROWS {
+        let ng = g.nrows / ROWS;
+        let mut grp = 0;
+        // Two groups per tile when there are several tokens: each broadcast activation pair
+        // then feeds two multiplies (the loads, not the multiplies, limit one-group tiles).
+        while nt > 1 && grp + 2 <= ng {
             let mut t = 0;
             while t + 4 <= nt {
-                tile::<P, 4>(g, grp, t);
+                tile::<P, 2, 4>(g, grp, t);
                 t += 4;
             }
             match nt - t {
-                3 => tile::<P, 3>(g, grp, t),
-                2 => tile::<P, 2>(g, grp, t),
-                1 => tile::<P, 1>(g, grp, t),
+                3 => tile::<P, 2, 3>(g, grp, t),
+                2 => tile::<P, 2, 2>(g, grp, t),
+                1 => tile::<P, 2, 1>(g, grp, t),
                 _ => {}
             }
+            grp += 2;
+        }
+        while grp < ng {
+            let mut t = 0;
+            while t + 4 <= nt {
+                tile::<P, 1, 4>(g, grp, t);
+                t += 4;
+            }
+            match nt - t {
+                3 => tile::<P, 1, 3>(g, grp, t),
+                2 => tile::<P, 1, 2>(g, grp, t),
+                1 => tile::<P, 1, 1>(g, grp, t),
+                _ => {}
+            }
+            grp += 1;
         }
     }
 }
