@@ -18,10 +18,12 @@
 //! | Q4_1 | 160 | `d: [f16; 8]`, `m: [f16; 8]`, `q: [u8; 128]` |
 //! | Q8_0 | 272 | `d: [f16; 8]`, `q: [i8; 256]` |
 //!
-//! 4-bit `q`: 8 chunks of 16 bytes; chunk `c` holds values `4c..4c+4` of all 8 rows: byte `i`
-//! belongs to row `i / 2`; its low nibble is value `4c + i % 2`, its high nibble value
-//! `4c + 2 + i % 2`. Widened to 16 bits, the low nibbles are then the pairs `(4c, 4c+1)` of rows
-//! 0..8 in order, the high nibbles the pairs `(4c+2, 4c+3)`.
+//! 4-bit `q`: 4 units of 32 bytes; unit `u` holds values `8u..8u+8` of all 8 rows as 16
+//! little-endian 16-bit lanes. Lane `i` belongs to row `i / 2`; with `j = i % 2`, its low byte
+//! holds values `8u + j` (low nibble) and `8u + 4 + j` (high nibble), its high byte values
+//! `8u + 2 + j` and `8u + 6 + j`. Masking and shifting the lanes (bits 0..4, 8..12, 4..8,
+//! 12..16) gives the 16-bit weight pairs `(8u, 8u+1)`, `(8u+2, 8u+3)`, `(8u+4, 8u+5)`,
+//! `(8u+6, 8u+7)` of rows 0..8 in order, without widening instructions.
 //! 8-bit `q`: 16 chunks of 16 bytes; chunk `c` holds values `2c, 2c+1`: byte `i` is row `i / 2`,
 //! value `2c + i % 2`.
 
@@ -116,10 +118,13 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
                             s[e - 16] >> 4
                         }
                     };
-                    for c in 0..QK / 4 {
+                    for u in 0..QK / 8 {
                         for i in 0..16 {
                             let (r, j) = (i / 2, i % 2);
-                            q[16 * c + i] = nib(r, 4 * c + j) | (nib(r, 4 * c + 2 + j) << 4);
+                            for s in 0..2 {
+                                let e = 8 * u + 2 * s + j;
+                                q[32 * u + 2 * i + s] = nib(r, e) | (nib(r, e + 4) << 4);
+                            }
                         }
                     }
                 }
@@ -151,12 +156,13 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
         }
         _ => {
             let nib = |e: usize| {
-                let (c, m) = (e / 4, e % 4);
-                let byte = q[16 * c + 2 * r + m % 2];
-                if m < 2 {
-                    byte & 0x0F
-                } else {
+                let (u, m) = (e / 8, e % 8);
+                let (high, m) = (m >= 4, m % 4);
+                let byte = q[32 * u + 2 * (2 * r + m % 2) + m / 2];
+                if high {
                     byte >> 4
+                } else {
+                    byte & 0x0F
                 }
             };
             let o = &mut out[quant_offset(w)..];

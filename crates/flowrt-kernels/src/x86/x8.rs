@@ -61,24 +61,34 @@ unsafe fn dots4<const G: usize, const T: usize>(
     a: &[*const u8; T],
     acc: &mut [[__m256i; T]; G],
 ) {
-    let mask = _mm256_set1_epi16(0x0F);
-    // SAFETY: a 4-bit block has 8 chunks of 16 bytes at q[g]; chunk c pairs with activation
-    // values 4c..4c+4 at bytes 8c..8c+8 of each a[t].
+    let m = _mm256_set1_epi16(0x000F);
+    // SAFETY: a 4-bit block has 4 units of 32 bytes at q[g]; unit u pairs with activation
+    // values 8u..8u+8 at bytes 16u..16u+16 of each a[t].
     unsafe {
-        for c in 0..QK / 4 {
-            let mut lo = [_mm256_setzero_si256(); G];
-            let mut hi = [_mm256_setzero_si256(); G];
+        for u in 0..QK / 8 {
+            let mut w = [[_mm256_setzero_si256(); 4]; G];
             for g in 0..G {
-                let x = _mm256_cvtepu8_epi16(_mm_loadu_si128(q[g].add(16 * c).cast()));
-                lo[g] = _mm256_and_si256(x, mask);
-                hi[g] = _mm256_srli_epi16::<4>(x);
+                let raw = _mm256_loadu_si256(q[g].add(32 * u).cast());
+                // The four nibbles of each 16-bit lane: bits 0..4, 8..12, 4..8, 12..16.
+                w[g] = [
+                    _mm256_and_si256(raw, m),
+                    _mm256_and_si256(_mm256_srli_epi16::<8>(raw), m),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m),
+                    _mm256_srli_epi16::<12>(raw),
+                ];
             }
             for t in 0..T {
-                let (a0, a1) = (pair(a[t].add(8 * c)), pair(a[t].add(8 * c + 4)));
+                let ap: [__m256i; 4] = std::array::from_fn(|i| pair(a[t].add(16 * u + 4 * i)));
                 for g in 0..G {
                     let p = _mm256_add_epi32(
-                        _mm256_madd_epi16(lo[g], a0),
-                        _mm256_madd_epi16(hi[g], a1),
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(w[g][0], ap[0]),
+                            _mm256_madd_epi16(w[g][1], ap[1]),
+                        ),
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(w[g][2], ap[2]),
+                            _mm256_madd_epi16(w[g][3], ap[3]),
+                        ),
                     );
                     acc[g][t] = _mm256_add_epi32(acc[g][t], p);
                 }
