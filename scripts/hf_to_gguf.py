@@ -219,7 +219,7 @@ def file_type(outtype: str) -> int:
             "q4_0": F.MOSTLY_Q4_0, "q4_1": F.MOSTLY_Q4_1}[outtype]
 
 
-def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt2", name: str | None = None) -> dict:
+def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: str | None = None) -> dict:
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize

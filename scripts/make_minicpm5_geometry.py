@@ -19,7 +19,11 @@ Writes into --out (nothing is committed):
                         up to 73439, then <|im_end|> 73440, <|im_start|> 73441 and
                         <|reserved_0..5|> (every id decodes)
   tokenizer_config.json (ChatML-like chat template), 
-  --gguf q4_1,q8_0,...  model-<type>.gguf through scripts/hf_to_gguf.py
+  --gguf q4_1,q8_0,...  model-<type>.gguf through scripts/hf_to_gguf.py (tokenizer.ggml.pre
+                        "gpt-2", so llama.cpp loads it too; written to a .partial
+                        file first, renamed when complete)
+  --reuse-weights       keep the tokenizer, config and weights already in --out when
+                        they are complete (only the GGUFs are written)
   --ref FILE            REF file (make_reference.py format, f32 logits_all) for 3
                         random-id prompts of 38, 12 and 57 tokens (each starts with
                         <s>), computed by transformers from the HF weights loaded
@@ -261,6 +265,16 @@ def write_ref(out_dir: Path, ref: Path) -> dict:
     return {"ref": str(ref), "bytes": ref.stat().st_size, "prompts": stats}
 
 
+def hf_dir_complete(out: Path) -> bool:
+    """Whether out holds config, tokenizer and every shard its safetensors index names."""
+    index = out / "model.safetensors.index.json"
+    needed = [out / "config.json", out / "tokenizer.json", out / "tokenizer_config.json", index]
+    if not all(p.exists() for p in needed):
+        return False
+    shards = set(json.loads(index.read_text())["weight_map"].values())
+    return all((out / s).exists() for s in shards)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="MiniCPM5-2B-geometry random checkpoint (Llama HF directory).")
     ap.add_argument("--out", type=Path, required=True)
@@ -268,6 +282,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shard-gb", type=float, default=2.0, help="max shard size in GB (default 2)")
     ap.add_argument("--gguf", default="", help="comma-separated GGUF types to write (f32,f16,q8_0,q4_0,q4_1)")
     ap.add_argument("--ref", type=Path, help="write a REF file (f32 logits) here")
+    ap.add_argument("--reuse-weights", action="store_true",
+                    help="keep the tokenizer, config and weights already in --out when complete")
     args = ap.parse_args(argv)
 
     import torch
@@ -276,21 +292,27 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     times = {}
     args.out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(GEOMETRY["vocab_size"])
-    bad = [i for i in range(GEOMETRY["vocab_size"]) if tok.id_to_token(i) is None]
-    if bad:
-        raise SystemExit(f"ids without a token: {bad[:5]}")
-    write_tokenizer(tok, args.out)
-    write_config(args.out, args.dtype)
-    times["tokenizer+config"] = time.perf_counter() - t0
-    w = write_weights(args.out, args.dtype, int(args.shard_gb * 1e9))
-    times["weights"] = time.perf_counter() - t0 - sum(times.values())
-    log(f"weights: {w}")
+    if args.reuse_weights and hf_dir_complete(args.out):
+        log(f"reusing the tokenizer, config and weights in {args.out}")
+    else:
+        tok = build_tokenizer(GEOMETRY["vocab_size"])
+        bad = [i for i in range(GEOMETRY["vocab_size"]) if tok.id_to_token(i) is None]
+        if bad:
+            raise SystemExit(f"ids without a token: {bad[:5]}")
+        write_tokenizer(tok, args.out)
+        write_config(args.out, args.dtype)
+        times["tokenizer+config"] = time.perf_counter() - t0
+        w = write_weights(args.out, args.dtype, int(args.shard_gb * 1e9))
+        times["weights"] = time.perf_counter() - t0 - sum(times.values())
+        log(f"weights: {w}")
     for t in [s for s in args.gguf.split(",") if s]:
         from hf_to_gguf import convert
 
         t1 = time.perf_counter()
-        info = convert(args.out, args.out / f"model-{t}.gguf", t, name="minicpm5-2b-geometry-random")
+        final = args.out / f"model-{t}.gguf"
+        partial = final.with_name(final.name + ".partial")
+        info = convert(args.out, partial, t, pre="gpt-2", name="minicpm5-2b-geometry-random")
+        partial.replace(final)
         times[f"gguf {t}"] = time.perf_counter() - t1
         log(f"gguf {t}: {info}")
     if args.ref:
