@@ -86,49 +86,57 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
     assert_eq!(src.len(), rows * nb * bb, "x8::pack: source length");
     assert_eq!(dst.len(), src.len(), "x8::pack: destination length");
     let hb = header_bytes(w);
-    for g in 0..rows / ROWS {
-        for b in 0..nb {
-            let out = &mut dst[(g * nb + b) * ROWS * bb..(g * nb + b + 1) * ROWS * bb];
-            let blk = |r: usize| {
-                let o = ((g * ROWS + r) * nb + b) * bb;
-                &src[o..o + bb]
-            };
-            for r in 0..ROWS {
-                let s = blk(r);
+    let qo = quant_offset(w);
+    let row_bytes = nb * bb;
+    for (src_g, dst_g) in src
+        .chunks_exact(ROWS * row_bytes)
+        .zip(dst.chunks_exact_mut(ROWS * row_bytes))
+    {
+        for (b, out) in dst_g.chunks_exact_mut(ROWS * bb).enumerate() {
+            let blk: [&[u8]; ROWS] = std::array::from_fn(|r| {
+                &src_g[r * row_bytes + b * bb..r * row_bytes + (b + 1) * bb]
+            });
+            for (r, s) in blk.iter().enumerate() {
                 out[2 * r..2 * r + 2].copy_from_slice(&s[0..2]);
                 if w == GgmlType::Q4_1 {
                     out[16 + 2 * r..18 + 2 * r].copy_from_slice(&s[2..4]);
                 }
             }
             let q = &mut out[hb..];
-            match w {
-                GgmlType::Q8_0 => {
-                    for c in 0..QK / 2 {
-                        for i in 0..16 {
-                            q[16 * c + i] = blk(i / 2)[quant_offset(w) + 2 * c + i % 2];
-                        }
+            if w == GgmlType::Q8_0 {
+                for c in 0..QK / 2 {
+                    for i in 0..16 {
+                        q[16 * c + i] = blk[i / 2][qo + 2 * c + i % 2];
                     }
                 }
-                _ => {
-                    let nib = |r: usize, e: usize| {
-                        let s = &blk(r)[quant_offset(w)..];
-                        if e < 16 {
-                            s[e] & 0x0F
-                        } else {
-                            s[e - 16] >> 4
-                        }
-                    };
-                    for u in 0..QK / 8 {
-                        for i in 0..16 {
-                            let (r, j) = (i / 2, i % 2);
-                            for s in 0..2 {
-                                let e = 8 * u + 2 * s + j;
-                                q[32 * u + 2 * i + s] = nib(r, e) | (nib(r, e + 4) << 4);
-                            }
-                        }
-                    }
-                }
+                continue;
             }
+            let q: &mut [u8; 128] = (&mut q[..128]).try_into().expect("128 quant bytes");
+            for (r, s) in blk.iter().enumerate() {
+                let s: &[u8; 16] = s[qo..qo + 16].try_into().expect("16 nibble bytes");
+                pack_q4_row(r, s, q);
+            }
+        }
+    }
+}
+
+/// Row `r`'s 32 nibbles (ggml order: value `e < 16` in the low nibble of byte `e`, value
+/// `e >= 16` in the high nibble of byte `e - 16`) into their places of a packed 4-bit block.
+#[inline]
+fn pack_q4_row(r: usize, s: &[u8; 16], q: &mut [u8; 128]) {
+    let nib = |e: usize| {
+        if e < 16 {
+            s[e] & 0x0F
+        } else {
+            s[e - 16] >> 4
+        }
+    };
+    for u in 0..QK / 8 {
+        for j in 0..2 {
+            let e = 8 * u + j;
+            let o = 32 * u + 2 * (2 * r + j);
+            q[o] = nib(e) | (nib(e + 4) << 4);
+            q[o + 1] = nib(e + 2) | (nib(e + 6) << 4);
         }
     }
 }
