@@ -2,9 +2,14 @@
 
 use std::process::ExitCode;
 
+use std::time::Duration;
+
 use anyhow::Result;
 use clap::Args;
-use flowrt_engine::{BatchSession, BenchOptions, Session};
+use flowrt_engine::{
+    BandwidthOptions, BandwidthReport, BatchSession, BenchOptions, LoadedModel, ProcMemory,
+    Roofline, Session,
+};
 use flowrt_kernels::Kernels;
 
 use crate::common::{load_model, EngineArgs};
@@ -29,6 +34,10 @@ pub struct BenchArgs {
     /// every sequence, and report the aggregate decode rate (continuous batching).
     #[arg(long, default_value_t = 1)]
     pub parallel: usize,
+    /// Skip measuring memory read bandwidth (about a second, with a 512 MiB buffer) and so the
+    /// decode roofline.
+    #[arg(long)]
+    pub no_bandwidth: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -46,6 +55,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         return bench_parallel(&args, &model, &opts);
     }
     let mut session = Session::new(&model, &opts)?;
+    let rss_after_load = ProcMemory::now().rss_bytes;
     let (sha, size) = crate::common::model_fingerprint(&model.path)?;
     let r = flowrt_engine::bench(
         &mut session,
@@ -57,11 +67,22 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     );
     args.engine.write_trace(&session)?;
     let r = r?;
+    let res = Resources::measure(
+        &args,
+        &model,
+        ResourceInputs {
+            setup_time: session.setup_time(),
+            kv_cache_bytes: session.kv_cache_bytes(),
+            rss_after_load,
+            threads: r.threads,
+            steps_per_s: r.decode_tok_s.median,
+        },
+    );
     let d = session.dispatcher();
     let (runlists, depth) = (d.runlist_count(), d.depth());
     let features = Kernels::cpu_features();
     if args.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "model": model.path.display().to_string(),
             "model_sha256": sha,
             "model_size_bytes": size,
@@ -86,6 +107,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
             "runlists_per_step": runlists,
             "max_runlist_layers": depth,
         });
+        res.add_json(&mut v);
         println!("{v}");
     } else {
         println!("model:    {} ({} bytes)", model.path.display(), size);
@@ -110,6 +132,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
         println!("prefill-{:<4} tok/s {}", r.n_prompt, s(r.prefill_tok_s));
         println!("ttft         ms    {}", s(r.ttft_ms));
         println!("decode-{:<5} tok/s {}", r.n_gen, s(r.decode_tok_s));
+        res.print();
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -120,6 +143,7 @@ fn bench_parallel(
     opts: &flowrt_engine::EngineOptions,
 ) -> Result<ExitCode> {
     let mut session = BatchSession::new(model, opts, args.parallel)?;
+    let rss_after_load = ProcMemory::now().rss_bytes;
     let (sha, size) = crate::common::model_fingerprint(&model.path)?;
     let r = flowrt_engine::bench_parallel(
         &mut session,
@@ -131,8 +155,21 @@ fn bench_parallel(
     );
     args.engine.write_trace_of(session.trace())?;
     let r = r?;
+    let res = Resources::measure(
+        args,
+        model,
+        ResourceInputs {
+            setup_time: session.setup_time(),
+            kv_cache_bytes: session.kv_cache_bytes(),
+            rss_after_load,
+            threads: r.threads,
+            // One step decodes a token of every sequence and reads the weights once.
+            steps_per_s: r.aggregate_decode_tok_s.median / r.sequences as f64,
+        },
+    );
     if args.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
+            "load_ms": model.load_time.as_secs_f64() * 1e3,
             "model": model.path.display().to_string(),
             "model_sha256": sha,
             "model_size_bytes": size,
@@ -146,6 +183,7 @@ fn bench_parallel(
             "threads": r.threads,
             "kernels": r.kernels,
         });
+        res.add_json(&mut v);
         println!("{v}");
     } else {
         println!("model:    {} ({} bytes)", model.path.display(), size);
@@ -160,6 +198,130 @@ fn bench_parallel(
             "decode-{} x {} sequences: {:.2} [{:.2}, {:.2}] tok/s in all",
             r.n_gen, r.sequences, s.median, s.min, s.max
         );
+        res.print();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What [`Resources::measure`] needs from the session and the run.
+struct ResourceInputs {
+    setup_time: Duration,
+    kv_cache_bytes: Option<usize>,
+    rss_after_load: Option<u64>,
+    threads: usize,
+    /// Decode steps per second (each reads the weights once).
+    steps_per_s: f64,
+}
+
+/// Load time, memory and the decode roofline of a bench run.
+struct Resources {
+    /// Model load (file open, tensors bound, tokenizer).
+    load: Duration,
+    /// Session setup: backend (with any weight preparation it does) and dispatcher.
+    setup: Duration,
+    rss_after_load: Option<u64>,
+    peak_rss: Option<u64>,
+    /// Resident memory at the end of the run, before the bandwidth probe.
+    end: ProcMemory,
+    weights: u64,
+    kv_cache: Option<u64>,
+    bandwidth: Option<BandwidthReport>,
+    roofline: Option<Roofline>,
+}
+
+impl Resources {
+    /// Read the peak RSS first, then (unless `--no-bandwidth`) run the bandwidth probe,
+    /// whose buffer must not count in the peak.
+    fn measure(args: &BenchArgs, model: &LoadedModel, i: ResourceInputs) -> Resources {
+        let end = ProcMemory::now();
+        let bandwidth = (!args.no_bandwidth).then(|| {
+            flowrt_engine::measure_read_bandwidth(&BandwidthOptions::for_threads(i.threads))
+        });
+        let roofline = bandwidth
+            .filter(|_| i.steps_per_s.is_finite() && i.steps_per_s > 0.0)
+            .map(|b| Roofline::new(&model.model, i.steps_per_s, b.read_gb_s));
+        Resources {
+            load: model.load_time,
+            setup: i.setup_time,
+            rss_after_load: i.rss_after_load,
+            peak_rss: end.peak_rss_bytes,
+            end,
+            weights: flowrt_engine::weight_bytes(&model.model),
+            kv_cache: i.kv_cache_bytes.map(|b| b as u64),
+            bandwidth,
+            roofline,
+        }
+    }
+
+    /// Peak RSS over weights plus KV cache (1.10 or less is the target).
+    fn peak_ratio(&self) -> Option<f64> {
+        let reserved = self.weights + self.kv_cache?;
+        Some(self.peak_rss? as f64 / reserved as f64)
+    }
+
+    /// New fields of the JSON report (`null` where not available).
+    fn add_json(&self, v: &mut serde_json::Value) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let fields = serde_json::json!({
+            "session_setup_ms": ms(self.setup),
+            "load_to_ready_ms": ms(self.load + self.setup),
+            "rss_after_load_bytes": self.rss_after_load,
+            "peak_rss_bytes": self.peak_rss,
+            "end_rss_anon_bytes": self.end.rss_anon_bytes,
+            "end_rss_file_bytes": self.end.rss_file_bytes,
+            "weights_bytes": self.weights,
+            "kv_cache_bytes": self.kv_cache,
+            "peak_rss_over_weights_kv": self.peak_ratio(),
+            "read_bandwidth_gb_s": self.bandwidth.map(|b| b.read_gb_s),
+            "bandwidth_buffer_bytes": self.bandwidth.map(|b| b.buffer_bytes),
+            "weight_bytes_per_token": self.roofline.map(|r| r.weight_bytes_per_step),
+            "decode_weight_gb_s": self.roofline.map(|r| r.achieved_gb_s),
+            "decode_roofline_pct": self.roofline.map(|r| r.percent),
+        });
+        if let (Some(v), serde_json::Value::Object(f)) = (v.as_object_mut(), fields) {
+            v.extend(f);
+        }
+    }
+
+    fn print(&self) {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "load:     {:.1} ms to ready (model {:.1} ms + session {:.1} ms)",
+            ms(self.load + self.setup),
+            ms(self.load),
+            ms(self.setup)
+        );
+        let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
+        let opt = |b: Option<u64>| b.map_or("not available".to_string(), mib);
+        println!(
+            "memory:   rss after load {}, peak rss {} (at the end: {} anonymous, {} file-backed)",
+            opt(self.rss_after_load),
+            opt(self.peak_rss),
+            opt(self.end.rss_anon_bytes),
+            opt(self.end.rss_file_bytes)
+        );
+        println!(
+            "          weights {} + kv cache {}; peak / (weights + kv) = {}",
+            mib(self.weights),
+            opt(self.kv_cache),
+            self.peak_ratio()
+                .map_or("not available".to_string(), |r| format!("{r:.2}"))
+        );
+        match (self.bandwidth, self.roofline) {
+            (Some(b), Some(r)) => println!(
+                "roofline: decode {:.1} GB/s of weights ({:.1} MB per token) = {:.1} % of {:.1} GB/s read bandwidth ({} threads, {} buffer)",
+                r.achieved_gb_s,
+                r.weight_bytes_per_step as f64 / 1e6,
+                r.percent,
+                b.read_gb_s,
+                b.threads,
+                mib(b.buffer_bytes as u64),
+            ),
+            (Some(b), None) => println!(
+                "roofline: read bandwidth {:.1} GB/s; no decode rate to compare",
+                b.read_gb_s
+            ),
+            (None, _) => println!("roofline: not measured (--no-bandwidth)"),
+        }
+    }
 }

@@ -201,6 +201,58 @@ fn bench_reports_what_ran() {
         v["model_sha256"],
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     );
+    // Issue 6: load time, memory and the decode roofline (sane, not fast).
+    let f = |k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing or not a number: {v}"))
+    };
+    assert!(f("load_to_ready_ms") > 0.0 && f("load_to_ready_ms") >= f("load_ms"));
+    if cfg!(target_os = "linux") {
+        let (rss, peak) = (f("rss_after_load_bytes"), f("peak_rss_bytes"));
+        assert!(rss > 0.0 && peak >= rss, "{v}");
+        assert!(f("peak_rss_over_weights_kv") > 0.0, "{v}");
+    }
+    assert!(f("weights_bytes") > 0.0 && f("kv_cache_bytes") > 0.0, "{v}");
+    // A decode step reads each matrix once and one embedding row, never more than all.
+    assert!(f("weight_bytes_per_token") <= f("weights_bytes"), "{v}");
+    for k in [
+        "read_bandwidth_gb_s",
+        "decode_weight_gb_s",
+        "decode_roofline_pct",
+    ] {
+        assert!(f(k).is_finite() && f(k) > 0.0, "{k}: {v}");
+    }
+}
+
+#[test]
+fn bench_parallel_reports_memory_and_skips_bandwidth_when_asked() {
+    let m = model();
+    let out = ok(&[
+        "bench",
+        m.to_str().unwrap(),
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--parallel",
+        "2",
+        "--json",
+        "-t",
+        "2",
+        "--no-bandwidth",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["aggregate_decode_tok_s"]
+        .as_f64()
+        .is_some_and(|x| x > 0.0));
+    if cfg!(target_os = "linux") {
+        assert!(v["peak_rss_bytes"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    }
+    assert!(v["kv_cache_bytes"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+    assert!(v["read_bandwidth_gb_s"].is_null(), "{v}");
+    assert!(v["decode_roofline_pct"].is_null(), "{v}");
 }
 
 #[test]

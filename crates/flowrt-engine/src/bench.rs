@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use flowrt_model::{Model, WeightMatrix};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -203,4 +204,64 @@ pub fn bench_parallel(
         threads: session.backend_info().threads,
         kernels: session.backend_info().kernels,
     })
+}
+
+/// Bytes of weights the model holds: every matrix once (a tied output projection shares the
+/// embeddings' bytes) and every norm and bias vector.
+pub fn weight_bytes(model: &Model) -> u64 {
+    let m = |w: &WeightMatrix| (w.rows * w.row_bytes) as u64;
+    let v = |x: &[f32]| std::mem::size_of_val(x) as u64;
+    let o = |x: &Option<Vec<f32>>| x.as_deref().map_or(0, v);
+    let layers: u64 = model
+        .layers
+        .iter()
+        .map(|l| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .into_iter()
+                .map(m)
+                .sum::<u64>()
+                + v(&l.attn_norm)
+                + v(&l.ffn_norm)
+                + [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm]
+                    .into_iter()
+                    .map(o)
+                    .sum::<u64>()
+                + o(&l.attn_post_norm)
+                + o(&l.ffn_post_norm)
+        })
+        .sum();
+    let output = if model.tied_embeddings {
+        0
+    } else {
+        m(&model.output)
+    };
+    layers + m(&model.token_embd) + output + v(&model.output_norm)
+}
+
+/// Decode speed against the memory's measured read bandwidth: a decode step reads every
+/// weight matrix once (and one embedding row), whatever the batch, so
+/// `bytes per step × steps per second` is the weight traffic decode achieved.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Roofline {
+    /// [`Model::weight_bytes_per_token`]: the weights one decode step reads.
+    pub weight_bytes_per_step: u64,
+    /// `weight_bytes_per_step × steps per second`, 10^9 bytes per second.
+    pub achieved_gb_s: f64,
+    /// Measured read bandwidth (see [`crate::measure_read_bandwidth`]).
+    pub read_gb_s: f64,
+    /// `achieved / read × 100`.
+    pub percent: f64,
+}
+
+impl Roofline {
+    pub fn new(model: &Model, steps_per_s: f64, read_gb_s: f64) -> Roofline {
+        let weight_bytes_per_step = model.weight_bytes_per_token();
+        let achieved_gb_s = weight_bytes_per_step as f64 * steps_per_s / 1e9;
+        Roofline {
+            weight_bytes_per_step,
+            achieved_gb_s,
+            read_gb_s,
+            percent: achieved_gb_s / read_gb_s * 100.0,
+        }
+    }
 }

@@ -2,17 +2,23 @@
 //! decode, generate text with sampling and stops, verify logits against a reference, and
 //! benchmark.
 
+mod bandwidth;
 mod bench;
 mod error;
 mod generate;
 mod load;
+mod proc_mem;
 mod session;
 mod verify;
 
-pub use bench::{bench, bench_parallel, BenchOptions, BenchReport, ParallelReport, Stat};
+pub use bandwidth::{measure_read_bandwidth, BandwidthOptions, BandwidthReport};
+pub use bench::{
+    bench, bench_parallel, weight_bytes, BenchOptions, BenchReport, ParallelReport, Roofline, Stat,
+};
 pub use error::EngineError;
 pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
 pub use load::{EngineOptions, LoadedModel};
+pub use proc_mem::{parse_proc_status, ProcMemory};
 pub use session::{BatchSession, Session};
 pub use verify::{verify, PromptReport, VerifyReport};

@@ -5,6 +5,7 @@
 //! (continuous batching). [`Session`] is the one-sequence case most callers want.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use flowrt_cpu::{CpuBackend, CpuOptions};
 use flowrt_dispatch::{
@@ -28,6 +29,11 @@ pub struct BatchSession {
     /// Scratch for a step's tokens and spans (allocated once).
     tokens: Vec<u32>,
     spans: Vec<SeqSpan>,
+    /// Bytes the backend reserved for the KV cache, when it says.
+    kv_cache_bytes: Option<usize>,
+    /// Time to make the session ready (backend, including any weight preparation it does,
+    /// and dispatcher).
+    setup_time: Duration,
 }
 
 impl BatchSession {
@@ -42,6 +48,7 @@ impl BatchSession {
                 "a session needs at least one slot".into(),
             ));
         }
+        let t0 = Instant::now();
         let n_ctx = model.n_ctx(opts)?;
         let backend = CpuBackend::new(
             model.model.clone(),
@@ -56,7 +63,11 @@ impl BatchSession {
                 repack: opts.repack,
             },
         )?;
-        Self::with_backend(model, opts, Box::new(backend))
+        let kv_cache_bytes = backend.kv_cache().bytes();
+        let mut session = Self::with_backend(model, opts, Box::new(backend))?;
+        session.kv_cache_bytes = Some(kv_cache_bytes);
+        session.setup_time = t0.elapsed();
+        Ok(session)
     }
 
     /// Sequences on any backend (one slot per sequence its cache holds).
@@ -65,6 +76,7 @@ impl BatchSession {
         opts: &EngineOptions,
         backend: Box<dyn Backend>,
     ) -> Result<BatchSession, EngineError> {
+        let t0 = Instant::now();
         let plan: Arc<Plan> = model.plan.clone();
         let costs = group_costs(&model.model, &plan);
         let dispatcher = Dispatcher::new(plan, costs, opts.dispatch.clone(), backend.as_ref())
@@ -80,6 +92,8 @@ impl BatchSession {
             dispatcher,
             model_ctx: model.model_ctx(),
             trace: opts.trace.then(Trace::new),
+            kv_cache_bytes: None,
+            setup_time: t0.elapsed(),
         })
     }
 
@@ -123,6 +137,17 @@ impl BatchSession {
     /// The trace recorded so far (with `EngineOptions::trace`).
     pub fn trace(&self) -> Option<&Trace> {
         self.trace.as_ref()
+    }
+    /// Bytes reserved for the KV cache (all slots, full context); `None` for a backend given
+    /// to [`BatchSession::with_backend`], which does not say.
+    pub fn kv_cache_bytes(&self) -> Option<usize> {
+        self.kv_cache_bytes
+    }
+    /// How long making this session took: creating the backend (with any weight preparation
+    /// it does at load) and the dispatcher. For [`BatchSession::with_backend`], the dispatcher
+    /// only.
+    pub fn setup_time(&self) -> Duration {
+        self.setup_time
     }
 
     /// Check that `n_new` more tokens plus `reserve` generated ones fit `slot`'s context.
@@ -244,6 +269,14 @@ impl Session {
     /// The trace recorded so far (with `EngineOptions::trace`).
     pub fn trace(&self) -> Option<&Trace> {
         self.inner.trace()
+    }
+    /// See [`BatchSession::kv_cache_bytes`].
+    pub fn kv_cache_bytes(&self) -> Option<usize> {
+        self.inner.kv_cache_bytes()
+    }
+    /// See [`BatchSession::setup_time`].
+    pub fn setup_time(&self) -> Duration {
+        self.inner.setup_time()
     }
     pub fn n_ctx(&self) -> usize {
         self.inner.n_ctx()
