@@ -13,8 +13,8 @@ mod avx512;
 mod elem;
 pub(crate) mod q16;
 mod q16k;
-pub(crate) mod x8;
 mod quant;
+pub(crate) mod x8;
 
 use std::sync::OnceLock;
 
