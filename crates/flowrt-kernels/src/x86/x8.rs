@@ -66,31 +66,22 @@ unsafe fn dots4<const G: usize, const T: usize>(
     // values 8u..8u+8 at bytes 16u..16u+16 of each a[t].
     unsafe {
         for u in 0..QK / 8 {
-            let mut w = [[_mm256_setzero_si256(); 4]; G];
-            for g in 0..G {
-                let raw = _mm256_loadu_si256(q[g].add(32 * u).cast());
-                // The four nibbles of each 16-bit lane: bits 0..4, 8..12, 4..8, 12..16.
-                w[g] = [
-                    _mm256_and_si256(raw, m),
-                    _mm256_and_si256(_mm256_srli_epi16::<8>(raw), m),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m),
-                    _mm256_srli_epi16::<12>(raw),
-                ];
-            }
-            for t in 0..T {
-                let ap: [__m256i; 4] = std::array::from_fn(|i| pair(a[t].add(16 * u + 4 * i)));
-                for g in 0..G {
-                    let p = _mm256_add_epi32(
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(w[g][0], ap[0]),
-                            _mm256_madd_epi16(w[g][1], ap[1]),
-                        ),
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(w[g][2], ap[2]),
-                            _mm256_madd_epi16(w[g][3], ap[3]),
-                        ),
-                    );
-                    acc[g][t] = _mm256_add_epi32(acc[g][t], p);
+            let raw: [__m256i; G] =
+                std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
+            // The four nibbles of each 16-bit lane (bits 0..4, 8..12, 4..8, 12..16) in turn:
+            // one weight vector per group live at a time keeps the tile in registers.
+            for i in 0..4 {
+                let w: [__m256i; G] = std::array::from_fn(|g| match i {
+                    0 => _mm256_and_si256(raw[g], m),
+                    1 => _mm256_and_si256(_mm256_srli_epi16::<8>(raw[g]), m),
+                    2 => _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m),
+                    _ => _mm256_srli_epi16::<12>(raw[g]),
+                });
+                for t in 0..T {
+                    let ap = pair(a[t].add(16 * u + 4 * i));
+                    for g in 0..G {
+                        acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(w[g], ap));
+                    }
                 }
             }
         }
