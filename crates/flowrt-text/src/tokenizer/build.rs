@@ -21,14 +21,20 @@ use tokenizers::{
     PreTokenizer, PreTokenizerWrapper, SplitDelimiterBehavior, TokenizerImpl,
 };
 
+use super::shared::SharedModel;
 use crate::vocab::{token_type, GgufVocab};
 use crate::TextError;
 
 /// The `tokenizers` pipeline this crate runs: our own pre-tokenizer type so that the
 /// SentencePiece space handling can be expressed exactly; no normalizer, post-processor or
 /// decoder (BOS/EOS and decoding are done by [`super::Tokenizer`] itself).
-pub(crate) type Pipeline =
-    TokenizerImpl<BPE, NormalizerWrapper, PreTok, PostProcessorWrapper, DecoderWrapper>;
+pub(crate) type Pipeline = TokenizerImpl<
+    SharedModel<BPE>,
+    NormalizerWrapper,
+    PreTok,
+    PostProcessorWrapper,
+    DecoderWrapper,
+>;
 
 /// Llama 3's split regex (from its tokenizer.json).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -210,7 +216,7 @@ fn build_gpt2(v: &GgufVocab) -> Result<Built, TextError> {
         }
     };
 
-    let mut pipeline = Pipeline::new(bpe);
+    let mut pipeline = Pipeline::new(SharedModel::new(bpe));
     pipeline.with_pre_tokenizer(Some(PreTok::Hf(pre)));
     // A control token spelled outside the byte alphabet is a mislabelled ordinary token (HF
     // skips these too); user-defined ones outside it are reached through their respelling.
@@ -245,7 +251,7 @@ fn build_llama(v: &GgufVocab) -> Result<Built, TextError> {
         .build()
         .map_err(|e| TextError::tokenizers("BPE from GGUF vocab and scores", e))?;
 
-    let mut pipeline = Pipeline::new(bpe);
+    let mut pipeline = Pipeline::new(SharedModel::new(bpe));
     pipeline.with_pre_tokenizer(Some(PreTok::SentencePiece {
         add_prefix: v.add_space_prefix.unwrap_or(true),
     }));

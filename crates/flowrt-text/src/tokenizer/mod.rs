@@ -1,6 +1,7 @@
 //! Text <-> token ids, for a GGUF vocabulary or a Hugging Face tokenizer.json.
 
 pub(crate) mod build;
+mod shared;
 mod stream;
 
 pub use build::supported_pre_tokenizers;
