@@ -108,3 +108,29 @@ fn no_space_prefix_when_the_vocab_says_so() {
     assert_eq!(without.decode(&a, false).unwrap(), " hello");
     assert_eq!(with.decode(&b, false).unwrap(), "hello");
 }
+
+#[test]
+fn token_lookup_round_trips_and_a_repeated_token_maps_to_its_first_id() {
+    let mut v = vocab();
+    let n = v.tokens.len();
+    let repeated = v.tokens[n / 2].clone();
+    v.tokens.push(repeated.clone());
+    v.scores.as_mut().unwrap().push(-1e9);
+    v.token_types.as_mut().unwrap().push(1);
+    let tok = Tokenizer::from_vocab(&v).unwrap();
+    assert_eq!(tok.vocab_size(), n + 1);
+    for (id, t) in v.tokens.iter().enumerate() {
+        let first = v.tokens.iter().position(|x| x == t).unwrap() as u32;
+        if t.is_empty() {
+            assert_eq!(tok.id_to_token(id as u32), None);
+        } else {
+            assert_eq!(tok.id_to_token(id as u32), Some(t.as_str()));
+            assert_eq!(tok.token_to_id(t), Some(first), "{t:?}");
+        }
+    }
+    assert_eq!(tok.token_to_id(&repeated), Some((n / 2) as u32));
+    assert_eq!(tok.id_to_token(n as u32), Some(repeated.as_str()));
+    assert_eq!(tok.id_to_token(n as u32 + 1), None);
+    assert_eq!(tok.token_to_id("no such token in the vocab"), None);
+    assert_eq!(tok.token_to_id(""), None);
+}

@@ -219,7 +219,7 @@ pub fn load(src: &HfSources<'_>) -> Result<HfText, TextError> {
     let tokenizer = Tokenizer::from_parts(Parts {
         kind,
         engine: Engine::Hf(Box::new(hf)),
-        tokens,
+        tokens: &tokens,
         types,
         pieces,
         bos,

@@ -7,8 +7,6 @@ mod stream;
 pub use build::supported_pre_tokenizers;
 pub use stream::TokenStreamDecoder;
 
-use std::collections::HashMap;
-
 use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
 use crate::vocab::{token_type, GgufVocab};
@@ -88,11 +86,11 @@ pub(crate) enum AddSpecial {
 }
 
 /// Everything a [`Tokenizer`] is made of, whichever format it came from.
-pub(crate) struct Parts {
+pub(crate) struct Parts<'a> {
     pub kind: VocabKind,
     pub engine: Engine,
     /// Token text by id; `""` for an id with no token.
-    pub tokens: Vec<String>,
+    pub tokens: &'a [String],
     /// One [`token_type`] per id.
     pub types: Vec<i32>,
     /// Each token's bytes in decoded text.
@@ -115,9 +113,14 @@ pub struct Tokenizer {
     parse_special: Engine,
     /// The same, with special tokens taken as plain text (user-defined ones still match).
     plain: Engine,
-    tokens: Vec<String>,
+    /// All tokens' text, back to back; token `i` is `token_text[token_ends[i-1]..token_ends[i]]`
+    /// (`""` for an id with no token). One allocation, not one per token.
+    token_text: String,
+    token_ends: Vec<usize>,
+    /// Ids of the tokens with text, sorted by text and then id ([`Tokenizer::token_to_id`]
+    /// is a binary search; 4 bytes a token instead of a hash map of owned strings).
+    ids_by_text: Vec<u32>,
     types: Vec<i32>,
-    token_ids: HashMap<String, u32>,
     /// All tokens' decoded bytes, back to back; token `i` is `piece_bytes[piece_ends[i-1]..piece_ends[i]]`.
     piece_bytes: Vec<u8>,
     piece_ends: Vec<usize>,
@@ -135,7 +138,7 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
             .field("kind", &self.kind)
-            .field("vocab_size", &self.tokens.len())
+            .field("vocab_size", &self.vocab_size())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
             .field("eog", &self.eog)
@@ -156,7 +159,7 @@ impl Tokenizer {
         Ok(Self::from_parts(Parts {
             kind,
             engine: Engine::Gguf(Box::new(built.pipeline)),
-            tokens: v.tokens.clone(),
+            tokens: &v.tokens,
             types: (0..v.tokens.len()).map(|i| v.token_type(i)).collect(),
             pieces: built.pieces,
             bos: v.bos,
@@ -176,12 +179,17 @@ impl Tokenizer {
     pub(crate) fn from_parts(p: Parts) -> Self {
         let mut plain = p.engine.clone();
         plain.set_encode_special_tokens(true);
-        let mut token_ids = HashMap::with_capacity(p.tokens.len());
-        for (id, t) in p.tokens.iter().enumerate() {
-            if !t.is_empty() {
-                token_ids.entry(t.clone()).or_insert(id as u32);
-            }
+        let mut token_text = String::with_capacity(p.tokens.iter().map(String::len).sum());
+        let mut token_ends = Vec::with_capacity(p.tokens.len());
+        for t in p.tokens {
+            token_text.push_str(t);
+            token_ends.push(token_text.len());
         }
+        let mut ids_by_text: Vec<u32> = (0..p.tokens.len() as u32)
+            .filter(|&id| !p.tokens[id as usize].is_empty())
+            .collect();
+        // Stable: a text the vocab repeats keeps its ids in order, the first one first.
+        ids_by_text.sort_by(|&a, &b| p.tokens[a as usize].cmp(&p.tokens[b as usize]));
         let mut piece_bytes = Vec::new();
         let mut piece_ends = Vec::with_capacity(p.pieces.len());
         for piece in &p.pieces {
@@ -189,25 +197,14 @@ impl Tokenizer {
             piece_ends.push(piece_bytes.len());
         }
 
-        let mut eog: Vec<u32> = [p.eos, p.eot, p.eom].into_iter().flatten().collect();
-        eog.extend(&p.extra_eog);
-        for text in EOG_TEXTS {
-            if let Some(&id) = token_ids.get(*text) {
-                if p.types[id as usize] == token_type::CONTROL {
-                    eog.push(id);
-                }
-            }
-        }
-        eog.sort_unstable();
-        eog.dedup();
-
-        Self {
+        let mut tokenizer = Self {
             kind: p.kind,
             parse_special: p.engine,
             plain,
-            tokens: p.tokens,
+            token_text,
+            token_ends,
+            ids_by_text,
             types: p.types,
-            token_ids,
             piece_bytes,
             piece_ends,
             bos: p.bos,
@@ -216,8 +213,22 @@ impl Tokenizer {
             eom: p.eom,
             add_special: p.add_special,
             strip_leading_space: p.strip_leading_space,
-            eog,
+            eog: Vec::new(),
+        };
+
+        let mut eog: Vec<u32> = [p.eos, p.eot, p.eom].into_iter().flatten().collect();
+        eog.extend(&p.extra_eog);
+        for text in EOG_TEXTS {
+            if let Some(id) = tokenizer.token_to_id(text) {
+                if tokenizer.types[id as usize] == token_type::CONTROL {
+                    eog.push(id);
+                }
+            }
         }
+        eog.sort_unstable();
+        eog.dedup();
+        tokenizer.eog = eog;
+        tokenizer
     }
 
     /// Text to ids.
@@ -285,15 +296,23 @@ impl Tokenizer {
     /// The token as the vocab spells it (`Ġthe`, `▁the`, `<|im_end|>`); `None` outside the
     /// vocabulary and for an id inside it that has no token (a gap in a HF vocab).
     pub fn id_to_token(&self, id: u32) -> Option<&str> {
-        self.tokens
-            .get(id as usize)
-            .map(String::as_str)
-            .filter(|t| !t.is_empty())
+        let i = self.check_id(id).ok()?;
+        Some(self.token_text_of(i)).filter(|t| !t.is_empty())
     }
 
     /// The id of a token as the vocab spells it (first one if the vocab repeats it).
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.token_ids.get(token).copied()
+        let first = self
+            .ids_by_text
+            .partition_point(|&id| self.token_text_of(id as usize) < token);
+        let &id = self.ids_by_text.get(first)?;
+        (self.token_text_of(id as usize) == token).then_some(id)
+    }
+
+    /// Text of token `i` (in range), `""` for an id with no token.
+    fn token_text_of(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.token_ends[i - 1] };
+        &self.token_text[start..self.token_ends[i]]
     }
 
     /// Whether `id` is a special token: control or unknown (what `skip_special` drops and
@@ -306,7 +325,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
+        self.token_ends.len()
     }
 
     pub fn kind(&self) -> VocabKind {
@@ -374,12 +393,12 @@ impl Tokenizer {
 
     fn check_id(&self, id: u32) -> Result<usize, TextError> {
         let i = id as usize;
-        if i < self.tokens.len() {
+        if i < self.vocab_size() {
             Ok(i)
         } else {
             Err(TextError::UnknownId {
                 id,
-                vocab_size: self.tokens.len(),
+                vocab_size: self.vocab_size(),
             })
         }
     }
