@@ -145,7 +145,7 @@ impl GgufFile {
     /// An array of strings, borrowed.
     pub fn get_str_array(&self, key: &str) -> Result<Option<Vec<&str>>, GgufError> {
         let strings = self.get_typed(key, "array of string", |v| v.as_array()?.as_strings())?;
-        Ok(strings.map(|s| s.iter().map(String::as_str).collect()))
+        Ok(strings.map(|s| s.iter().collect()))
     }
 
     /// Looks `key` up and converts it with `convert`, which returns `None` on a type mismatch.

@@ -31,7 +31,7 @@ pub use error::GgufError;
 pub use file::GgufFile;
 pub use flowrt_dtype::GgmlType;
 pub use tensor::TensorInfo;
-pub use value::{Array, Value, ValueType};
+pub use value::{Array, StringArray, Value, ValueType};
 
 /// The four bytes every GGUF file starts with.
 pub const MAGIC: [u8; 4] = *b"GGUF";

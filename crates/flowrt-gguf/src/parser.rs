@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use crate::cursor::Cursor;
 use crate::tensor::{self, TensorInfo};
-use crate::value::{Array, Value, ValueType};
+use crate::value::{Array, StringArray, Value, ValueType};
 use crate::{
     GgufError, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_LEN, MAX_KEYS, MAX_NAME_LEN,
     MAX_NESTING, MAX_STRING_LEN, MAX_TENSORS, SUPPORTED_VERSIONS,
@@ -166,11 +166,14 @@ fn read_array(c: &mut Cursor<'_>, key: &str, depth: u32) -> Result<Array, GgufEr
                 .collect::<Result<_, _>>()?,
         ),
         ValueType::String => {
-            let mut v = Vec::with_capacity(n);
+            // One buffer for all the text (each element takes at least its 8-byte length
+            // prefix in the file, so `n` is bounded by the bytes left).
+            let mut v = StringArray::with_capacity(n, 0);
             for i in 0..n {
                 let s = c.str(MAX_STRING_LEN, format_args!("element {i} of array `{key}`"))?;
-                v.push(s.to_owned());
+                v.push(s);
             }
+            v.shrink_to_fit();
             Array::String(v)
         }
         ValueType::Array => {

@@ -1,5 +1,6 @@
-//! Metadata values. Arrays are typed vectors, so a 150k-entry vocabulary is one `Vec<String>`,
-//! not 150k boxed enums.
+//! Metadata values. Arrays are typed vectors, and a string array is one buffer of text with
+//! end offsets ([`StringArray`]), so a 150k-entry vocabulary is two allocations, not 150k
+//! strings or boxed enums.
 
 use std::fmt;
 
@@ -115,7 +116,7 @@ pub enum Array {
     I32(Vec<i32>),
     F32(Vec<f32>),
     Bool(Vec<bool>),
-    String(Vec<String>),
+    String(StringArray),
     Array(Vec<Array>),
     U64(Vec<u64>),
     I64(Vec<i64>),
@@ -220,7 +221,7 @@ impl Array {
         self.len() == 0
     }
 
-    pub fn as_strings(&self) -> Option<&[String]> {
+    pub fn as_strings(&self) -> Option<&StringArray> {
         match self {
             Array::String(v) => Some(v),
             _ => None,
@@ -267,7 +268,13 @@ macro_rules! from_impls {
 
 from_impls! {
     u8 => U8, i8 => I8, u16 => U16, i16 => I16, u32 => U32, i32 => I32, f32 => F32,
-    bool => Bool, String => String, Array => Array, u64 => U64, i64 => I64, f64 => F64,
+    bool => Bool, Array => Array, u64 => U64, i64 => I64, f64 => F64,
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::String(v)
+    }
 }
 
 impl From<&str> for Value {
@@ -276,9 +283,84 @@ impl From<&str> for Value {
     }
 }
 
+impl From<Vec<String>> for Array {
+    fn from(v: Vec<String>) -> Self {
+        Array::String(v.into_iter().collect())
+    }
+}
+
 impl From<Vec<&str>> for Array {
     fn from(v: Vec<&str>) -> Self {
-        Array::String(v.into_iter().map(str::to_owned).collect())
+        Array::String(v.into_iter().collect())
+    }
+}
+
+/// A string array: every element's text back to back in one `String`, with end offsets
+/// (element `i` is `text[ends[i-1]..ends[i]]`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct StringArray {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl StringArray {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Room for `len` elements of `text_bytes` bytes in all.
+    pub fn with_capacity(len: usize, text_bytes: usize) -> Self {
+        StringArray {
+            text: String::with_capacity(text_bytes),
+            ends: Vec::with_capacity(len),
+        }
+    }
+
+    pub fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.ends.push(self.text.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Element `i`, if there is one.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        Some(&self.text[start..end])
+    }
+
+    /// The elements in order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.len()).map(|i| self.get(i).unwrap_or_default())
+    }
+
+    /// Release spare capacity (after parsing, when the total length was not known).
+    pub fn shrink_to_fit(&mut self) {
+        self.text.shrink_to_fit();
+        self.ends.shrink_to_fit();
+    }
+}
+
+impl fmt::Debug for StringArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for StringArray {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        let mut a = StringArray::new();
+        for s in iter {
+            a.push(s.as_ref());
+        }
+        a
     }
 }
 
@@ -288,5 +370,26 @@ where
 {
     fn from(v: Vec<T>) -> Self {
         Value::Array(Array::from(v))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_array_keeps_elements_and_empty_strings_in_order() {
+        let a = StringArray::from_iter(["", "Ġthe", "", "<|im_end|>"]);
+        assert_eq!(a.len(), 4);
+        assert_eq!(a.get(0), Some(""));
+        assert_eq!(a.get(1), Some("Ġthe"));
+        assert_eq!(a.get(3), Some("<|im_end|>"));
+        assert_eq!(a.get(4), None);
+        assert_eq!(a.iter().collect::<Vec<_>>(), ["", "Ġthe", "", "<|im_end|>"]);
+        assert_eq!(
+            Array::from(vec!["a".to_string(), "bc".to_string()]),
+            Array::from(vec!["a", "bc"])
+        );
+        assert!(StringArray::new().is_empty());
     }
 }

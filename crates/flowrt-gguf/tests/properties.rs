@@ -110,7 +110,7 @@ fn array() -> impl Strategy<Value = Array> {
         vec(any::<u32>(), 0..6).prop_map(Array::U32),
         vec(-1e6f32..1e6, 0..6).prop_map(Array::F32),
         vec(any::<bool>(), 0..6).prop_map(Array::Bool),
-        vec(".{0,6}", 0..6).prop_map(Array::String),
+        vec(".{0,6}", 0..6).prop_map(Array::from),
         vec(any::<i64>(), 0..6).prop_map(Array::I64),
         vec(-1e6f64..1e6, 0..6).prop_map(Array::F64),
     ];
