@@ -689,10 +689,10 @@ impl CpuBackend {
             let tile = &mut scratch.tile[..nsel * nr];
             let wb = w.rows_bytes(c0, c1);
             match fmt {
-                // Packed groups of 8 rows have the size of their rows; blocks start at
-                // multiples of 8 rows (`row_block`).
+                // Blocks start at multiples of 8 rows (`row_block`), on whole groups.
                 ActRows::Q16 if packed[j].is_some() => {
-                    let p = packed[j].map_or(&[][..], |p| &p[c0 * w.row_bytes..c1 * w.row_bytes]);
+                    let prb = flowrt_kernels::x8::packed_row_bytes(w.dtype, kdim);
+                    let p = packed[j].map_or(&[][..], |p| &p[c0 * prb..c1 * prb]);
                     kern.matmul_q16_x8(w.dtype, kdim, p, nr, quant, nsel, tile, nr)
                 }
                 ActRows::Q16 => kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),

@@ -67,7 +67,7 @@ impl PackedWeights {
         let mut jobs: Vec<(&'m WeightMatrix, Range<usize>)> = Vec::new();
         let mut total = 0usize;
         let mut take = |m: &'m WeightMatrix| {
-            let len = m.bytes().len();
+            let len = x8::packed_size(m.dtype, m.rows, m.cols);
             let r = total..total + len;
             total += len;
             jobs.push((m, r.clone()));

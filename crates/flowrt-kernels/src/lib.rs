@@ -470,7 +470,19 @@ impl Kernels {
             .matmul
             .unwrap_or_else(|| panic!("matmul: {w} is not a weight type"));
         let arow = row_size(Kernels::vec_dot_type(w), k);
-        checked_matmul(f, w, k, wrows, nrows, a, arow, ntok, out, out_stride);
+        checked_matmul(
+            f,
+            w,
+            k,
+            wrows,
+            rows_size(w, k, nrows),
+            nrows,
+            a,
+            arow,
+            ntok,
+            out,
+            out_stride,
+        );
     }
 
     /// Like [`Kernels::matmul`], with activation rows quantised to Q16 by
@@ -497,6 +509,7 @@ impl Kernels {
             w,
             k,
             wrows,
+            rows_size(w, k, nrows),
             nrows,
             a,
             q16::q16_row_size(k),
@@ -533,12 +546,16 @@ impl Kernels {
             "matmul_q16_x8: nrows {nrows} is not a multiple of {}",
             x8::ROWS
         );
-        // The packed groups have exactly the size of the rows they hold.
+        assert!(
+            k.is_multiple_of(x8::unit_values(w)),
+            "matmul_q16_x8({w}): k={k} is not whole packed units"
+        );
         checked_matmul(
             f,
             w,
             k,
             packed,
+            x8::packed_size(w, nrows, k),
             nrows,
             a,
             q16::q16_row_size(k),
@@ -675,14 +692,22 @@ impl Kernels {
     }
 }
 
+/// Bytes of `nrows` rows of `k` values of type `w`.
+fn rows_size(w: GgmlType, k: usize, nrows: usize) -> usize {
+    row_size(w, k)
+        .checked_mul(nrows)
+        .expect("matmul: weight size overflows")
+}
+
 /// Check a matmul's lengths (programmer errors panic here, before any SIMD code runs) and call
-/// `f`. `arow` is the byte size of one activation row.
+/// `f`. `wsize` is the byte size the weights must have, `arow` that of one activation row.
 #[allow(clippy::too_many_arguments)]
 fn checked_matmul(
     f: MatmulFn,
     w: GgmlType,
     k: usize,
     wrows: &[u8],
+    wsize: usize,
     nrows: usize,
     a: &[u8],
     arow: usize,
@@ -690,9 +715,6 @@ fn checked_matmul(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let wsize = row_size(w, k)
-        .checked_mul(nrows)
-        .expect("matmul: weight size overflows");
     assert_eq!(
         wrows.len(),
         wsize,

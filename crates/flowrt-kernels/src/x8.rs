@@ -7,7 +7,8 @@
 //! together, interleaved so that one 32-bit lane of a vector holds one row: `vpmaddwd` of 8
 //! rows' weight pairs with a broadcast activation pair gives 8 rows' partial sums at once, the
 //! per-block scales of 8 rows are one vector, and a task's weights are one linear stream.
-//! The packed bytes have exactly the size of the original rows.
+//! The packed bytes have exactly the size of the original rows (Q4_K: 32 bytes more per 8 rows
+//! and 256 values, its scales decoded to bytes).
 //!
 //! A packed matrix is `rows / 8` groups; a group is the `k / 32` packed blocks of its 8 rows, in
 //! order. One packed block (of 8 rows, 32 values each):
@@ -17,6 +18,7 @@
 //! | Q4_0 | 144 | `d: [f16; 8]`, `q: [u8; 128]` |
 //! | Q4_1 | 160 | `d: [f16; 8]`, `m: [f16; 8]`, `q: [u8; 128]` |
 //! | Q8_0 | 272 | `d: [f16; 8]`, `q: [i8; 256]` |
+//! | Q4_K | 1184 per 256 values | `d: [f16; 8]`, `dmin: [f16; 8]`, `sc: [[u8; 8]; 8]`, `m: [[u8; 8]; 8]` (sub-block, row: the 6-bit scales and mins decoded), then 8 sub-blocks of 32 values laid out as Q4_0's `q` |
 //!
 //! 4-bit `q`: 4 units of 32 bytes; unit `u` holds values `8u..8u+8` of all 8 rows as 16
 //! little-endian 16-bit lanes. Lane `i` belongs to row `i / 2`; with `j = i % 2`, its low byte
@@ -38,13 +40,48 @@ pub const ROWS: usize = 8;
 
 /// Weight types with an x8 layout.
 pub fn supports(w: GgmlType) -> bool {
-    matches!(w, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(
+        w,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K
+    )
+}
+
+/// Values per row in one packed unit: a ggml block (32, or 256 for Q4_K).
+pub fn unit_values(w: GgmlType) -> usize {
+    if w == GgmlType::Q4K {
+        256
+    } else {
+        QK
+    }
+}
+
+/// Bytes of one packed unit (8 rows x [`unit_values`]).
+pub fn unit_bytes(w: GgmlType) -> usize {
+    if w == GgmlType::Q4K {
+        Q4K_UNIT
+    } else {
+        ROWS * block_bytes(w)
+    }
+}
+
+/// Packed bytes per row of `k` values (a group of 8 rows takes 8 times this).
+pub fn packed_row_bytes(w: GgmlType, k: usize) -> usize {
+    k / unit_values(w) * unit_bytes(w) / ROWS
+}
+
+/// Bytes of a packed `rows x k` matrix.
+pub fn packed_size(w: GgmlType, rows: usize, k: usize) -> usize {
+    rows * packed_row_bytes(w, k)
 }
 
 /// Whether a `rows x k` matrix of type `w` can be packed.
 pub fn can_pack(w: GgmlType, rows: usize, k: usize) -> bool {
-    supports(w) && rows.is_multiple_of(ROWS) && k.is_multiple_of(QK) && k > 0
+    supports(w) && rows.is_multiple_of(ROWS) && k.is_multiple_of(unit_values(w)) && k > 0
 }
+
+/// Bytes of a packed Q4_K unit: d, dmin (8 f16 each), sub-block scales and mins (64 bytes
+/// each), 8 sub-blocks of 128 quant bytes.
+const Q4K_UNIT: usize = 32 + 128 + 8 * 128;
 
 /// Bytes of one ggml block of `w` (a supported type).
 fn block_bytes(w: GgmlType) -> usize {
@@ -52,6 +89,7 @@ fn block_bytes(w: GgmlType) -> usize {
         GgmlType::Q4_0 => 18,
         GgmlType::Q4_1 => 20,
         GgmlType::Q8_0 => 34,
+        GgmlType::Q4K => 144,
         other => panic!("x8: {other} has no x8 layout"),
     }
 }
@@ -75,16 +113,23 @@ fn header_bytes(w: GgmlType) -> usize {
 }
 
 /// Packs `rows x k` weights of type `w` from ggml's row layout (`src`) into the x8 layout
-/// (`dst`, the same length).
+/// (`dst`, [`packed_size`] bytes).
 ///
 /// # Panics
 /// If the matrix cannot be packed (see [`can_pack`]) or a length does not match.
 pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
     assert!(can_pack(w, rows, k), "x8::pack: {w} {rows}x{k}");
     let bb = block_bytes(w);
-    let nb = k / QK;
+    let nb = k / unit_values(w);
     assert_eq!(src.len(), rows * nb * bb, "x8::pack: source length");
-    assert_eq!(dst.len(), src.len(), "x8::pack: destination length");
+    assert_eq!(
+        dst.len(),
+        packed_size(w, rows, k),
+        "x8::pack: destination length"
+    );
+    if w == GgmlType::Q4K {
+        return pack_q4k(rows, k, src, dst);
+    }
     let hb = header_bytes(w);
     let qo = quant_offset(w);
     let row_bytes = nb * bb;
@@ -120,6 +165,81 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
     }
 }
 
+fn pack_q4k(rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
+    use crate::blocks::{get_scale_min_k4, BlockQ4K};
+    let nb = k / 256;
+    let row_bytes = nb * 144;
+    for (src_g, dst_g) in src
+        .chunks_exact(ROWS * row_bytes)
+        .zip(dst.chunks_exact_mut(nb * Q4K_UNIT))
+    {
+        let _ = rows;
+        for (b, out) in dst_g.chunks_exact_mut(Q4K_UNIT).enumerate() {
+            for r in 0..ROWS {
+                let blk = BlockQ4K::read(&src_g[r * row_bytes + b * 144..][..144]);
+                out[2 * r..2 * r + 2].copy_from_slice(&blk.d);
+                out[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk.dmin);
+                for j in 0..8 {
+                    let (sc, m) = get_scale_min_k4(j, &blk.scales);
+                    out[32 + 8 * j + r] = sc;
+                    out[96 + 8 * j + r] = m;
+                    // Sub-block j's 32 values in the 32-value nibble order pack_q4_row takes.
+                    let mut s16 = [0u8; 16];
+                    for (e, byte) in s16.iter_mut().enumerate() {
+                        *byte = blk.q(32 * j + e) | (blk.q(32 * j + e + 16) << 4);
+                    }
+                    let q: &mut [u8; 128] = (&mut out[160 + 128 * j..][..128])
+                        .try_into()
+                        .expect("128 quant bytes");
+                    pack_q4_row(r, &s16, q);
+                }
+            }
+        }
+    }
+}
+
+/// The ggml Q4_K block of row `r` from a packed unit (the inverse of [`pack_q4k`]).
+fn unpack_q4k(p: &[u8], r: usize, out: &mut [u8]) {
+    out[0..2].copy_from_slice(&p[2 * r..2 * r + 2]);
+    out[2..4].copy_from_slice(&p[16 + 2 * r..18 + 2 * r]);
+    let sc = |j: usize| p[32 + 8 * j + r];
+    let m = |j: usize| p[96 + 8 * j + r];
+    // The 12 scale bytes (the inverse of `get_scale_min_k4`).
+    let s = &mut out[4..16];
+    for j in 0..4 {
+        s[j] = sc(j) | ((sc(j + 4) >> 4) << 6);
+        s[j + 4] = m(j) | ((m(j + 4) >> 4) << 6);
+        s[j + 8] = (sc(j + 4) & 0x0F) | ((m(j + 4) & 0x0F) << 4);
+    }
+    let mut v = [0u8; 256];
+    for j in 0..8 {
+        let mut sub = [0u8; 20];
+        unpack_block(
+            GgmlType::Q4_0,
+            &q4_0_view(&p[160 + 128 * j..][..128]),
+            r,
+            &mut sub[..18],
+        );
+        for e in 0..16 {
+            v[32 * j + e] = sub[2 + e] & 0x0F;
+            v[32 * j + e + 16] = sub[2 + e] >> 4;
+        }
+    }
+    // ggml order: 64-value chunk c in qs[32c..32c+32], low nibbles first.
+    for c in 0..4 {
+        for l in 0..32 {
+            out[16 + 32 * c + l] = v[64 * c + l] | (v[64 * c + 32 + l] << 4);
+        }
+    }
+}
+
+/// A packed Q4_0 unit with zero scales around 128 quant bytes (to reuse its unpacking).
+fn q4_0_view(q: &[u8]) -> [u8; 144] {
+    let mut p = [0u8; 144];
+    p[16..].copy_from_slice(q);
+    p
+}
+
 /// Row `r`'s 32 nibbles (ggml order: value `e < 16` in the low nibble of byte `e`, value
 /// `e >= 16` in the high nibble of byte `e - 16`) into their places of a packed 4-bit block.
 #[inline]
@@ -147,9 +267,12 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
     let bb = block_bytes(w);
     let hb = header_bytes(w);
     assert!(
-        p.len() == ROWS * bb && out.len() == bb && r < ROWS,
+        p.len() == unit_bytes(w) && out.len() == bb && r < ROWS,
         "x8::unpack_block lengths"
     );
+    if w == GgmlType::Q4K {
+        return unpack_q4k(p, r, out);
+    }
     out[0..2].copy_from_slice(&p[2 * r..2 * r + 2]);
     if w == GgmlType::Q4_1 {
         out[2..4].copy_from_slice(&p[16 + 2 * r..18 + 2 * r]);
@@ -185,19 +308,15 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
 /// [`q16`]'s reference does, so the result equals the unpacked matmul's bit for bit.
 fn matmul_ref<W: Q16Weight>(w: GgmlType, g: MatmulArgs<'_>) {
     let bb = W::BYTES;
-    let nb = g.k / QK;
+    let nb = g.k / unit_values(w);
+    let ub = unit_bytes(w);
     let arow = q16::q16_row_size(g.k);
     let mut row = vec![0u8; nb * bb];
     for r in 0..g.nrows {
         let (grp, ri) = (r / ROWS, r % ROWS);
         for b in 0..nb {
-            let o = (grp * nb + b) * ROWS * bb;
-            unpack_block(
-                w,
-                &g.w[o..o + ROWS * bb],
-                ri,
-                &mut row[b * bb..(b + 1) * bb],
-            );
+            let o = (grp * nb + b) * ub;
+            unpack_block(w, &g.w[o..o + ub], ri, &mut row[b * bb..(b + 1) * bb]);
         }
         for t in 0..g.ntok {
             g.out[t * g.out_stride + r] =
@@ -215,6 +334,9 @@ fn matmul_ref_q4_1(g: MatmulArgs<'_>) {
 fn matmul_ref_q8_0(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W8_0>(GgmlType::Q8_0, g)
 }
+fn matmul_ref_q4k(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W4K>(GgmlType::Q4K, g)
+}
 
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
@@ -228,6 +350,7 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q4_0 => Some(matmul_ref_q4_0),
         GgmlType::Q4_1 => Some(matmul_ref_q4_1),
         GgmlType::Q8_0 => Some(matmul_ref_q8_0),
+        GgmlType::Q4K => Some(matmul_ref_q4k),
         _ => None,
     }
 }

@@ -116,9 +116,17 @@ fn matmul(
     out
 }
 
+/// The types with an x8 layout.
+const X8_TYPES: [GgmlType; 4] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4K,
+];
+
 /// Packs `w` (`nrows x k` of type `ty`) into the x8 layout.
 fn pack_x8(ty: GgmlType, k: usize, w: &[u8], nrows: usize) -> Vec<u8> {
-    let mut p = vec![0u8; w.len()];
+    let mut p = vec![0u8; x8::packed_size(ty, nrows, k)];
     x8::pack(ty, nrows, k, w, &mut p);
     p
 }
@@ -127,18 +135,21 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn x8_packing_round_trips(ty_i in 0usize..3, nb in 1usize..=12, groups in 1usize..=3, seed in any::<u64>()) {
-        let ty = TYPES[ty_i];
-        let (k, nrows) = (32 * nb, 8 * groups);
+    fn x8_packing_round_trips(ty_i in 0usize..4, nb in 1usize..=12, groups in 1usize..=3, seed in any::<u64>()) {
+        let ty = X8_TYPES[ty_i];
+        let k = k_for(ty, nb);
+        let nb = k / ty.block_size() as usize;
+        let nrows = 8 * groups;
         let w = weights(ty, k, nrows, seed);
         let p = pack_x8(ty, k, &w, nrows);
         prop_assert_ne!(&p, &w, "packing must move bytes");
         let bb = ty.type_size() as usize;
+        let ub = x8::unit_bytes(ty);
         let mut blk = vec![0u8; bb];
         for r in 0..nrows {
             for b in 0..nb {
-                let o = ((r / 8) * nb + b) * 8 * bb;
-                x8::unpack_block(ty, &p[o..o + 8 * bb], r % 8, &mut blk);
+                let o = ((r / 8) * nb + b) * ub;
+                x8::unpack_block(ty, &p[o..o + ub], r % 8, &mut blk);
                 prop_assert_eq!(&blk[..], &w[(r * nb + b) * bb..(r * nb + b + 1) * bb], "row {} block {}", r, b);
             }
         }
@@ -146,10 +157,10 @@ proptest! {
 
     #[test]
     fn x8_matmuls_match_the_unpacked_reference(
-        ty_i in 0usize..3, nb in 1usize..=48, groups in 1usize..=3, ntok in 1usize..=9, seed in any::<u64>()
+        ty_i in 0usize..4, nb in 1usize..=48, groups in 1usize..=3, ntok in 1usize..=9, seed in any::<u64>()
     ) {
-        let ty = TYPES[ty_i];
-        let (k, nrows) = (32 * nb, 8 * groups);
+        let ty = X8_TYPES[ty_i];
+        let (k, nrows) = (k_for(ty, nb), 8 * groups);
         let w = weights(ty, k, nrows, seed);
         let p = pack_x8(ty, k, &w, nrows);
         let x = acts(k, ntok, seed);

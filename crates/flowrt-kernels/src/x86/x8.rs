@@ -20,16 +20,19 @@ const PREFETCH_BYTES: usize = 2048;
 
 /// A packed type: its block size and how its chunks widen to 16-bit weight pairs.
 trait Packed {
-    /// Bytes of one packed block (8 rows x 32 values).
+    /// Bytes of one packed unit (8 rows x 32 values, or x 256 for Q4_K).
     const BYTES: usize;
-    /// Offset of the quants in a packed block.
+    /// Offset of the quants in a packed unit.
     const Q: usize;
-    /// The offset term's factor per row (see `crate::q16::Q16Weight::sub`): `m` for Q4_1, `-8 d`
-    /// for Q4_0, nothing for Q8_0.
+    /// 32-value sub-blocks per unit (their quants are 128 bytes apart).
+    const SUBS: usize = 1;
+    /// The 8 rows' scales of sub-block `s`, and their offset terms' factors (see
+    /// `crate::q16::Q16Weight::sub`): `m` for Q4_1, `-8 d` for Q4_0, `-dmin m_s` for Q4_K,
+    /// nothing for Q8_0.
     ///
     /// # Safety
-    /// `p` points to a whole packed block; the host has AVX2, FMA and F16C.
-    unsafe fn offsets(p: *const u8, d: __m256) -> Option<__m256>;
+    /// `p` points to a whole packed unit; the host has AVX2, FMA and F16C.
+    unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>);
     /// Adds the products of `G` groups' blocks to `acc[g][t]` for the `T` tokens whose Q16
     /// block quants (32 i16) start at `a[t]`.
     ///
@@ -45,6 +48,7 @@ trait Packed {
 struct P4_0;
 struct P4_1;
 struct P8_0;
+struct P4K;
 
 /// Two 16-bit values at `p`, broadcast to every 32-bit lane.
 #[inline]
@@ -93,8 +97,10 @@ impl Packed for P4_0 {
     const Q: usize = 16;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn offsets(_: *const u8, d: __m256) -> Option<__m256> {
-        Some(_mm256_mul_ps(d, _mm256_set1_ps(-8.0)))
+    unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a packed unit starts with 8 f16 scales.
+        let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) });
+        (d, Some(_mm256_mul_ps(d, _mm256_set1_ps(-8.0))))
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -113,11 +119,14 @@ impl Packed for P4_1 {
     const Q: usize = 32;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn offsets(p: *const u8, _: __m256) -> Option<__m256> {
-        // SAFETY: a Q4_1 packed block has 8 f16 minimums at byte 16.
-        Some(_mm256_cvtph_ps(unsafe {
-            _mm_loadu_si128(p.add(16).cast())
-        }))
+    unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a Q4_1 packed unit has 8 f16 scales, then 8 f16 minimums.
+        unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                Some(_mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast()))),
+            )
+        }
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -136,8 +145,9 @@ impl Packed for P8_0 {
     const Q: usize = 16;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn offsets(_: *const u8, _: __m256) -> Option<__m256> {
-        None
+    unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a packed unit starts with 8 f16 scales.
+        (_mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) }), None)
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -164,6 +174,47 @@ impl Packed for P8_0 {
     }
 }
 
+/// 8 bytes at `p` as 8 f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bytes8(p: *const u8) -> __m256 {
+    // SAFETY: the caller guarantees 8 readable bytes at p.
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p.cast()) }))
+}
+
+impl Packed for P4K {
+    const BYTES: usize = 1184;
+    const Q: usize = 160;
+    const SUBS: usize = 8;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a Q4_K packed unit: d and dmin (8 f16 each), then the sub-block scales and
+        // mins as bytes, [sub-block][row], at 32 and 96.
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast()));
+            (
+                _mm256_mul_ps(d, bytes8(p.add(32 + 8 * s))),
+                Some(_mm256_mul_ps(
+                    _mm256_mul_ps(dmin, bytes8(p.add(96 + 8 * s))),
+                    _mm256_set1_ps(-1.0),
+                )),
+            )
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dots<const G: usize, const T: usize>(
+        q: &[*const u8; G],
+        a: &[*const u8; T],
+        acc: &mut [[__m256i; T]; G],
+    ) {
+        // SAFETY: forwarded contract (a sub-block's quants are laid out as Q4_0's).
+        unsafe { dots4(q, a, acc) }
+    }
+}
+
 /// Groups `grp..grp+G` (rows `8 grp..8 (grp + G)`) times tokens `t0..t0+T`.
 ///
 /// # Safety
@@ -178,19 +229,23 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
 ) {
     let nb = g.k / QK;
     let astride = nb * Q16_BLOCK_BYTES;
+    let units = nb / P::SUBS;
     let wg: [*const u8; G] =
-        std::array::from_fn(|i| g.w.as_ptr().wrapping_add((grp + i) * nb * P::BYTES));
+        std::array::from_fn(|i| g.w.as_ptr().wrapping_add((grp + i) * units * P::BYTES));
     let wend = g.w.as_ptr().wrapping_add(g.w.len());
     let a = g.a.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); T]; G];
     // SAFETY (loop): block b of the groups and of tokens t0..t0+T lies inside `g.w` / `g.a`.
     unsafe {
         for b in 0..nb {
-            let p: [*const u8; G] = std::array::from_fn(|i| wg[i].add(b * P::BYTES));
+            let (unit, s) = (b / P::SUBS, b % P::SUBS);
+            let p: [*const u8; G] = std::array::from_fn(|i| wg[i].add(unit * P::BYTES));
             for &p in &p {
-                let ahead = p.wrapping_add(PREFETCH_BYTES);
+                // This block's share of the stream, some way ahead.
+                let share = P::BYTES / P::SUBS;
+                let ahead = p.wrapping_add(s * share + PREFETCH_BYTES);
                 if ahead < wend {
-                    for line in (0..P::BYTES).step_by(64) {
+                    for line in (0..share).step_by(64) {
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
                     }
                 }
@@ -198,12 +253,11 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
             let ab: [*const u8; T] =
                 std::array::from_fn(|t| a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES));
             let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
-            let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q));
+            let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q + 128 * s));
             let mut isum = [[_mm256_setzero_si256(); T]; G];
             P::dots::<G, T>(&q, &aq, &mut isum);
             for i in 0..G {
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(p[i].cast()));
-                let off = P::offsets(p[i], d);
+                let (d, off) = P::scales(p[i], s);
                 for t in 0..T {
                     let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
                     acc[i][t] = _mm256_fmadd_ps(
@@ -287,12 +341,17 @@ fn matmul_q8_0(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
     unsafe { run::<P8_0>(&mut g) }
 }
+fn matmul_q4k(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P4K>(&mut g) }
+}
 
 pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
     match w {
         GgmlType::Q4_0 => Some(matmul_q4_0),
         GgmlType::Q4_1 => Some(matmul_q4_1),
         GgmlType::Q8_0 => Some(matmul_q8_0),
+        GgmlType::Q4K => Some(matmul_q4k),
         _ => None,
     }
 }
