@@ -415,6 +415,13 @@ impl CpuBackend {
         match *op {
             Op::Embed { scale } => {
                 let emb = &self.model.token_embd;
+                // Tied embeddings packed for the output projection: look rows up there, so the
+                // file's copy is never paged in again.
+                let packed = if self.model.tied_embeddings {
+                    self.packed.get(None, MatRole::Output)
+                } else {
+                    None
+                };
                 let x = &mut self.bufs[Buf::X as usize];
                 for (t, &id) in batch.tokens.iter().enumerate() {
                     if id as usize >= emb.rows {
@@ -425,8 +432,16 @@ impl CpuBackend {
                         }
                         .to_string());
                     }
-                    let row = emb.rows_bytes(id as usize, id as usize + 1);
-                    k.dequantize_row(emb.dtype, row, &mut x[t * h..(t + 1) * h]);
+                    let out = &mut x[t * h..(t + 1) * h];
+                    match packed {
+                        Some(p) => {
+                            flowrt_kernels::x8::dequantize_row(emb.dtype, p, id as usize, out)
+                        }
+                        None => {
+                            let row = emb.rows_bytes(id as usize, id as usize + 1);
+                            k.dequantize_row(emb.dtype, row, out)
+                        }
+                    }
                 }
                 if scale != 1.0 {
                     k.scale(&mut x[..n * h], scale);

@@ -304,6 +304,28 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
     }
 }
 
+/// Row `row` of a packed `rows x k` matrix (`packed`, all of it) dequantised to `out` (`k`
+/// values), exactly as [`crate::Kernels::dequantize_row`] dequantises the original row: for
+/// lookups in tied embeddings that were packed for the output projection.
+///
+/// # Panics
+/// On a length mismatch or a row outside the matrix.
+pub fn dequantize_row(w: GgmlType, packed: &[u8], row: usize, out: &mut [f32]) {
+    let k = out.len();
+    let (uv, ub, bb) = (unit_values(w), unit_bytes(w), block_bytes(w));
+    assert!(
+        k.is_multiple_of(uv) && packed.len().is_multiple_of(packed_row_bytes(w, k) * ROWS),
+        "x8::dequantize_row lengths"
+    );
+    let nb = k / uv;
+    let group = &packed[row / ROWS * nb * ub..(row / ROWS + 1) * nb * ub];
+    let mut blk = [0u8; 256];
+    for (b, o) in out.chunks_exact_mut(uv).enumerate() {
+        unpack_block(w, &group[b * ub..(b + 1) * ub], row % ROWS, &mut blk[..bb]);
+        crate::Kernels::scalar().dequantize_row(w, &blk[..bb], o);
+    }
+}
+
 /// Scalar reference: each packed block is unpacked to ggml blocks and multiplied exactly as
 /// [`q16`]'s reference does, so the result equals the unpacked matmul's bit for bit.
 fn matmul_ref<W: Q16Weight>(w: GgmlType, g: MatmulArgs<'_>) {

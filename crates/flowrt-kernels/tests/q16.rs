@@ -146,6 +146,12 @@ proptest! {
         let bb = ty.type_size() as usize;
         let ub = x8::unit_bytes(ty);
         let mut blk = vec![0u8; bb];
+        let (mut want, mut got) = (vec![0f32; k], vec![f32::NAN; k]);
+        for r in 0..nrows {
+            Kernels::scalar().dequantize_row(ty, &w[r * nb * bb..(r + 1) * nb * bb], &mut want);
+            x8::dequantize_row(ty, &p, r, &mut got);
+            prop_assert_eq!(&got, &want, "dequantised row {}", r);
+        }
         for r in 0..nrows {
             for b in 0..nb {
                 let o = ((r / 8) * nb + b) * ub;
