@@ -42,6 +42,9 @@ fn layer_matrix(model: &Model, layer: usize, role: MatRole) -> &WeightMatrix {
     }
 }
 
+/// Rows packed (and their file pages released) at a time: a multiple of the group size.
+const PACK_ROWS: usize = 64 * x8::ROWS;
+
 /// Packed copies of a model's matrices.
 pub(crate) struct PackedWeights {
     mem: Option<Mmap>,
@@ -107,8 +110,21 @@ impl PackedWeights {
                 s.spawn(|| loop {
                     let job = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
                     let Some((m, dst)) = job else { break };
-                    x8::pack(m.dtype, m.rows, m.cols, m.bytes(), dst);
-                    m.data.release();
+                    // A chunk of rows at a time, each released once copied: at most a chunk
+                    // per thread is resident twice.
+                    let (src, rb) = (m.bytes(), m.row_bytes);
+                    let prb = x8::packed_row_bytes(m.dtype, m.cols);
+                    for r0 in (0..m.rows).step_by(PACK_ROWS) {
+                        let r1 = (r0 + PACK_ROWS).min(m.rows);
+                        x8::pack(
+                            m.dtype,
+                            r1 - r0,
+                            m.cols,
+                            &src[r0 * rb..r1 * rb],
+                            &mut dst[r0 * prb..r1 * prb],
+                        );
+                        m.data.release_range(r0 * rb, (r1 - r0) * rb);
+                    }
                 });
             }
         });

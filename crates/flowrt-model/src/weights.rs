@@ -53,10 +53,16 @@ impl WeightData {
     /// Lets the pages of memory-mapped bytes leave the resident set (they are read from the
     /// file again if touched): for a backend that keeps its own copy. Owned bytes stay.
     pub fn release(&self) {
+        self.release_range(0, self.bytes().len());
+    }
+
+    /// [`WeightData::release`] for bytes `offset..offset + len` of the data only.
+    pub fn release_range(&self, offset: usize, len: usize) {
         if let WeightData::Gguf { file, tensor } = self {
             let t = &file.tensors()[*tensor];
-            let start = file.data_offset().saturating_add(t.offset);
-            file.release(start as usize, t.size_bytes as usize);
+            let start = file.data_offset().saturating_add(t.offset) as usize;
+            let len = len.min((t.size_bytes as usize).saturating_sub(offset));
+            file.release(start.saturating_add(offset), len);
         }
     }
 }
