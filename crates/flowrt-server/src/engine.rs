@@ -1,19 +1,34 @@
-//! The scheduler's view of the engine: one call advances every active sequence by a step.
+//! The scheduler's view of the engine: one call is one step over the active sequences.
 //!
 //! [`StepEngine::step`] is shaped for continuous batching: it receives the new tokens of every
-//! active sequence (a whole or partial prompt for a sequence being prefilled, the last sampled
-//! token for one being decoded) and returns each one's last logits. A batched engine runs that
-//! as one forward pass over the weights with a KV cache slot per sequence.
+//! active sequence (the rest of a prompt for a sequence being prefilled, the last sampled
+//! token for one being decoded) and reports, for each, either the logits after its last token
+//! ([`Fed::All`]) or how many of its leading tokens it consumed ([`Fed::Part`]): an engine may
+//! feed a long prompt over several steps, and the caller hands the rest back at the next one.
 //!
-//! [`BatchStepper`] (what the server runs) does exactly that over a
-//! [`flowrt_engine::BatchSession`]: every active sequence's tokens go through the model in
-//! one pass, so N streams cost about one weight read per step. [`SessionStepper`] keeps one
-//! [`Session`] per slot and steps them in turn; it is kept as the unbatched baseline.
+//! [`BatchStepper`] (what the server runs) makes each step **one** forward pass of at most
+//! [`flowrt_engine::BatchSession::max_batch`] tokens over a KV cache slot per sequence:
+//! decodes first, then prompt chunks (chunked prefill; policy on [`BatchStepper`]), so a long
+//! prompt arriving never stalls the other sequences' next tokens and N streams cost about one
+//! weight read per step. [`SessionStepper`] keeps one [`Session`] per slot and feeds each
+//! sequence whole, in turn; it is kept as the unbatched baseline.
 
+use flowrt_dispatch::LogitsWanted;
 use flowrt_engine::{BatchSession, EngineError, EngineOptions, LoadedModel, Session};
 
-/// Receives each sequence's logits (or its error) after a step: `(index in work, result)`.
-pub type OnLogits<'a> = dyn FnMut(usize, Result<&[f32], EngineError>) + 'a;
+/// What a step did with one sequence's tokens.
+#[derive(Clone, Copy, Debug)]
+pub enum Fed<'a> {
+    /// Every token was fed: the logits after the last one (`vocab` values).
+    All(&'a [f32]),
+    /// Only the first `n` tokens (`n < tokens.len()`, possibly 0) were fed; the rest are to be
+    /// given again at a later step. There are no logits to sample from yet.
+    Part(usize),
+}
+
+/// Receives each sequence's outcome after a step: `(index in work, outcome)`. Called exactly
+/// once per work item.
+pub type OnFed<'a> = dyn FnMut(usize, Result<Fed<'_>, EngineError>) + 'a;
 
 /// One sequence's share of a step: append `tokens` to the sequence in `slot`.
 #[derive(Clone, Copy, Debug)]
@@ -34,14 +49,16 @@ pub trait StepEngine: Send {
     fn cached_prefix(&self, slot: usize, prompt: &[u32]) -> usize;
     /// Keep the first `n` tokens of the slot's cache and forget the rest.
     fn truncate(&mut self, slot: usize, n: usize);
-    /// Append each item's tokens to its slot's sequence and call `on_logits(i, logits)` with
-    /// the logits after the last token of `work[i]` (or the error that sequence hit). Slots in
-    /// `work` are distinct.
-    fn step(&mut self, work: &[SlotWork<'_>], on_logits: &mut OnLogits<'_>);
+    /// Append to each item's slot a prefix of its tokens (all of them, or as many as the step
+    /// has room for) and call `on_fed(i, ..)` once per item: [`Fed::All`] with the logits
+    /// after the last token of `work[i]`, [`Fed::Part`] with how many tokens it consumed, or
+    /// the error that sequence hit (its slot's cache is then unspecified past what earlier
+    /// steps appended). Slots in `work` are distinct.
+    fn step(&mut self, work: &[SlotWork<'_>], on_fed: &mut OnFed<'_>);
 }
 
 /// [`StepEngine`] over one [`Session`] per slot, stepped in turn (no batching across
-/// sequences; see the module docs).
+/// sequences, and every sequence's tokens fed whole: it never answers [`Fed::Part`]).
 pub struct SessionStepper {
     sessions: Vec<Session>,
     n_ctx: usize,
@@ -78,27 +95,33 @@ impl StepEngine for SessionStepper {
         self.sessions[slot].truncate(n);
     }
 
-    fn step(&mut self, work: &[SlotWork<'_>], on_logits: &mut OnLogits<'_>) {
+    fn step(&mut self, work: &[SlotWork<'_>], on_fed: &mut OnFed<'_>) {
         for (i, w) in work.iter().enumerate() {
-            on_logits(i, self.sessions[w.slot].feed(w.tokens));
+            on_fed(i, self.sessions[w.slot].feed(w.tokens).map(Fed::All));
         }
     }
 }
 
-/// [`StepEngine`] over one [`BatchSession`]: a step's sequences share each forward pass.
-/// Prompts longer than the batch are fed over several passes (decode tokens ride along in the
-/// first).
+/// [`StepEngine`] over one [`BatchSession`]: a step is one forward pass shared by the step's
+/// sequences, carrying at most [`BatchSession::max_batch`] tokens (chunked prefill).
+///
+/// The budget goes to the shortest remainders first: one-token decodes (so a prompt never
+/// delays another sequence's next token while the slots fit the batch), then prompts by how
+/// many tokens they still have to feed, the last one to get room cut to what is left; ties take
+/// turns from step to step. Shortest-first brings the most prompts to their first token soonest; a
+/// long prompt gets what the decodes and shorter prompts leave, so it waits only while they
+/// fill the whole batch (under a steady stream of such prompts it keeps waiting: admission
+/// order would prevent that at the cost of mean time to first token). With more slots than
+/// the batch holds, the decodes that do not fit wait for the next step ([`Fed::Part`] of 0),
+/// and taking turns lets each of them through.
 pub struct BatchStepper {
     session: BatchSession,
-    /// Scratch reused by every step, so a decode step allocates nothing sized by the
-    /// vocabulary. Per work item: tokens fed so far, still running, finished; the finished
-    /// items' logits (`work.len() x vocab`); this pass's order and chunks.
-    fed: Vec<usize>,
-    live: Vec<bool>,
-    done: Vec<bool>,
-    rows: Vec<f32>,
+    /// Scratch reused by every step: the order work items are given the budget in, and this
+    /// pass's items as (work index, tokens fed).
     order: Vec<usize>,
-    items: Vec<(usize, usize, usize)>, // (work index, from, to)
+    items: Vec<(usize, usize)>,
+    /// Steps run; rotates which of equally long items goes first.
+    turn: usize,
 }
 
 impl BatchStepper {
@@ -109,12 +132,9 @@ impl BatchStepper {
     ) -> Result<BatchStepper, EngineError> {
         Ok(BatchStepper {
             session: BatchSession::new(model, opts, slots.max(1))?,
-            fed: Vec::new(),
-            live: Vec::new(),
-            done: Vec::new(),
-            rows: Vec::new(),
             order: Vec::new(),
             items: Vec::new(),
+            turn: 0,
         })
     }
 }
@@ -142,79 +162,68 @@ impl StepEngine for BatchStepper {
         self.session.truncate(slot, n);
     }
 
-    fn step(&mut self, work: &[SlotWork<'_>], on_logits: &mut OnLogits<'_>) {
-        let vocab = self.session.vocab_size();
-        let max = self.session.max_batch();
-        let n = work.len();
-        self.fed.clear();
-        self.fed.resize(n, 0);
-        self.done.clear();
-        self.done.resize(n, false);
-        self.rows.resize(n * vocab, 0.0);
-        // A sequence whose tokens cannot fit its context fails alone, before any pass.
-        self.live.clear();
+    fn step(&mut self, work: &[SlotWork<'_>], on_fed: &mut OnFed<'_>) {
+        // A sequence whose tokens cannot fit its context fails alone, before the pass.
+        self.order.clear();
         for (i, w) in work.iter().enumerate() {
-            let fits = self.session.check_fits(w.slot, w.tokens.len(), 0);
-            self.live.push(fits.is_ok());
-            if let Err(e) = fits {
-                on_logits(i, Err(e));
+            match self.session.check_fits(w.slot, w.tokens.len(), 0) {
+                Ok(()) => self.order.push(i),
+                Err(e) => on_fed(i, Err(e)),
             }
         }
-        loop {
-            // This pass: every live, unfinished sequence's next chunk, within the batch size;
-            // one-token decodes first so prompts never starve them.
-            let mut budget = max;
-            self.items.clear();
-            self.order.clear();
-            self.order
-                .extend((0..n).filter(|&i| self.live[i] && self.fed[i] < work[i].tokens.len()));
-            let fed = &self.fed;
-            self.order.sort_by_key(|&i| work[i].tokens.len() - fed[i]);
-            for &i in &self.order {
-                if budget == 0 {
-                    break;
-                }
-                let from = self.fed[i];
-                let to = work[i].tokens.len().min(from + budget);
-                budget -= to - from;
-                self.items.push((i, from, to));
-            }
-            if self.items.is_empty() {
-                break;
-            }
-            let batch: Vec<(usize, &[u32])> = self
-                .items
-                .iter()
-                .map(|&(i, from, to)| (work[i].slot, &work[i].tokens[from..to]))
-                .collect();
-            match self.session.step(&batch) {
-                Ok(logits) => {
-                    for (row, &(i, _, to)) in self.items.iter().enumerate() {
-                        self.fed[i] = to;
-                        if to == work[i].tokens.len() {
-                            self.done[i] = true;
-                            self.rows[i * vocab..(i + 1) * vocab]
-                                .copy_from_slice(&logits[row * vocab..(row + 1) * vocab]);
-                        }
-                    }
-                }
-                Err(e) => {
-                    // A device failure fails every sequence of the pass.
-                    let msg = e.to_string();
-                    let mut first = Some(e);
-                    for &(i, _, _) in &self.items {
-                        self.live[i] = false;
-                        let err = first
-                            .take()
-                            .unwrap_or_else(|| EngineError::Invalid(msg.clone()));
-                        on_logits(i, Err(err));
-                    }
-                }
+        // The pass: shortest remainders first, ties in turn, as many tokens as the batch holds.
+        let (n, turn) = (work.len(), self.turn);
+        self.turn = self.turn.wrapping_add(1);
+        self.order
+            .sort_by_key(|&i| (work[i].tokens.len(), (i + n - turn % n) % n));
+        let mut budget = self.session.max_batch();
+        self.items.clear();
+        for &i in &self.order {
+            let take = work[i].tokens.len().min(budget);
+            if take == 0 {
+                on_fed(i, Ok(Fed::Part(0)));
+            } else {
+                budget -= take;
+                self.items.push((i, take));
             }
         }
-        for i in 0..n {
-            if self.done[i] {
-                on_logits(i, Ok(&self.rows[i * vocab..(i + 1) * vocab]));
+        if self.items.is_empty() {
+            return;
+        }
+        let batch: Vec<(usize, &[u32])> = self
+            .items
+            .iter()
+            .map(|&(i, take)| (work[i].slot, &work[i].tokens[..take]))
+            .collect();
+        // A pass of prompt chunks only (no sequence completes) needs no logits.
+        let complete = |&(i, take): &(usize, usize)| take == work[i].tokens.len();
+        let wanted = if self.items.iter().any(complete) {
+            LogitsWanted::Last
+        } else {
+            LogitsWanted::None
+        };
+        let vocab = self.session.vocab_size();
+        match self.session.run(&batch, wanted) {
+            Ok(logits) => {
+                for (row, item) in self.items.iter().enumerate() {
+                    let fed = if complete(item) {
+                        Fed::All(&logits[row * vocab..(row + 1) * vocab])
+                    } else {
+                        Fed::Part(item.1)
+                    };
+                    on_fed(item.0, Ok(fed));
+                }
+            }
+            Err(e) => {
+                // A device failure fails every sequence of the pass.
+                let msg = e.to_string();
+                let mut first = Some(e);
+                for &(i, _) in &self.items {
+                    let err = first
+                        .take()
+                        .unwrap_or_else(|| EngineError::Invalid(msg.clone()));
+                    on_fed(i, Err(err));
+                }
             }
         }
     }

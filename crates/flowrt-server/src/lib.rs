@@ -13,7 +13,8 @@
 //!   queue (429 beyond it), one engine step per turn over all active sequences, cancellation
 //!   when a client goes away;
 //! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and its batched
-//!   implementation ([`BatchStepper`]: every active sequence in one forward pass);
+//!   implementation ([`BatchStepper`]: every active sequence in one forward pass of at most
+//!   the batch size, long prompts fed in chunks over several steps);
 //! - `openai`, `ollama`: the routes; [`error`]: the one error type; [`metrics`]: Prometheus.
 
 pub mod details;
@@ -42,7 +43,7 @@ use flowrt_engine::EngineOptions;
 use serde_json::json;
 use tower_http::trace::TraceLayer;
 
-pub use engine::{BatchStepper, SessionStepper, SlotWork, StepEngine};
+pub use engine::{BatchStepper, Fed, SessionStepper, SlotWork, StepEngine};
 pub use error::{ApiError, ErrorKind};
 pub use metrics::Metrics;
 pub use models::{ModelManager, ModelSpec, ModelState};

@@ -4,7 +4,10 @@
 //!
 //! Each turn of the loop admits waiting jobs while slots are free, drops sequences whose
 //! client went away (their receiver is closed), then makes **one** [`StepEngine::step`] call
-//! that advances every active sequence by one token (a new sequence's step is its prefill).
+//! over every active sequence's pending tokens. A decoding sequence advances by one token; a
+//! new sequence's prompt is fed whole or, when the engine's batch is full, in chunks over
+//! several steps (chunked prefill), and it samples its first token at the step that feeds the
+//! last chunk. Its time to first token runs from admission over all those steps.
 //! Sampling, stop strings and streaming text follow [`flowrt_engine::generate`] exactly, so a
 //! greedy answer through the server equals `flowrt run`'s.
 
@@ -17,7 +20,7 @@ use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
 use flowrt_text::{TokenStreamDecoder, Tokenizer};
 use tokio::sync::mpsc;
 
-use crate::engine::{SlotWork, StepEngine};
+use crate::engine::{Fed, SlotWork, StepEngine};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::Metrics;
 
@@ -177,7 +180,8 @@ impl Scheduler {
 struct Seq {
     job: Job,
     slot: usize,
-    /// Tokens to feed at the next step: the uncached prompt, then the last sampled token.
+    /// Tokens to feed at the next step: the uncached prompt (less what earlier steps fed of
+    /// it), then the last sampled token.
     pending: Vec<u32>,
     sampler: Sampler,
     decoder: TokenStreamDecoder,
@@ -192,7 +196,10 @@ struct Seq {
 }
 
 enum Outcome {
+    /// Sampled a token; it is pending for the next step.
     Continue,
+    /// The step fed only this many of the pending tokens (chunked prefill).
+    Fed(usize),
     Finished(FinishReason),
     Failed(ApiError),
 }
@@ -309,9 +316,10 @@ impl Actor {
         self.counts.active.fetch_sub(1, Ordering::SeqCst);
     }
 
-    /// One engine step over every active sequence, then sampling and streaming.
+    /// One engine step over every active sequence, then sampling and streaming for those
+    /// whose tokens were all fed; a sequence the step fed only part of keeps the rest pending.
     fn step(&mut self) {
-        let pending: Vec<Vec<u32>> = self
+        let mut pending: Vec<Vec<u32>> = self
             .active
             .iter_mut()
             .map(|s| std::mem::take(&mut s.pending))
@@ -328,10 +336,12 @@ impl Actor {
         let n_ctx = self.engine.n_ctx();
         let tokenizer = &self.model.tokenizer;
         let active = &mut self.active;
-        let mut outcomes: Vec<Outcome> = (0..active.len()).map(|_| Outcome::Continue).collect();
-        self.engine.step(&work, &mut |i, logits| {
-            outcomes[i] = match logits {
-                Ok(l) => advance(&mut active[i], l, tokenizer, n_ctx),
+        // An item the engine did not report on keeps all its tokens pending.
+        let mut outcomes: Vec<Outcome> = (0..active.len()).map(|_| Outcome::Fed(0)).collect();
+        self.engine.step(&work, &mut |i, fed| {
+            outcomes[i] = match fed {
+                Ok(Fed::All(logits)) => advance(&mut active[i], logits, tokenizer, n_ctx),
+                Ok(Fed::Part(n)) => Outcome::Fed(n),
                 Err(e) => Outcome::Failed(engine_error(e)),
             };
         });
@@ -339,6 +349,12 @@ impl Actor {
         for i in (0..outcomes.len()).rev() {
             match std::mem::replace(&mut outcomes[i], Outcome::Continue) {
                 Outcome::Continue => {}
+                Outcome::Fed(n) => {
+                    // Not sampled this step: the rest of its prompt goes to the next one.
+                    let mut rest = std::mem::take(&mut pending[i]);
+                    rest.drain(..n.min(rest.len()));
+                    self.active[i].pending = rest;
+                }
                 Outcome::Finished(reason) => {
                     let seq = self.active.swap_remove(i);
                     self.release(&seq);
