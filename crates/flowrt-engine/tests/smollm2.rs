@@ -88,6 +88,47 @@ fn batched_prefill_equals_token_by_token() {
     }
 }
 
+/// The x8 repacked weights (the default) and the file's row layout give the same integer
+/// block sums; only the float summation order differs.
+#[test]
+fn repacked_weights_agree_with_the_row_layout() {
+    let m = load();
+    // The repacking really happens (and is really skipped): the backend says how much it packed.
+    for (repack, packed) in [(true, true), (false, false)] {
+        let b = flowrt_cpu::CpuBackend::new(
+            m.model.clone(),
+            &flowrt_cpu::CpuOptions {
+                threads: 2,
+                n_ctx: 64,
+                kv_type: KvType::F16,
+                max_batch: 8,
+                n_seq: 1,
+                kernels: None,
+                act_quant: flowrt_cpu::ActQuant::Q16,
+                repack,
+            },
+        )
+        .unwrap();
+        assert_eq!(b.packed_bytes() > 0, packed, "repack {repack}");
+    }
+    let tokens = m
+        .tokenizer
+        .encode("Repacked weights must not change the answer.", false, false)
+        .unwrap();
+    let packed = last_logits(&m, &opts(256, KvType::F16), &tokens);
+    let rows = last_logits(
+        &m,
+        &EngineOptions {
+            repack: false,
+            ..opts(256, KvType::F16)
+        },
+        &tokens,
+    );
+    let d = max_diff(&packed, &rows);
+    assert!(d < BATCHING_TOL, "max logit difference {d}");
+    assert_eq!(argmax(&packed), argmax(&rows));
+}
+
 #[test]
 fn f32_kv_cache_agrees_with_f16() {
     let m = load();
