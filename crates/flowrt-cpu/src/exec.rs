@@ -574,23 +574,16 @@ impl CpuBackend {
         layer: Option<usize>,
         role: MatRole,
     ) -> Result<(&WeightMatrix, Option<&Vec<f32>>), String> {
-        Ok(match (role, layer) {
-            (MatRole::Output, _) => (&model.output, None),
-            (r, Some(l)) => {
-                let lw = &model.layers[l];
-                match r {
-                    MatRole::Q => (&lw.wq, lw.bq.as_ref()),
-                    MatRole::K => (&lw.wk, lw.bk.as_ref()),
-                    MatRole::V => (&lw.wv, lw.bv.as_ref()),
-                    MatRole::O => (&lw.wo, None),
-                    MatRole::Gate => (&lw.w_gate, None),
-                    MatRole::Up => (&lw.w_up, None),
-                    MatRole::Down => (&lw.w_down, None),
-                    MatRole::Output => unreachable!("matched above"),
-                }
-            }
-            (_, None) => return Err("a layer matmul outside a layer group".into()),
-        })
+        let w = model
+            .matrix(layer, role)
+            .ok_or("a layer matmul outside a layer group")?;
+        let bias = match (role, layer) {
+            (MatRole::Q, Some(l)) => model.layers[l].bq.as_ref(),
+            (MatRole::K, Some(l)) => model.layers[l].bk.as_ref(),
+            (MatRole::V, Some(l)) => model.layers[l].bv.as_ref(),
+            _ => None,
+        };
+        Ok((w, bias))
     }
 
     /// How activations are quantised for weights of type `ty`.

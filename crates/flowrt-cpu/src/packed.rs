@@ -28,20 +28,6 @@ fn slot(role: MatRole) -> Option<usize> {
     LAYER_ROLES.iter().position(|&r| r == role)
 }
 
-fn layer_matrix(model: &Model, layer: usize, role: MatRole) -> &WeightMatrix {
-    let l = &model.layers[layer];
-    match role {
-        MatRole::Q => &l.wq,
-        MatRole::K => &l.wk,
-        MatRole::V => &l.wv,
-        MatRole::O => &l.wo,
-        MatRole::Gate => &l.w_gate,
-        MatRole::Up => &l.w_up,
-        MatRole::Down => &l.w_down,
-        MatRole::Output => &model.output,
-    }
-}
-
 /// Rows packed (and their file pages released) at a time: a multiple of the group size.
 const PACK_ROWS: usize = 64 * x8::ROWS;
 
@@ -78,7 +64,9 @@ impl PackedWeights {
         };
         for l in 0..model.layers.len() {
             for (s, &role) in LAYER_ROLES.iter().enumerate() {
-                let m = layer_matrix(model, l, role);
+                let Some(m) = model.matrix(Some(l), role) else {
+                    continue;
+                };
                 if eligible(m) {
                     me.layers[l][s] = Some(take(m));
                 }

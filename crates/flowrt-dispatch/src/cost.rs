@@ -1,6 +1,6 @@
 //! What each group costs: weight bytes read and FLOPs per token.
 
-use flowrt_model::plan::{MatRole, Op};
+use flowrt_model::plan::Op;
 use flowrt_model::{Model, Plan, WeightMatrix};
 
 /// The cost of one command group.
@@ -33,22 +33,8 @@ pub fn group_costs(model: &Model, plan: &Plan) -> Vec<GroupCost> {
             for op in &g.ops {
                 match *op {
                     Op::MatMul { weight, .. } => {
-                        let w = match (weight, g.kind.layer()) {
-                            (MatRole::Output, _) => &model.output,
-                            (r, Some(l)) => {
-                                let lw = &model.layers[l];
-                                match r {
-                                    MatRole::Q => &lw.wq,
-                                    MatRole::K => &lw.wk,
-                                    MatRole::V => &lw.wv,
-                                    MatRole::O => &lw.wo,
-                                    MatRole::Gate => &lw.w_gate,
-                                    MatRole::Up => &lw.w_up,
-                                    MatRole::Down => &lw.w_down,
-                                    MatRole::Output => &model.output,
-                                }
-                            }
-                            (_, None) => continue,
+                        let Some(w) = model.matrix(g.kind.layer(), weight) else {
+                            continue;
                         };
                         let (bytes, flops) = mat(w);
                         cost.weight_bytes += bytes;

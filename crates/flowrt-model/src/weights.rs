@@ -12,6 +12,7 @@ use crate::arch::ArchSpec;
 use crate::config::{file_name, ModelConfig};
 use crate::error::ModelError;
 use crate::names::TensorRole;
+use crate::plan::MatRole;
 use crate::rope::RopeScaling;
 use crate::safetensors_dir::SafetensorsDir;
 
@@ -640,6 +641,26 @@ impl Model {
             output,
             tied_embeddings,
             layers,
+        })
+    }
+
+    /// The matrix playing `role` in `layer`: the output projection whatever the layer, `None`
+    /// for a layer role without a layer.
+    pub fn matrix(&self, layer: Option<usize>, role: MatRole) -> Option<&WeightMatrix> {
+        let lw = match (role, layer) {
+            (MatRole::Output, _) => return Some(&self.output),
+            (_, Some(l)) => self.layers.get(l)?,
+            (_, None) => return None,
+        };
+        Some(match role {
+            MatRole::Q => &lw.wq,
+            MatRole::K => &lw.wk,
+            MatRole::V => &lw.wv,
+            MatRole::O => &lw.wo,
+            MatRole::Gate => &lw.w_gate,
+            MatRole::Up => &lw.w_up,
+            MatRole::Down => &lw.w_down,
+            MatRole::Output => &self.output,
         })
     }
 

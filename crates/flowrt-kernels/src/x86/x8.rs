@@ -33,16 +33,8 @@ trait Packed {
     /// # Safety
     /// `p` points to a whole packed unit; the host has AVX2, FMA and F16C.
     unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>);
-    /// Adds the products of `G` groups' blocks to `acc[g][t]` for the `T` tokens whose Q16
-    /// block quants (32 i16) start at `a[t]`.
-    ///
-    /// # Safety
-    /// Each `q[g]` points to a block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
-    unsafe fn dots<const G: usize, const T: usize>(
-        q: &[*const u8; G],
-        a: &[*const u8; T],
-        acc: &mut [[__m256i; T]; G],
-    );
+    /// Bits per weight: 4 (quants laid out for [`dots4`]) or 8 ([`dots8`]).
+    const BITS: u32;
 }
 
 struct P4_0;
@@ -58,6 +50,11 @@ unsafe fn pair(p: *const u8) -> __m256i {
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
+/// Adds the products of `G` groups' 4-bit blocks to `acc[g][t]` for the `T` tokens whose Q16
+/// block quants (32 i16) start at `a[t]`.
+///
+/// # Safety
+/// Each `q[g]` points to a block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots4<const G: usize, const T: usize>(
@@ -102,16 +99,7 @@ impl Packed for P4_0 {
         let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) });
         (d, Some(_mm256_mul_ps(d, _mm256_set1_ps(-8.0))))
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const G: usize, const T: usize>(
-        q: &[*const u8; G],
-        a: &[*const u8; T],
-        acc: &mut [[__m256i; T]; G],
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { dots4(q, a, acc) }
-    }
+    const BITS: u32 = 4;
 }
 
 impl Packed for P4_1 {
@@ -128,16 +116,7 @@ impl Packed for P4_1 {
             )
         }
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const G: usize, const T: usize>(
-        q: &[*const u8; G],
-        a: &[*const u8; T],
-        acc: &mut [[__m256i; T]; G],
-    ) {
-        // SAFETY: forwarded contract.
-        unsafe { dots4(q, a, acc) }
-    }
+    const BITS: u32 = 4;
 }
 
 impl Packed for P8_0 {
@@ -149,25 +128,32 @@ impl Packed for P8_0 {
         // SAFETY: a packed unit starts with 8 f16 scales.
         (_mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) }), None)
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const G: usize, const T: usize>(
-        q: &[*const u8; G],
-        a: &[*const u8; T],
-        acc: &mut [[__m256i; T]; G],
-    ) {
-        // SAFETY: an 8-bit block has 16 chunks of 16 bytes at q[g]; chunk c pairs with
-        // activation values 2c, 2c+1 at bytes 4c..4c+4 of each a[t].
-        unsafe {
-            for c in 0..QK / 2 {
-                let x: [__m256i; G] = std::array::from_fn(|g| {
-                    _mm256_cvtepi8_epi16(_mm_loadu_si128(q[g].add(16 * c).cast()))
-                });
-                for t in 0..T {
-                    let av = pair(a[t].add(4 * c));
-                    for g in 0..G {
-                        acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(x[g], av));
-                    }
+    const BITS: u32 = 8;
+}
+
+/// Adds the products of `G` groups' 8-bit blocks to `acc[g][t]` for the `T` tokens whose Q16
+/// block quants (32 i16) start at `a[t]`.
+///
+/// # Safety
+/// Each `q[g]` points to a block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots8<const G: usize, const T: usize>(
+    q: &[*const u8; G],
+    a: &[*const u8; T],
+    acc: &mut [[__m256i; T]; G],
+) {
+    // SAFETY: an 8-bit block has 16 chunks of 16 bytes at q[g]; chunk c pairs with activation
+    // values 2c, 2c+1 at bytes 4c..4c+4 of each a[t].
+    unsafe {
+        for c in 0..QK / 2 {
+            let x: [__m256i; G] = std::array::from_fn(|g| {
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(q[g].add(16 * c).cast()))
+            });
+            for t in 0..T {
+                let av = pair(a[t].add(4 * c));
+                for g in 0..G {
+                    acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(x[g], av));
                 }
             }
         }
@@ -203,16 +189,8 @@ impl Packed for P4K {
             )
         }
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dots<const G: usize, const T: usize>(
-        q: &[*const u8; G],
-        a: &[*const u8; T],
-        acc: &mut [[__m256i; T]; G],
-    ) {
-        // SAFETY: forwarded contract (a sub-block's quants are laid out as Q4_0's).
-        unsafe { dots4(q, a, acc) }
-    }
+    // A sub-block's quants are laid out as Q4_0's.
+    const BITS: u32 = 4;
 }
 
 /// Groups `grp..grp+G` (rows `8 grp..8 (grp + G)`) times tokens `t0..t0+T`.
@@ -255,7 +233,11 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
             let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
             let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q + 128 * s));
             let mut isum = [[_mm256_setzero_si256(); T]; G];
-            P::dots::<G, T>(&q, &aq, &mut isum);
+            if P::BITS == 8 {
+                dots8::<G, T>(&q, &aq, &mut isum);
+            } else {
+                dots4::<G, T>(&q, &aq, &mut isum);
+            }
             for i in 0..G {
                 let (d, off) = P::scales(p[i], s);
                 for t in 0..T {
