@@ -266,46 +266,49 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
     }
 }
 
-/// Every group times every token: tiles of 4 tokens, then the remainder.
+/// Every group times every token, two groups per tile where there are several tokens.
 ///
 /// # Safety
 /// As for [`tile`]; `g.nrows` is a multiple of 8.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
-    let nt = g.ntok;
+    let ng = g.nrows / ROWS;
+    let mut grp = 0;
     // SAFETY: every tile stays within the groups and tokens of `g`.
     unsafe {
-        let ng = g.nrows / ROWS;
-        let mut grp = 0;
         // Two groups per tile when there are several tokens: each broadcast activation pair
         // then feeds two multiplies (the loads, not the multiplies, limit one-group tiles).
-        while nt > 1 && grp + 2 <= ng {
-            let mut t = 0;
-            while t + 4 <= nt {
-                tile::<P, 2, 4>(g, grp, t);
-                t += 4;
-            }
-            match nt - t {
-                3 => tile::<P, 2, 3>(g, grp, t),
-                2 => tile::<P, 2, 2>(g, grp, t),
-                1 => tile::<P, 2, 1>(g, grp, t),
-                _ => {}
-            }
+        while g.ntok > 1 && grp + 2 <= ng {
+            all_tokens::<P, 2>(g, grp);
             grp += 2;
         }
         while grp < ng {
-            let mut t = 0;
-            while t + 4 <= nt {
-                tile::<P, 1, 4>(g, grp, t);
-                t += 4;
-            }
-            match nt - t {
-                3 => tile::<P, 1, 3>(g, grp, t),
-                2 => tile::<P, 1, 2>(g, grp, t),
-                1 => tile::<P, 1, 1>(g, grp, t),
-                _ => {}
-            }
+            all_tokens::<P, 1>(g, grp);
             grp += 1;
+        }
+    }
+}
+
+/// Groups `grp..grp+G` times every token: tiles of 4 tokens, then the remainder.
+///
+/// # Safety
+/// As for [`tile`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn all_tokens<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usize) {
+    let nt = g.ntok;
+    let mut t = 0;
+    // SAFETY: forwarded contract; every tile stays within 0..nt.
+    unsafe {
+        while t + 4 <= nt {
+            tile::<P, G, 4>(g, grp, t);
+            t += 4;
+        }
+        match nt - t {
+            3 => tile::<P, G, 3>(g, grp, t),
+            2 => tile::<P, G, 2>(g, grp, t),
+            1 => tile::<P, G, 1>(g, grp, t),
+            _ => {}
         }
     }
 }
