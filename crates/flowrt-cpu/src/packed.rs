@@ -4,6 +4,8 @@
 //! Only matrices read from a memory-mapped file are packed; their file pages are released once
 //! copied, so the resident set holds each weight once. (Weights the process owns, e.g. those
 //! quantised at load, stay in ggml's row layout: packing them would hold two copies.)
+//! Each backend packs its own copy: two backends on one model (the server runs one per model)
+//! would hold the packed weights twice.
 
 use std::ops::Range;
 use std::sync::Mutex;
