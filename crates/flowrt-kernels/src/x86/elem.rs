@@ -352,28 +352,52 @@ fn attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
-    if !hd.is_multiple_of(8) {
-        return crate::scalar::elem::attn_values_f16(p, hd, v, out);
+    if hd.is_multiple_of(16) {
+        // SAFETY: this table is only built on AVX2 hosts; hd is a multiple of 16.
+        unsafe { attn_values_blocked::<2>(p, hd, v, out) }
+    } else if hd.is_multiple_of(8) {
+        // SAFETY: as above; hd is a multiple of 8.
+        unsafe { attn_values_blocked::<1>(p, hd, v, out) }
+    } else {
+        crate::scalar::elem::attn_values_f16(p, hd, v, out)
     }
+}
+
+/// Weighted values in blocks of up to [`HEADS`] heads by `C` 8-value chunks: each weight is
+/// broadcast once per key for `C` chunks, each value chunk converted once for the heads.
+///
+/// # Safety
+/// AVX2 host; `hd` a multiple of `8 C`; lengths as `Kernels::attn_values_f16` checks them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attn_values_blocked<const C: usize>(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
     let (group, len) = (out.len() / hd, v.len() / hd);
     let mut h0 = 0;
     while h0 < group {
         let nh = (group - h0).min(HEADS);
-        for c in (0..hd).step_by(8) {
-            let mut acc = [_mm256_setzero_ps(); HEADS];
+        for c in (0..hd).step_by(8 * C) {
+            let mut acc = [[_mm256_setzero_ps(); C]; HEADS];
             for j in 0..len {
-                // SAFETY: value row j has hd values, c + 8 <= hd; p has group * len weights.
+                // SAFETY: value row j has hd values, c + 8 C <= hd; p has group * len weights.
                 unsafe {
-                    let vv = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(j * hd + c).cast()));
+                    let vv: [__m256; C] = std::array::from_fn(|i| {
+                        _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(j * hd + c + 8 * i).cast()))
+                    });
                     for h in 0..nh {
                         let w = _mm256_set1_ps(*p.get_unchecked((h0 + h) * len + j));
-                        acc[h] = _mm256_fmadd_ps(w, vv, acc[h]);
+                        for i in 0..C {
+                            acc[h][i] = _mm256_fmadd_ps(w, vv[i], acc[h][i]);
+                        }
                     }
                 }
             }
             for h in 0..nh {
-                // SAFETY: head h0 + h has hd outputs, c + 8 <= hd.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add((h0 + h) * hd + c), acc[h]) };
+                for i in 0..C {
+                    // SAFETY: head h0 + h has hd outputs, c + 8 C <= hd.
+                    unsafe {
+                        _mm256_storeu_ps(out.as_mut_ptr().add((h0 + h) * hd + c + 8 * i), acc[h][i])
+                    };
+                }
             }
         }
         h0 += nh;
