@@ -696,15 +696,17 @@ impl CpuBackend {
             let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
             let tile = &mut scratch.tile[..nsel * nr];
             let wb = w.rows_bytes(c0, c1);
-            match fmt {
+            match (fmt, packed[j]) {
                 // Blocks start at multiples of 8 rows (`row_block`), on whole groups.
-                ActRows::Q16 if packed[j].is_some() => {
+                (ActRows::Q16, Some(p)) => {
                     let prb = flowrt_kernels::x8::packed_row_bytes(w.dtype, kdim);
-                    let p = packed[j].map_or(&[][..], |p| &p[c0 * prb..c1 * prb]);
+                    let p = &p[c0 * prb..c1 * prb];
                     kern.matmul_q16_x8(w.dtype, kdim, p, nr, quant, nsel, tile, nr)
                 }
-                ActRows::Q16 => kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
-                ActRows::Ggml(_) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
+                (ActRows::Q16, None) => {
+                    kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr)
+                }
+                (ActRows::Ggml(_), _) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
             }
             for t in 0..nsel {
                 wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);

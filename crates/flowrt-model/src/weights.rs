@@ -51,13 +51,10 @@ impl WeightData {
         !matches!(self, WeightData::Owned(_))
     }
 
-    /// Lets the pages of memory-mapped bytes leave the resident set (they are read from the
-    /// file again if touched): for a backend that keeps its own copy. Owned bytes stay.
-    pub fn release(&self) {
-        self.release_range(0, self.bytes().len());
-    }
-
-    /// [`WeightData::release`] for bytes `offset..offset + len` of the data only.
+    /// Lets the pages of bytes `offset..offset + len` of a GGUF tensor leave the resident set
+    /// (they are read from the file again if touched): for a backend that keeps its own copy.
+    /// Other bytes (owned, or from safetensors shards, which hold only float types that no
+    /// backend repacks) stay.
     pub fn release_range(&self, offset: usize, len: usize) {
         if let WeightData::Gguf { file, tensor } = self {
             let t = &file.tensors()[*tensor];
