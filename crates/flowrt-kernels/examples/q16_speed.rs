@@ -83,7 +83,7 @@ fn main() {
         kern.quantize_row_q16(&x, &mut a16);
         let a16 = a16.repeat(ntok);
         if with_x8 && x8::can_pack(ty, rows, k) {
-            let mut p = vec![0u8; w.len()];
+            let mut p = vec![0u8; x8::packed_size(ty, rows, k)];
             x8::pack(ty, rows, k, &w, &mut p);
             cases.push(Case {
                 ty,

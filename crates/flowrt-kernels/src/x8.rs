@@ -17,8 +17,11 @@
 //! |---|---|---|
 //! | Q4_0 | 144 | `d: [f16; 8]`, `q: [u8; 128]` |
 //! | Q4_1 | 160 | `d: [f16; 8]`, `m: [f16; 8]`, `q: [u8; 128]` |
+//! | Q5_0 | 176 | `d: [f16; 8]`, `q: [u8; 128]` (the low 4 bits), `h: [u8; 32]` (the fifth bits) |
+//! | Q5_1 | 192 | `d: [f16; 8]`, `m: [f16; 8]`, `q: [u8; 128]`, `h: [u8; 32]` |
 //! | Q8_0 | 272 | `d: [f16; 8]`, `q: [i8; 256]` |
 //! | Q4_K | 1184 per 256 values | `d: [f16; 8]`, `dmin: [f16; 8]`, `sc: [[u8; 8]; 8]`, `m: [[u8; 8]; 8]` (sub-block, row: the 6-bit scales and mins decoded), then 8 sub-blocks of 32 values laid out as Q4_0's `q` |
+//! | Q6_K | 1680 per 256 values | `d: [f16; 8]`, `sc: [[i8; 8]; 16]` (16-value sub-block, row), then 8 sub-blocks of 32 values: `q: [u8; 128]` (low 4 bits of `q + 32`), `h: [[u8; 32]; 2]` (its bits 4 and 5) |
 //!
 //! 4-bit `q`: 4 units of 32 bytes; unit `u` holds values `8u..8u+8` of all 8 rows as 16
 //! little-endian 16-bit lanes. Lane `i` belongs to row `i / 2`; with `j = i % 2`, its low byte
@@ -26,6 +29,12 @@
 //! `8u + 2 + j` and `8u + 6 + j`. Masking and shifting the lanes (bits 0..4, 8..12, 4..8,
 //! 12..16) gives the 16-bit weight pairs `(8u, 8u+1)`, `(8u+2, 8u+3)`, `(8u+4, 8u+5)`,
 //! `(8u+6, 8u+7)` of rows 0..8 in order, without widening instructions.
+//! A high-bit plane (Q5's `h`) holds the fifth bit of each of the 32 values of 8 rows: 16-bit
+//! lane `2r + j`, bit `4u + p`, is the bit of value `8u + 2p + j` of row `r`, the value whose
+//! low 4 bits sit in unit `u`'s lane `2r + j` at the `p`-th of the positions above. Shifting the
+//! plane and masking one bit completes the weight pairs of that position. Q6_K's two high bits
+//! take two such vectors, one per 16-value half (units 0-1, 2-3): the 2-bit field at bits
+//! `2f..2f+2`, `f = 4 (u % 2) + p`, of lane `2r + j` of vector `u / 2`.
 //! 8-bit `q`: 16 chunks of 16 bytes; chunk `c` holds values `2c, 2c+1`: byte `i` is row `i / 2`,
 //! value `2c + i % 2`.
 
@@ -40,15 +49,13 @@ pub const ROWS: usize = 8;
 
 /// Weight types with an x8 layout.
 pub fn supports(w: GgmlType) -> bool {
-    matches!(
-        w,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 | GgmlType::Q4K
-    )
+    use GgmlType::*;
+    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q6K)
 }
 
 /// Values per row in one packed unit: a ggml block (32, or 256 for Q4_K).
 pub fn unit_values(w: GgmlType) -> usize {
-    if w == GgmlType::Q4K {
+    if matches!(w, GgmlType::Q4K | GgmlType::Q6K) {
         256
     } else {
         QK
@@ -63,6 +70,11 @@ pub fn unit_bytes(w: GgmlType) -> usize {
         ROWS * block_bytes(w)
     }
 }
+
+const _: () = assert!(
+    Q6K_UNIT == ROWS * 210,
+    "packed Q6_K keeps the size of its rows"
+);
 
 /// Packed bytes per row of `k` values (a group of 8 rows takes 8 times this).
 pub fn packed_row_bytes(w: GgmlType, k: usize) -> usize {
@@ -88,28 +100,134 @@ fn block_bytes(w: GgmlType) -> usize {
     match w {
         GgmlType::Q4_0 => 18,
         GgmlType::Q4_1 => 20,
+        GgmlType::Q5_0 => 22,
+        GgmlType::Q5_1 => 24,
         GgmlType::Q8_0 => 34,
         GgmlType::Q4K => 144,
+        GgmlType::Q6K => 210,
         other => panic!("x8: {other} has no x8 layout"),
     }
 }
 
-/// Where the quants start in a ggml block of `w`: after `d` (and `m` for Q4_1).
+/// Where the quants start in a ggml block of `w`: after `d` (and `m` for Q4_1 and Q5_1,
+/// `qh` for Q5_0 and Q5_1).
 fn quant_offset(w: GgmlType) -> usize {
-    if w == GgmlType::Q4_1 {
-        4
-    } else {
-        2
+    match w {
+        GgmlType::Q4_1 => 4,
+        GgmlType::Q5_0 => 6,
+        GgmlType::Q5_1 => 8,
+        _ => 2,
     }
 }
 
-/// Bytes of a header (8 rows' scales) in a packed block.
+/// Bytes of a header (8 rows' scales, and minimums for Q4_1 and Q5_1) in a packed block.
 fn header_bytes(w: GgmlType) -> usize {
-    if w == GgmlType::Q4_1 {
+    if matches!(w, GgmlType::Q4_1 | GgmlType::Q5_1) {
         32
     } else {
         16
     }
+}
+
+/// Whether `w` (a 32-value type) has a fifth bit per value.
+fn has_high(w: GgmlType) -> bool {
+    matches!(w, GgmlType::Q5_0 | GgmlType::Q5_1)
+}
+
+/// The 32 unsigned values of the ggml block `s` of the 4- or 5-bit type `w`.
+fn block_values(w: GgmlType, s: &[u8]) -> [u8; QK] {
+    use crate::blocks::{BlockQ5_0, BlockQ5_1};
+    match w {
+        GgmlType::Q5_0 => {
+            let b = BlockQ5_0::read(s);
+            std::array::from_fn(|j| b.q(j))
+        }
+        GgmlType::Q5_1 => {
+            let b = BlockQ5_1::read(s);
+            std::array::from_fn(|j| b.q(j))
+        }
+        _ => {
+            let q = &s[quant_offset(w)..quant_offset(w) + 16];
+            std::array::from_fn(|j| if j < 16 { q[j] & 0x0F } else { q[j - 16] >> 4 })
+        }
+    }
+}
+
+/// Row `r`'s 32 values (their low 4 bits) into their places in a packed 4-bit block (`q`,
+/// 128 bytes).
+fn put_nibbles(r: usize, v: &[u8; QK], q: &mut [u8]) {
+    for u in 0..QK / 8 {
+        for j in 0..2 {
+            let e = 8 * u + j;
+            let o = 32 * u + 2 * (2 * r + j);
+            q[o] = (v[e] & 0x0F) | ((v[e + 4] & 0x0F) << 4);
+            q[o + 1] = (v[e + 2] & 0x0F) | ((v[e + 6] & 0x0F) << 4);
+        }
+    }
+}
+
+/// Row `r`'s 32 low 4-bit values from a packed 4-bit block (the inverse of [`put_nibbles`]).
+fn get_nibbles(q: &[u8], r: usize) -> [u8; QK] {
+    std::array::from_fn(|e| {
+        let (u, m) = (e / 8, e % 8);
+        let (high, m) = (m >= 4, m % 4);
+        let byte = q[32 * u + 2 * (2 * r + m % 2) + m / 2];
+        if high {
+            byte >> 4
+        } else {
+            byte & 0x0F
+        }
+    })
+}
+
+/// Where value `e` of row `r` has its bit in a high-bit plane: (byte, bit).
+fn high_place(r: usize, e: usize) -> (usize, usize) {
+    let (u, m) = (e / 8, e % 8);
+    let (p, j) = (m / 2, m % 2);
+    let b = 4 * u + p;
+    (2 * (2 * r + j) + b / 8, b % 8)
+}
+
+/// Bit `bit` of row `r`'s 32 values into a high-bit plane (`h`, 32 bytes).
+fn put_bits(r: usize, v: &[u8; QK], bit: u32, h: &mut [u8]) {
+    for (e, &x) in v.iter().enumerate() {
+        let (byte, b) = high_place(r, e);
+        h[byte] = (h[byte] & !(1 << b)) | (((x >> bit) & 1) << b);
+    }
+}
+
+/// Where value `e` of row `r` has its two high bits in Q6_K's high-bit vectors (64 bytes):
+/// (byte, shift).
+fn high2_place(r: usize, e: usize) -> (usize, usize) {
+    let (u, m) = (e / 8, e % 8);
+    let (p, j) = (m / 2, m % 2);
+    let bit = 2 * (4 * (u % 2) + p);
+    (32 * (u / 2) + 2 * (2 * r + j) + bit / 8, bit % 8)
+}
+
+/// Bits 4 and 5 of row `r`'s 32 values into Q6_K's high-bit vectors (`h`, 64 bytes).
+fn put_bits2(r: usize, v: &[u8; QK], h: &mut [u8]) {
+    for (e, &x) in v.iter().enumerate() {
+        let (byte, sh) = high2_place(r, e);
+        h[byte] = (h[byte] & !(3 << sh)) | (((x >> 4) & 3) << sh);
+    }
+}
+
+/// Row `r`'s bits 4 and 5 from Q6_K's high-bit vectors, in place (the inverse of
+/// [`put_bits2`]).
+fn get_bits2(h: &[u8], r: usize) -> [u8; QK] {
+    std::array::from_fn(|e| {
+        let (byte, sh) = high2_place(r, e);
+        ((h[byte] >> sh) & 3) << 4
+    })
+}
+
+/// Row `r`'s bits of a high-bit plane, each moved to bit `bit` (the inverse of [`put_bits`]).
+fn get_bits(h: &[u8], r: usize, bit: u32) -> [u8; QK] {
+    std::array::from_fn(|e| {
+        let (byte, b) = high_place(r, e);
+        ((h[byte] >> b) & 1) << bit
+    })
 }
 
 /// Packs `rows x k` weights of type `w` from ggml's row layout (`src`) into the x8 layout
@@ -130,6 +248,9 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
     if w == GgmlType::Q4K {
         return pack_q4k(rows, k, src, dst);
     }
+    if w == GgmlType::Q6K {
+        return pack_q6k(k, src, dst);
+    }
     let hb = header_bytes(w);
     let qo = quant_offset(w);
     let row_bytes = nb * bb;
@@ -143,7 +264,7 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
             });
             for (r, s) in blk.iter().enumerate() {
                 out[2 * r..2 * r + 2].copy_from_slice(&s[0..2]);
-                if w == GgmlType::Q4_1 {
+                if hb == 32 {
                     out[16 + 2 * r..18 + 2 * r].copy_from_slice(&s[2..4]);
                 }
             }
@@ -156,13 +277,72 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
                 }
                 continue;
             }
-            let q: &mut [u8; 128] = (&mut q[..128]).try_into().expect("128 quant bytes");
             for (r, s) in blk.iter().enumerate() {
-                let s: &[u8; 16] = s[qo..qo + 16].try_into().expect("16 nibble bytes");
-                pack_q4_row(r, s, q);
+                let v = block_values(w, s);
+                put_nibbles(r, &v, &mut q[..128]);
+                if has_high(w) {
+                    put_bits(r, &v, 4, &mut q[128..160]);
+                }
             }
         }
     }
+}
+
+/// Bytes of a packed Q6_K unit: d (8 f16), 16 sub-block scales of 8 rows, 8 sub-blocks of
+/// 128 quant bytes and two 32-byte high-bit planes.
+const Q6K_UNIT: usize = 16 + 128 + 8 * Q6K_SUB;
+/// Bytes of one 32-value sub-block of a packed Q6_K unit.
+const Q6K_SUB: usize = 128 + 64;
+
+fn pack_q6k(k: usize, src: &[u8], dst: &mut [u8]) {
+    use crate::blocks::BlockQ6K;
+    let nb = k / 256;
+    let row_bytes = nb * 210;
+    for (src_g, dst_g) in src
+        .chunks_exact(ROWS * row_bytes)
+        .zip(dst.chunks_exact_mut(nb * Q6K_UNIT))
+    {
+        for (b, out) in dst_g.chunks_exact_mut(Q6K_UNIT).enumerate() {
+            for r in 0..ROWS {
+                let blk = BlockQ6K::read(&src_g[r * row_bytes + b * 210..][..210]);
+                out[2 * r..2 * r + 2].copy_from_slice(&blk.d);
+                for (j, &sc) in blk.scales.iter().enumerate() {
+                    out[16 + 8 * j + r] = sc as u8;
+                }
+                for s in 0..8 {
+                    // Stored values 0..=63 (the dot subtracts 32).
+                    let v: [u8; QK] = std::array::from_fn(|l| (blk.q(32 * s + l) + 32) as u8);
+                    let sub = &mut out[144 + Q6K_SUB * s..][..Q6K_SUB];
+                    put_nibbles(r, &v, &mut sub[..128]);
+                    put_bits2(r, &v, &mut sub[128..192]);
+                }
+            }
+        }
+    }
+}
+
+/// The ggml Q6_K block of row `r` from a packed unit (the inverse of [`pack_q6k`]).
+fn unpack_q6k(p: &[u8], r: usize, out: &mut [u8]) {
+    use crate::blocks::BlockQ6K;
+    let mut blk = BlockQ6K {
+        ql: [0; 128],
+        qh: [0; 64],
+        scales: std::array::from_fn(|j| p[16 + 8 * j + r] as i8),
+        d: [p[2 * r], p[2 * r + 1]],
+    };
+    for s in 0..8 {
+        let sub = &p[144 + Q6K_SUB * s..][..Q6K_SUB];
+        let (lo, hi) = (get_nibbles(&sub[..128], r), get_bits2(&sub[128..192], r));
+        for l in 0..QK {
+            // Value i of ggml's order (see `BlockQ6K::q`).
+            let i = 32 * s + l;
+            let (h, c, e) = (i / 128, (i % 128) / 32, i % 32);
+            let q = lo[l] | hi[l];
+            blk.ql[64 * h + 32 * (c % 2) + e] |= (q & 0x0F) << (4 * (c / 2));
+            blk.qh[32 * h + e] |= (q >> 4) << (2 * c);
+        }
+    }
+    blk.write(out);
 }
 
 fn pack_q4k(rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
@@ -183,15 +363,8 @@ fn pack_q4k(rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
                     let (sc, m) = get_scale_min_k4(j, &blk.scales);
                     out[32 + 8 * j + r] = sc;
                     out[96 + 8 * j + r] = m;
-                    // Sub-block j's 32 values in the 32-value nibble order pack_q4_row takes.
-                    let mut s16 = [0u8; 16];
-                    for (e, byte) in s16.iter_mut().enumerate() {
-                        *byte = blk.q(32 * j + e) | (blk.q(32 * j + e + 16) << 4);
-                    }
-                    let q: &mut [u8; 128] = (&mut out[160 + 128 * j..][..128])
-                        .try_into()
-                        .expect("128 quant bytes");
-                    pack_q4_row(r, &s16, q);
+                    let v: [u8; QK] = std::array::from_fn(|e| blk.q(32 * j + e));
+                    put_nibbles(r, &v, &mut out[160 + 128 * j..][..128]);
                 }
             }
         }
@@ -213,50 +386,12 @@ fn unpack_q4k(p: &[u8], r: usize, out: &mut [u8]) {
     }
     let mut v = [0u8; 256];
     for j in 0..8 {
-        let mut sub = [0u8; 20];
-        unpack_block(
-            GgmlType::Q4_0,
-            &q4_0_view(&p[160 + 128 * j..][..128]),
-            r,
-            &mut sub[..18],
-        );
-        for e in 0..16 {
-            v[32 * j + e] = sub[2 + e] & 0x0F;
-            v[32 * j + e + 16] = sub[2 + e] >> 4;
-        }
+        v[32 * j..32 * j + 32].copy_from_slice(&get_nibbles(&p[160 + 128 * j..][..128], r));
     }
     // ggml order: 64-value chunk c in qs[32c..32c+32], low nibbles first.
     for c in 0..4 {
         for l in 0..32 {
             out[16 + 32 * c + l] = v[64 * c + l] | (v[64 * c + 32 + l] << 4);
-        }
-    }
-}
-
-/// A packed Q4_0 unit with zero scales around 128 quant bytes (to reuse its unpacking).
-fn q4_0_view(q: &[u8]) -> [u8; 144] {
-    let mut p = [0u8; 144];
-    p[16..].copy_from_slice(q);
-    p
-}
-
-/// Row `r`'s 32 nibbles (ggml order: value `e < 16` in the low nibble of byte `e`, value
-/// `e >= 16` in the high nibble of byte `e - 16`) into their places of a packed 4-bit block.
-#[inline]
-fn pack_q4_row(r: usize, s: &[u8; 16], q: &mut [u8; 128]) {
-    let nib = |e: usize| {
-        if e < 16 {
-            s[e] & 0x0F
-        } else {
-            s[e - 16] >> 4
-        }
-    };
-    for u in 0..QK / 8 {
-        for j in 0..2 {
-            let e = 8 * u + j;
-            let o = 32 * u + 2 * (2 * r + j);
-            q[o] = nib(e) | (nib(e + 4) << 4);
-            q[o + 1] = nib(e + 2) | (nib(e + 6) << 4);
         }
     }
 }
@@ -270,11 +405,13 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
         p.len() == unit_bytes(w) && out.len() == bb && r < ROWS,
         "x8::unpack_block lengths"
     );
-    if w == GgmlType::Q4K {
-        return unpack_q4k(p, r, out);
+    match w {
+        GgmlType::Q4K => return unpack_q4k(p, r, out),
+        GgmlType::Q6K => return unpack_q6k(p, r, out),
+        _ => {}
     }
     out[0..2].copy_from_slice(&p[2 * r..2 * r + 2]);
-    if w == GgmlType::Q4_1 {
+    if hb == 32 {
         out[2..4].copy_from_slice(&p[16 + 2 * r..18 + 2 * r]);
     }
     let q = &p[hb..];
@@ -286,19 +423,15 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
             }
         }
         _ => {
-            let nib = |e: usize| {
-                let (u, m) = (e / 8, e % 8);
-                let (high, m) = (m >= 4, m % 4);
-                let byte = q[32 * u + 2 * (2 * r + m % 2) + m / 2];
-                if high {
-                    byte >> 4
-                } else {
-                    byte & 0x0F
-                }
-            };
+            let v = get_nibbles(&q[..128], r);
+            if has_high(w) {
+                let h = get_bits(&q[128..160], r, 0);
+                let qh: u32 = (0..QK).map(|j| (h[j] as u32) << j).sum();
+                out[quant_offset(w) - 4..quant_offset(w)].copy_from_slice(&qh.to_le_bytes());
+            }
             let o = &mut out[quant_offset(w)..];
             for (j, o) in o[..16].iter_mut().enumerate() {
-                *o = nib(j) | (nib(j + 16) << 4);
+                *o = v[j] | (v[j + 16] << 4);
             }
         }
     }
@@ -353,6 +486,15 @@ fn matmul_ref_q4_0(g: MatmulArgs<'_>) {
 fn matmul_ref_q4_1(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W4_1>(GgmlType::Q4_1, g)
 }
+fn matmul_ref_q5_0(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W5_0>(GgmlType::Q5_0, g)
+}
+fn matmul_ref_q5_1(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W5_1>(GgmlType::Q5_1, g)
+}
+fn matmul_ref_q6k(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W6K>(GgmlType::Q6K, g)
+}
 fn matmul_ref_q8_0(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W8_0>(GgmlType::Q8_0, g)
 }
@@ -371,8 +513,11 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     match w {
         GgmlType::Q4_0 => Some(matmul_ref_q4_0),
         GgmlType::Q4_1 => Some(matmul_ref_q4_1),
+        GgmlType::Q5_0 => Some(matmul_ref_q5_0),
+        GgmlType::Q5_1 => Some(matmul_ref_q5_1),
         GgmlType::Q8_0 => Some(matmul_ref_q8_0),
         GgmlType::Q4K => Some(matmul_ref_q4k),
+        GgmlType::Q6K => Some(matmul_ref_q6k),
         _ => None,
     }
 }

@@ -33,14 +33,28 @@ trait Packed {
     /// # Safety
     /// `p` points to a whole packed unit; the host has AVX2, FMA and F16C.
     unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>);
-    /// Bits per weight: 4 (quants laid out for [`dots4`]) or 8 ([`dots8`]).
+    /// Bits per weight: 4, 5 or 6 (quants laid out for [`dots4`], with 0, 1 or 2 high-bit
+    /// planes after the 128 nibble bytes) or 8 ([`dots8`]).
     const BITS: u32;
+    /// Bytes from one sub-block's quants to the next's.
+    const STRIDE: usize = 128;
+    /// Q6_K: a scale per 16 values, the 8 rows' `d * sc` of 16-value sub-block `j` (the
+    /// values' integers are centred: `q - 32`).
+    ///
+    /// # Safety
+    /// As for [`Packed::scales`].
+    unsafe fn half_scales(_p: *const u8, _j: usize) -> Option<__m256> {
+        None
+    }
 }
 
 struct P4_0;
 struct P4_1;
+struct P5_0;
+struct P5_1;
 struct P8_0;
 struct P4K;
+struct P6K;
 
 /// Two 16-bit values at `p`, broadcast to every 32-bit lane.
 #[inline]
@@ -50,34 +64,76 @@ unsafe fn pair(p: *const u8) -> __m256i {
     _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
 }
 
-/// Adds the products of `G` groups' 4-bit blocks to `acc[g][t]` for the `T` tokens whose Q16
-/// block quants (32 i16) start at `a[t]`.
-///
-/// # Safety
-/// Each `q[g]` points to a block's quants, each `a[t]` to 64 readable bytes; AVX2 host.
+/// Bits `from..from + n` of every 16-bit lane of `h`, moved to `to..to + n` (the others
+/// cleared).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots4<const G: usize, const T: usize>(
+///
+/// # Safety
+/// AVX2 host.
+unsafe fn bits_to(h: __m256i, from: u32, to: u32, n: u32) -> __m256i {
+    // `from` and `to` are constants after unrolling: the shifts by a count become shifts by
+    // an immediate.
+    let v = if from >= to {
+        _mm256_srl_epi16(h, _mm_cvtsi32_si128((from - to) as i32))
+    } else {
+        _mm256_sll_epi16(h, _mm_cvtsi32_si128((to - from) as i32))
+    };
+    _mm256_and_si256(v, _mm256_set1_epi16((((1 << n) - 1) << to) as i16))
+}
+
+/// Adds the products of `G` groups' 4-bit blocks (units `u0..u1` of them; `HB` high bits from
+/// the vectors after the nibbles complete 5- or 6-bit values, 6-bit ones centred by -32) to
+/// `acc[g][t]` for the `T` tokens whose Q16 block quants (32 i16) start at `a[t]`.
+///
+/// # Safety
+/// Each `q[g]` points to a block's quants (and its high-bit planes after them), each `a[t]`
+/// to 64 readable bytes; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots4<const G: usize, const T: usize, const HB: usize>(
     q: &[*const u8; G],
     a: &[*const u8; T],
     acc: &mut [[__m256i; T]; G],
+    u0: usize,
+    u1: usize,
 ) {
     let m = _mm256_set1_epi16(0x000F);
-    // SAFETY: a 4-bit block has 4 units of 32 bytes at q[g]; unit u pairs with activation
-    // values 8u..8u+8 at bytes 16u..16u+16 of each a[t].
+    // SAFETY: a 4-bit block has 4 units of 32 bytes at q[g], then HB planes of 32 bytes;
+    // unit u pairs with activation values 8u..8u+8 at bytes 16u..16u+16 of each a[t].
     unsafe {
-        for u in 0..QK / 8 {
+        // Plain loops, not closures: a closure would not inherit this function's target
+        // features and, once too large to inline, runs its intrinsics as calls.
+        let mut h = [[_mm256_setzero_si256(); 2]; G];
+        for (g, h) in h.iter_mut().enumerate() {
+            for (i, h) in h.iter_mut().enumerate().take(HB) {
+                *h = _mm256_loadu_si256(q[g].add(128 + 32 * i).cast());
+            }
+        }
+        for u in u0..u1 {
             let raw: [__m256i; G] =
                 std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
             // The four nibbles of each 16-bit lane (bits 0..4, 8..12, 4..8, 12..16) in turn:
             // one weight vector per group live at a time keeps the tile in registers.
             for i in 0..4 {
-                let w: [__m256i; G] = std::array::from_fn(|g| match i {
-                    0 => _mm256_and_si256(raw[g], m),
-                    1 => _mm256_and_si256(_mm256_srli_epi16::<8>(raw[g]), m),
-                    2 => _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m),
-                    _ => _mm256_srli_epi16::<12>(raw[g]),
-                });
+                let mut w = [_mm256_setzero_si256(); G];
+                for (g, w) in w.iter_mut().enumerate() {
+                    *w = match i {
+                        0 => _mm256_and_si256(raw[g], m),
+                        1 => _mm256_and_si256(_mm256_srli_epi16::<8>(raw[g]), m),
+                        2 => _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m),
+                        _ => _mm256_srli_epi16::<12>(raw[g]),
+                    };
+                    // The high bits of unit u, position i (see `crate::x8`).
+                    if HB == 1 {
+                        *w = _mm256_or_si256(*w, bits_to(h[g][0], (4 * u + i) as u32, 4, 1));
+                    }
+                    if HB == 2 {
+                        let f = (2 * (4 * (u % 2) + i)) as u32;
+                        *w = _mm256_or_si256(*w, bits_to(h[g][u / 2], f, 4, 2));
+                        *w = _mm256_sub_epi16(*w, _mm256_set1_epi16(32));
+                    }
+                }
                 for t in 0..T {
                     let ap = pair(a[t].add(16 * u + 4 * i));
                     for g in 0..G {
@@ -117,6 +173,58 @@ impl Packed for P4_1 {
         }
     }
     const BITS: u32 = 4;
+}
+
+impl Packed for P5_0 {
+    const BYTES: usize = 176;
+    const Q: usize = 16;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a packed unit starts with 8 f16 scales.
+        let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) });
+        (d, Some(_mm256_mul_ps(d, _mm256_set1_ps(-16.0))))
+    }
+    const BITS: u32 = 5;
+}
+
+impl Packed for P5_1 {
+    const BYTES: usize = 192;
+    const Q: usize = 32;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: laid out as Q4_1's header.
+        unsafe { P4_1::scales(p, s) }
+    }
+    const BITS: u32 = 5;
+}
+
+impl Packed for P6K {
+    const BYTES: usize = 1680;
+    const Q: usize = 144;
+    const SUBS: usize = 8;
+    const STRIDE: usize = 192;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a packed unit starts with 8 f16 scales.
+        (_mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) }), None)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half_scales(p: *const u8, j: usize) -> Option<__m256> {
+        // SAFETY: a Q6_K packed unit: d (8 f16), then the 16 sub-block scales of 8 rows as
+        // signed bytes, [sub-block][row], at 16.
+        unsafe {
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                p.add(16 + 8 * j).cast(),
+            )));
+            Some(_mm256_mul_ps(d, sc))
+        }
+    }
+    const BITS: u32 = 6;
 }
 
 impl Packed for P8_0 {
@@ -231,12 +339,31 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
             let ab: [*const u8; T] =
                 std::array::from_fn(|t| a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES));
             let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
-            let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q + 128 * s));
+            let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q + P::STRIDE * s));
+            if P::BITS == 6 {
+                // A scale per 16 values: each half's integer sums are scaled on their own.
+                for half in 0..2 {
+                    let mut isum = [[_mm256_setzero_si256(); T]; G];
+                    dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
+                    for i in 0..G {
+                        let dsc = P::half_scales(p[i], 2 * s + half).unwrap_or(_mm256_setzero_ps());
+                        for t in 0..T {
+                            let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
+                            acc[i][t] = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(isum[i][t]),
+                                _mm256_mul_ps(dsc, da),
+                                acc[i][t],
+                            );
+                        }
+                    }
+                }
+                continue;
+            }
             let mut isum = [[_mm256_setzero_si256(); T]; G];
-            if P::BITS == 8 {
-                dots8::<G, T>(&q, &aq, &mut isum);
-            } else {
-                dots4::<G, T>(&q, &aq, &mut isum);
+            match P::BITS {
+                8 => dots8::<G, T>(&q, &aq, &mut isum),
+                5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
+                _ => dots4::<G, T, 0>(&q, &aq, &mut isum, 0, 4),
             }
             for i in 0..G {
                 let (d, off) = P::scales(p[i], s);
@@ -322,6 +449,18 @@ fn matmul_q4_1(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
     unsafe { run::<P4_1>(&mut g) }
 }
+fn matmul_q5_0(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P5_0>(&mut g) }
+}
+fn matmul_q5_1(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P5_1>(&mut g) }
+}
+fn matmul_q6k(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P6K>(&mut g) }
+}
 fn matmul_q8_0(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
     unsafe { run::<P8_0>(&mut g) }
@@ -335,8 +474,11 @@ pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
     match w {
         GgmlType::Q4_0 => Some(matmul_q4_0),
         GgmlType::Q4_1 => Some(matmul_q4_1),
+        GgmlType::Q5_0 => Some(matmul_q5_0),
+        GgmlType::Q5_1 => Some(matmul_q5_1),
         GgmlType::Q8_0 => Some(matmul_q8_0),
         GgmlType::Q4K => Some(matmul_q4k),
+        GgmlType::Q6K => Some(matmul_q6k),
         _ => None,
     }
 }
