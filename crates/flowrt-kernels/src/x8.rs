@@ -7,8 +7,8 @@
 //! together, interleaved so that one 32-bit lane of a vector holds one row: `vpmaddwd` of 8
 //! rows' weight pairs with a broadcast activation pair gives 8 rows' partial sums at once, the
 //! per-block scales of 8 rows are one vector, and a task's weights are one linear stream.
-//! The packed bytes have exactly the size of the original rows (Q4_K: 32 bytes more per 8 rows
-//! and 256 values, its scales decoded to bytes).
+//! The packed bytes have exactly the size of the original rows (Q4_K and Q5_K: 32 bytes more
+//! per 8 rows and 256 values, their scales decoded to bytes).
 //!
 //! A packed matrix is `rows / 8` groups; a group is the `k / 32` packed blocks of its 8 rows, in
 //! order. One packed block (of 8 rows, 32 values each):
@@ -21,6 +21,7 @@
 //! | Q5_1 | 192 | `d: [f16; 8]`, `m: [f16; 8]`, `q: [u8; 128]`, `h: [u8; 32]` |
 //! | Q8_0 | 272 | `d: [f16; 8]`, `q: [i8; 256]` |
 //! | Q4_K | 1184 per 256 values | `d: [f16; 8]`, `dmin: [f16; 8]`, `sc: [[u8; 8]; 8]`, `m: [[u8; 8]; 8]` (sub-block, row: the 6-bit scales and mins decoded), then 8 sub-blocks of 32 values laid out as Q4_0's `q` |
+//! | Q5_K | 1440 per 256 values | as Q4_K, each sub-block's `q` followed by its `h: [u8; 32]` |
 //! | Q6_K | 1680 per 256 values | `d: [f16; 8]`, `sc: [[i8; 8]; 16]` (16-value sub-block, row), then 8 sub-blocks of 32 values: `q: [u8; 128]` (low 4 bits of `q + 32`), `h: [[u8; 32]; 2]` (its bits 4 and 5) |
 //!
 //! 4-bit `q`: 4 units of 32 bytes; unit `u` holds values `8u..8u+8` of all 8 rows as 16
@@ -50,12 +51,12 @@ pub const ROWS: usize = 8;
 /// Weight types with an x8 layout.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q6K)
+    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
 }
 
 /// Values per row in one packed unit: a ggml block (32, or 256 for Q4_K).
 pub fn unit_values(w: GgmlType) -> usize {
-    if matches!(w, GgmlType::Q4K | GgmlType::Q6K) {
+    if matches!(w, GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K) {
         256
     } else {
         QK
@@ -64,10 +65,10 @@ pub fn unit_values(w: GgmlType) -> usize {
 
 /// Bytes of one packed unit (8 rows x [`unit_values`]).
 pub fn unit_bytes(w: GgmlType) -> usize {
-    if w == GgmlType::Q4K {
-        Q4K_UNIT
-    } else {
-        ROWS * block_bytes(w)
+    match w {
+        GgmlType::Q4K => Q4K_UNIT,
+        GgmlType::Q5K => Q5K_UNIT,
+        _ => ROWS * block_bytes(w),
     }
 }
 
@@ -95,6 +96,9 @@ pub fn can_pack(w: GgmlType, rows: usize, k: usize) -> bool {
 /// each), 8 sub-blocks of 128 quant bytes.
 const Q4K_UNIT: usize = 32 + 128 + 8 * 128;
 
+/// Bytes of a packed Q5_K unit: as Q4_K's, each sub-block with a 32-byte high-bit plane.
+const Q5K_UNIT: usize = 32 + 128 + 8 * 160;
+
 /// Bytes of one ggml block of `w` (a supported type).
 fn block_bytes(w: GgmlType) -> usize {
     match w {
@@ -104,6 +108,7 @@ fn block_bytes(w: GgmlType) -> usize {
         GgmlType::Q5_1 => 24,
         GgmlType::Q8_0 => 34,
         GgmlType::Q4K => 144,
+        GgmlType::Q5K => 176,
         GgmlType::Q6K => 210,
         other => panic!("x8: {other} has no x8 layout"),
     }
@@ -245,8 +250,8 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
         packed_size(w, rows, k),
         "x8::pack: destination length"
     );
-    if w == GgmlType::Q4K {
-        return pack_q4k(rows, k, src, dst);
+    if matches!(w, GgmlType::Q4K | GgmlType::Q5K) {
+        return pack_kq(w, k, src, dst);
     }
     if w == GgmlType::Q6K {
         return pack_q6k(k, src, dst);
@@ -345,34 +350,57 @@ fn unpack_q6k(p: &[u8], r: usize, out: &mut [u8]) {
     blk.write(out);
 }
 
-fn pack_q4k(rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
-    use crate::blocks::{get_scale_min_k4, BlockQ4K};
+/// Packs Q4_K or Q5_K rows (`w`).
+fn pack_kq(w: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
+    use crate::blocks::{get_scale_min_k4, BlockQ4K, BlockQ5K};
+    let (bb, ub, sub) = (block_bytes(w), unit_bytes(w), kq_sub_bytes(w));
     let nb = k / 256;
-    let row_bytes = nb * 144;
+    let row_bytes = nb * bb;
     for (src_g, dst_g) in src
         .chunks_exact(ROWS * row_bytes)
-        .zip(dst.chunks_exact_mut(nb * Q4K_UNIT))
+        .zip(dst.chunks_exact_mut(nb * ub))
     {
-        let _ = rows;
-        for (b, out) in dst_g.chunks_exact_mut(Q4K_UNIT).enumerate() {
+        for (b, out) in dst_g.chunks_exact_mut(ub).enumerate() {
             for r in 0..ROWS {
-                let blk = BlockQ4K::read(&src_g[r * row_bytes + b * 144..][..144]);
-                out[2 * r..2 * r + 2].copy_from_slice(&blk.d);
-                out[16 + 2 * r..18 + 2 * r].copy_from_slice(&blk.dmin);
+                let raw = &src_g[r * row_bytes + b * bb..][..bb];
+                // d, dmin and the 12 scale bytes lead both block types.
+                out[2 * r..2 * r + 2].copy_from_slice(&raw[0..2]);
+                out[16 + 2 * r..18 + 2 * r].copy_from_slice(&raw[2..4]);
+                let scales: [u8; 12] = raw[4..16].try_into().expect("12 scale bytes");
+                let value = |i: usize| {
+                    if w == GgmlType::Q5K {
+                        BlockQ5K::read(raw).q(i)
+                    } else {
+                        BlockQ4K::read(raw).q(i)
+                    }
+                };
                 for j in 0..8 {
-                    let (sc, m) = get_scale_min_k4(j, &blk.scales);
+                    let (sc, m) = get_scale_min_k4(j, &scales);
                     out[32 + 8 * j + r] = sc;
                     out[96 + 8 * j + r] = m;
-                    let v: [u8; QK] = std::array::from_fn(|e| blk.q(32 * j + e));
-                    put_nibbles(r, &v, &mut out[160 + 128 * j..][..128]);
+                    let v: [u8; QK] = std::array::from_fn(|e| value(32 * j + e));
+                    let q = &mut out[160 + sub * j..][..sub];
+                    put_nibbles(r, &v, &mut q[..128]);
+                    if w == GgmlType::Q5K {
+                        put_bits(r, &v, 4, &mut q[128..160]);
+                    }
                 }
             }
         }
     }
 }
 
-/// The ggml Q4_K block of row `r` from a packed unit (the inverse of [`pack_q4k`]).
-fn unpack_q4k(p: &[u8], r: usize, out: &mut [u8]) {
+/// Bytes of one 32-value sub-block of a packed Q4_K (128) or Q5_K (160) unit.
+fn kq_sub_bytes(w: GgmlType) -> usize {
+    if w == GgmlType::Q5K {
+        160
+    } else {
+        128
+    }
+}
+
+/// The ggml Q4_K or Q5_K block of row `r` from a packed unit (the inverse of [`pack_kq`]).
+fn unpack_kq(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
     out[0..2].copy_from_slice(&p[2 * r..2 * r + 2]);
     out[2..4].copy_from_slice(&p[16 + 2 * r..18 + 2 * r]);
     let sc = |j: usize| p[32 + 8 * j + r];
@@ -384,14 +412,22 @@ fn unpack_q4k(p: &[u8], r: usize, out: &mut [u8]) {
         s[j + 4] = m(j) | ((m(j + 4) >> 4) << 6);
         s[j + 8] = (sc(j + 4) & 0x0F) | ((m(j + 4) & 0x0F) << 4);
     }
-    let mut v = [0u8; 256];
+    let sub = kq_sub_bytes(w);
+    // Q5_K: the fifth bits (`qh`, bit j of byte l for value 32 j + l) before the nibbles.
+    let qs0 = if w == GgmlType::Q5K { 48 } else { 16 };
+    out[16..qs0 + 128].fill(0);
     for j in 0..8 {
-        v[32 * j..32 * j + 32].copy_from_slice(&get_nibbles(&p[160 + 128 * j..][..128], r));
-    }
-    // ggml order: 64-value chunk c in qs[32c..32c+32], low nibbles first.
-    for c in 0..4 {
-        for l in 0..32 {
-            out[16 + 32 * c + l] = v[64 * c + l] | (v[64 * c + 32 + l] << 4);
+        let q = &p[160 + sub * j..][..sub];
+        let v = get_nibbles(&q[..128], r);
+        let h = if w == GgmlType::Q5K {
+            get_bits(&q[128..160], r, 0)
+        } else {
+            [0; QK]
+        };
+        // ggml order: value 32 j + l in qs[32 (j / 2) + l], low nibbles for even j.
+        for l in 0..QK {
+            out[qs0 + 32 * (j / 2) + l] |= v[l] << (4 * (j % 2));
+            out[16 + l] |= h[l] << j;
         }
     }
 }
@@ -406,7 +442,7 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
         "x8::unpack_block lengths"
     );
     match w {
-        GgmlType::Q4K => return unpack_q4k(p, r, out),
+        GgmlType::Q4K | GgmlType::Q5K => return unpack_kq(w, p, r, out),
         GgmlType::Q6K => return unpack_q6k(p, r, out),
         _ => {}
     }
@@ -492,6 +528,9 @@ fn matmul_ref_q5_0(g: MatmulArgs<'_>) {
 fn matmul_ref_q5_1(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W5_1>(GgmlType::Q5_1, g)
 }
+fn matmul_ref_q5k(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::W5K>(GgmlType::Q5K, g)
+}
 fn matmul_ref_q6k(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W6K>(GgmlType::Q6K, g)
 }
@@ -517,6 +556,7 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_1 => Some(matmul_ref_q5_1),
         GgmlType::Q8_0 => Some(matmul_ref_q8_0),
         GgmlType::Q4K => Some(matmul_ref_q4k),
+        GgmlType::Q5K => Some(matmul_ref_q5k),
         GgmlType::Q6K => Some(matmul_ref_q6k),
         _ => None,
     }

@@ -117,13 +117,14 @@ fn matmul(
 }
 
 /// The types with an x8 layout.
-const X8_TYPES: [GgmlType; 7] = [
+const X8_TYPES: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
     GgmlType::Q4K,
+    GgmlType::Q5K,
     GgmlType::Q6K,
 ];
 
@@ -138,7 +139,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
-    fn x8_packing_round_trips(ty_i in 0usize..7, nb in 1usize..=12, groups in 1usize..=3, seed in any::<u64>()) {
+    fn x8_packing_round_trips(ty_i in 0usize..8, nb in 1usize..=12, groups in 1usize..=3, seed in any::<u64>()) {
         let ty = X8_TYPES[ty_i];
         let k = k_for(ty, nb);
         let nb = k / ty.block_size() as usize;
@@ -166,7 +167,7 @@ proptest! {
 
     #[test]
     fn x8_matmuls_match_the_unpacked_reference(
-        ty_i in 0usize..7, nb in 1usize..=48, groups in 1usize..=3, ntok in 1usize..=9, seed in any::<u64>()
+        ty_i in 0usize..8, nb in 1usize..=48, groups in 1usize..=3, ntok in 1usize..=9, seed in any::<u64>()
     ) {
         let ty = X8_TYPES[ty_i];
         let (k, nrows) = (k_for(ty, nb), 8 * groups);

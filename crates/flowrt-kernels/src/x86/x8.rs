@@ -54,6 +54,7 @@ struct P5_0;
 struct P5_1;
 struct P8_0;
 struct P4K;
+struct P5K;
 struct P6K;
 
 /// Two 16-bit values at `p`, broadcast to every 32-bit lane.
@@ -196,6 +197,20 @@ impl Packed for P5_1 {
     unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>) {
         // SAFETY: laid out as Q4_1's header.
         unsafe { P4_1::scales(p, s) }
+    }
+    const BITS: u32 = 5;
+}
+
+impl Packed for P5K {
+    const BYTES: usize = 1440;
+    const Q: usize = 160;
+    const SUBS: usize = 8;
+    const STRIDE: usize = 160;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8, s: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: laid out as Q4_K's header.
+        unsafe { P4K::scales(p, s) }
     }
     const BITS: u32 = 5;
 }
@@ -457,6 +472,10 @@ fn matmul_q5_1(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
     unsafe { run::<P5_1>(&mut g) }
 }
+fn matmul_q5k(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<P5K>(&mut g) }
+}
 fn matmul_q6k(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
     unsafe { run::<P6K>(&mut g) }
@@ -478,6 +497,7 @@ pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_1 => Some(matmul_q5_1),
         GgmlType::Q8_0 => Some(matmul_q8_0),
         GgmlType::Q4K => Some(matmul_q4k),
+        GgmlType::Q5K => Some(matmul_q5k),
         GgmlType::Q6K => Some(matmul_q6k),
         _ => None,
     }
