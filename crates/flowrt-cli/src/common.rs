@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use flowrt_cpu::{ActQuant, KvType};
+use flowrt_cpu::{ActQuant, AttnSplit, KvType};
 use flowrt_dispatch::DispatchOptions;
 use flowrt_dtype::GgmlType;
 use flowrt_engine::{EngineOptions, LoadOptions, LoadedModel, Session};
@@ -39,6 +39,10 @@ pub struct EngineArgs {
     /// kernels' interleaved x8 layout (Q4_0, Q4_1, Q8_0; for A/B comparisons).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
+    /// Keep attention to one task per (token, KV head) instead of splitting long key ranges
+    /// over threads when there are too few of them (for A/B comparisons).
+    #[arg(long = "no-attn-split")]
+    pub no_attn_split: bool,
     /// Quantise a Hugging Face checkpoint's float weights on load: q4_0, q4_1 or q8_0
     /// (GGUF files run with the types they hold).
     #[arg(long, value_parser = parse_quant)]
@@ -96,6 +100,11 @@ impl EngineArgs {
             },
             trace: self.trace.is_some(),
             repack: !self.no_repack,
+            attn_split: if self.no_attn_split {
+                AttnSplit::Off
+            } else {
+                AttnSplit::Auto
+            },
         })
     }
 

@@ -11,10 +11,13 @@ use flowrt_kernels::Kernels;
 use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Model, Plan, WeightMatrix};
 
-use crate::kv::{self, as_f16, as_f16_mut, KvCache, KvStore, KvType};
+use crate::kv::{self, as_f16_mut, KvCache, KvStore, KvType};
 use crate::packed::PackedWeights;
 use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
+
+mod attention;
+pub use attention::AttnSplit;
 
 /// Rows of a weight matrix one matmul task computes: at least enough that the kernels'
 /// software prefetch (16-32 rows ahead) runs inside each task's slice of the weights, at most
@@ -87,6 +90,8 @@ pub struct CpuOptions {
     /// Repack the weights that have an x8 layout (`flowrt_kernels::x8`) at creation: faster
     /// matmuls; needs `act_quant` Q16 and a SIMD kernel table (otherwise ignored).
     pub repack: bool,
+    /// How attention splits long key ranges over threads (see [`AttnSplit`]).
+    pub attn_split: AttnSplit,
 }
 
 pub use flowrt_dispatch::{Batch, LogitsWanted, SeqSpan};
@@ -151,6 +156,10 @@ pub struct CpuBackend {
     /// Matrices repacked in the x8 layout (the rest are used in their row layout).
     packed: PackedWeights,
     per_thread: Vec<Mutex<ThreadScratch>>,
+    attn_split: AttnSplit,
+    /// (slots, group, head_dim + 2) partial outputs of split attention, with each head's max
+    /// and sum (see `attention::slot_len`); empty when no batch can split.
+    attn_parts: Vec<f32>,
     n_logit_rows: usize,
     /// A submitted runlist: its groups and logits wanted; tokens and spans alongside.
     pending: Option<(Range<usize>, LogitsWanted)>,
@@ -222,6 +231,14 @@ impl CpuBackend {
                 })
             })
             .collect();
+        let (group, kv_items) = (
+            c.num_attention_heads / c.num_key_value_heads,
+            max_batch * c.num_key_value_heads,
+        );
+        let attn_slots = match opts.kv_type {
+            KvType::F16 => opts.attn_split.max_slots(pool.n_threads(), kv_items),
+            KvType::F32 => 0,
+        };
         Ok(CpuBackend {
             rope: RopeTable::new(c.rope_dim, &c.rope, c.rope_pairing, n_ctx),
             rope_local: c
@@ -245,6 +262,8 @@ impl CpuBackend {
             rows: Vec::with_capacity(max_batch),
             logit_rows: Vec::with_capacity(max_batch),
             per_thread,
+            attn_split: opts.attn_split,
+            attn_parts: vec![0.0; attn_slots * attention::slot_len(group, c.head_dim)],
             n_logit_rows: 0,
             pending: None,
             pending_tokens: Vec::with_capacity(max_batch),
@@ -769,77 +788,6 @@ impl CpuBackend {
             }
         }
         Ok(())
-    }
-
-    /// `Attn[t, head] = softmax(Q[t, head] · K[s, g]ᵀ · scale) · V[s, g]` over positions
-    /// `0..=p` of row `t`'s sequence `s` at position `p`, where `g = head / (n_heads /
-    /// n_kv_heads)`; with a window `w`, over positions `p+1-w ..= p` only.
-    ///
-    /// One task per row and KV head computes all the query heads that share it, so each
-    /// cached key and value row is read once for the group (GQA), not once per query head.
-    fn attention(&mut self, l: usize, window: Option<usize>, batch: &Batch) {
-        let c = &self.model.config;
-        let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
-        let nkv = c.num_key_value_heads;
-        let group = nh / nkv;
-        let scale = c.attn_scale;
-        let n = batch.tokens.len();
-        let kern = self.kernels;
-        let kv = &self.kv;
-        let (kc, vc) = (&kv.k[l], &kv.v[l]);
-        let (q, attn) = two_bufs(&mut self.bufs, Buf::Q, Buf::Attn);
-        let q = &q[..n * qd];
-        let per_thread = &self.per_thread;
-        let rows = &self.rows;
-        // Heads g*group..(g+1)*group of a row are contiguous in `Attn`: one chunk per (t, g).
-        self.pool
-            .for_each_chunk_mut(&mut attn[..n * qd], group * hd, &|tid, i, out| {
-                let (t, g) = (i / nkv, i % nkv);
-                let (seq, pos) = rows[t];
-                // First visible position.
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let len = pos + 1 - first;
-                let qg = &q[t * qd + g * group * hd..t * qd + (g + 1) * group * hd];
-                let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
-                let scores = &mut scratch.scores[..group * len];
-                if let (KvStore::F16(kc), KvStore::F16(vc)) = (kc, vc) {
-                    // Positions first..=pos of this KV head are contiguous rows.
-                    let o = kv.offset(seq, g, first);
-                    let (ks, vs) = (as_f16(&kc[o..o + len * hd]), as_f16(&vc[o..o + len * hd]));
-                    kern.attn_scores_f16(qg, hd, ks, scale, scores);
-                    for h in 0..group {
-                        kern.softmax(&mut scores[h * len..(h + 1) * len]);
-                    }
-                    kern.attn_values_f16(scores, hd, vs, out);
-                    return;
-                }
-                for (jj, j) in (first..=pos).enumerate() {
-                    let o = kv.offset(seq, g, j);
-                    for h in 0..group {
-                        let qv = &qg[h * hd..(h + 1) * hd];
-                        scores[h * len + jj] = scale
-                            * match kc {
-                                KvStore::F16(kc) => kern.dot_f32_f16(qv, as_f16(&kc[o..o + hd])),
-                                KvStore::F32(kc) => kern.dot_f32(qv, &kc[o..o + hd]),
-                            };
-                    }
-                }
-                for h in 0..group {
-                    kern.softmax(&mut scores[h * len..(h + 1) * len]);
-                }
-                out.fill(0.0);
-                for (jj, j) in (first..=pos).enumerate() {
-                    let o = kv.offset(seq, g, j);
-                    for h in 0..group {
-                        let p = scores[h * len + jj];
-                        let oh = &mut out[h * hd..(h + 1) * hd];
-                        match vc {
-                            KvStore::F16(vc) => kern.axpy_f16(oh, p, as_f16(&vc[o..o + hd])),
-                            KvStore::F32(vc) => kern.axpy_f32(oh, p, &vc[o..o + hd]),
-                        }
-                    }
-                }
-            });
     }
 }
 

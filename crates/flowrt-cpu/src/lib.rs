@@ -7,7 +7,9 @@ mod packed;
 mod pool;
 mod rope;
 
-pub use exec::{ActQuant, BackendError, Batch, CpuBackend, CpuOptions, LogitsWanted, SeqSpan};
+pub use exec::{
+    ActQuant, AttnSplit, BackendError, Batch, CpuBackend, CpuOptions, LogitsWanted, SeqSpan,
+};
 pub use kv::{KvCache, KvType};
 pub use pool::ThreadPool;
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowrt_cpu::{ActQuant, KvType};
+use flowrt_cpu::{ActQuant, AttnSplit, KvType};
 use flowrt_dispatch::DispatchOptions;
 use flowrt_gguf::GgufFile;
 use flowrt_kernels::Kernels;
@@ -34,6 +34,8 @@ pub struct EngineOptions {
     pub trace: bool,
     /// Repack weights into the kernels' x8 layout at load (see `flowrt_cpu::CpuOptions`).
     pub repack: bool,
+    /// How attention splits long key ranges over threads (see `flowrt_cpu::AttnSplit`).
+    pub attn_split: AttnSplit,
 }
 
 impl Default for EngineOptions {
@@ -48,6 +50,7 @@ impl Default for EngineOptions {
             dispatch: DispatchOptions::default(),
             trace: false,
             repack: true,
+            attn_split: AttnSplit::Auto,
         }
     }
 }

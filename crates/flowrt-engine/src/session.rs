@@ -61,6 +61,7 @@ impl BatchSession {
                 kernels: opts.kernels,
                 act_quant: opts.act_quant,
                 repack: opts.repack,
+                attn_split: opts.attn_split,
             },
         )?;
         let kv_cache_bytes = backend.kv_cache().bytes();

@@ -46,6 +46,7 @@ fn faulty(m: &LoadedModel, o: &EngineOptions, spec: FaultSpec) -> (Session, Arc<
             kernels: o.kernels,
             act_quant: o.act_quant,
             repack: o.repack,
+            attn_split: o.attn_split,
         },
     )
     .unwrap();

@@ -106,6 +106,7 @@ fn repacked_weights_agree_with_the_row_layout() {
                 kernels: None,
                 act_quant: flowrt_cpu::ActQuant::Q16,
                 repack,
+                attn_split: flowrt_cpu::AttnSplit::Auto,
             },
         )
         .unwrap();

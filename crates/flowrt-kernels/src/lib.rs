@@ -145,6 +145,7 @@ pub(crate) struct ElemOps {
     pub silu_mul: fn(&mut [f32], &[f32]),
     pub gelu_tanh_mul: fn(&mut [f32], &[f32]),
     pub softmax: fn(&mut [f32]),
+    pub softmax_unscaled: fn(&mut [f32]) -> (f32, f32),
     pub add: fn(&mut [f32], &[f32]),
     pub scale: fn(&mut [f32], f32),
     pub dot_f32: fn(&[f32], &[f32]) -> f32,
@@ -606,6 +607,17 @@ impl Kernels {
         if !x.is_empty() {
             (self.elem.softmax)(x)
         }
+    }
+
+    /// Softmax without the final division: `x = exp(x - m)` in place, where `m = max(x)`;
+    /// returns `(m, sum(x))`. Attention over a key range split into parts uses it: each part's
+    /// `(m, sum)` lets the parts be merged exactly (`softmax` is this, then `x /= sum`).
+    /// An empty slice gives `(-inf, 0)`.
+    pub fn softmax_unscaled(&self, x: &mut [f32]) -> (f32, f32) {
+        if x.is_empty() {
+            return (f32::NEG_INFINITY, 0.0);
+        }
+        (self.elem.softmax_unscaled)(x)
     }
 
     /// `acc += x`.

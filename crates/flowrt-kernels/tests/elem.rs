@@ -89,6 +89,27 @@ proptest! {
         }
     }
 
+    /// Odd lengths included (0 gives `(-inf, 0)`): `x = exp(x - max)`, the exact max, and
+    /// the sum; `softmax` is this divided by the sum.
+    #[test]
+    fn softmax_unscaled_matches_f64(seed: u64, li in 0..16usize) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li);
+        let x = wide(&mut rng, n);
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let sum: f64 = x.iter().map(|&v| (v as f64 - max as f64).exp()).sum();
+        for k in Kernels::available() {
+            let mut y = x.clone();
+            let (m, s) = k.softmax_unscaled(&mut y);
+            prop_assert_eq!(m, max, "{} max", k.name());
+            prop_assert!(close(s, sum, 1e-5, 0.0), "{} sum {s} vs {sum}", k.name());
+            for i in 0..n {
+                let want = (x[i] as f64 - max as f64).exp();
+                prop_assert!(close(y[i], want, 1e-5, 1e-30), "{} [{i}] {} vs {want}", k.name(), y[i]);
+            }
+        }
+    }
+
     #[test]
     fn rms_norm_matches_f64(seed: u64, li in 1..16usize) {
         let mut rng = rng(seed);

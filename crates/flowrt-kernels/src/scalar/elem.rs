@@ -37,16 +37,18 @@ pub(crate) fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
 }
 
 pub(crate) fn softmax(x: &mut [f32]) {
+    let (_, sum) = softmax_unscaled(x);
+    scale(x, 1.0 / sum);
+}
+
+pub(crate) fn softmax_unscaled(x: &mut [f32]) -> (f32, f32) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0.0f32;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v;
     }
-    let inv = 1.0 / sum;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    (max, sum)
 }
 
 pub(crate) fn add(acc: &mut [f32], x: &[f32]) {

@@ -96,6 +96,7 @@ pub(crate) fn elem_ops() -> ElemOps {
         silu_mul: elem::silu_mul,
         gelu_tanh_mul: elem::gelu_tanh_mul,
         softmax: elem::softmax,
+        softmax_unscaled: elem::softmax_unscaled,
         add: elem::add,
         scale: elem::scale,
         dot_f32: elem::dot_f32,

@@ -17,6 +17,7 @@ pub(super) fn install(t: &mut Kernels) {
     t.elem.silu_mul = silu_mul;
     t.elem.gelu_tanh_mul = gelu_tanh_mul;
     t.elem.softmax = softmax;
+    t.elem.softmax_unscaled = softmax_unscaled;
     t.elem.add = add;
     t.elem.scale = scale;
     t.elem.dot_f32 = dot_f32;
@@ -125,6 +126,12 @@ fn hsum(v: __m256) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn softmax_avx2(x: &mut [f32]) {
+    let (_, sum) = softmax_unscaled_avx2(x);
+    scale_avx2(x, 1.0 / sum);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn softmax_unscaled_avx2(x: &mut [f32]) -> (f32, f32) {
     let n8 = x.len() & !7;
     let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
     for c in x[..n8].chunks_exact(8) {
@@ -163,7 +170,7 @@ fn softmax_avx2(x: &mut [f32]) {
         tail.copy_from_slice(&buf[..tail.len()]);
         sum += tail.iter().sum::<f32>();
     }
-    scale_avx2(x, 1.0 / sum);
+    (max, sum)
 }
 
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -307,6 +314,7 @@ safe_wrappers! {
     silu_mul => silu_mul_avx2(gate: &mut [f32], up: &[f32]);
     gelu_tanh_mul => gelu_tanh_mul_avx2(gate: &mut [f32], up: &[f32]);
     softmax => softmax_avx2(x: &mut [f32]);
+    softmax_unscaled => softmax_unscaled_avx2(x: &mut [f32]) -> (f32, f32);
     add => add_avx2(acc: &mut [f32], x: &[f32]);
     scale => scale_avx2(x: &mut [f32], s: f32);
     dot_f32 => dot_f32_avx2(a: &[f32], b: &[f32]) -> f32;
