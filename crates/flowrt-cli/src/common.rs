@@ -36,7 +36,8 @@ pub struct EngineArgs {
     #[arg(long = "act-quant", default_value = "q16")]
     pub act_quant: ActQuant,
     /// Keep weights in the file's row layout instead of repacking them at load into the
-    /// kernels' interleaved x8 layout (Q4_0, Q4_1, Q8_0; for A/B comparisons).
+    /// kernels' interleaved x8 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; for A/B
+    /// comparisons).
     #[arg(long = "no-repack")]
     pub no_repack: bool,
     /// Keep attention to one task per (token, KV head) instead of splitting long key ranges

@@ -23,10 +23,10 @@
 //! has SIMD tiles for Q4_0, Q4_1 and Q8_0 and the scalar reference for Q5_0, Q5_1 and the
 //! k-quants.
 //!
-//! The fastest path: Q4_0, Q4_1 and Q8_0 weights repacked at load into [`x8`]'s layout (8 rows
-//! interleaved per block, one row per 32-bit lane) and multiplied with Q16 activations by
-//! [`Kernels::matmul_q16_x8`]: no horizontal sums, 8 rows' scales in one vector, one linear
-//! weight stream per task.
+//! The fastest path: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights repacked at load
+//! into [`x8`]'s layout (8 rows interleaved per block, one row per 32-bit lane) and multiplied
+//! with Q16 activations by [`Kernels::matmul_q16_x8`]: no horizontal sums, 8 rows' scales in one
+//! vector, one linear weight stream per task.
 
 use std::sync::OnceLock;
 
