@@ -367,18 +367,19 @@ fn pack_kq(w: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
                 out[2 * r..2 * r + 2].copy_from_slice(&raw[0..2]);
                 out[16 + 2 * r..18 + 2 * r].copy_from_slice(&raw[2..4]);
                 let scales: [u8; 12] = raw[4..16].try_into().expect("12 scale bytes");
-                let value = |i: usize| {
-                    if w == GgmlType::Q5K {
-                        BlockQ5K::read(raw).q(i)
-                    } else {
-                        BlockQ4K::read(raw).q(i)
-                    }
+                // The block's 256 values, decoded once.
+                let values: [u8; 256] = if w == GgmlType::Q5K {
+                    let b = BlockQ5K::read(raw);
+                    std::array::from_fn(|i| b.q(i))
+                } else {
+                    let b = BlockQ4K::read(raw);
+                    std::array::from_fn(|i| b.q(i))
                 };
                 for j in 0..8 {
                     let (sc, m) = get_scale_min_k4(j, &scales);
                     out[32 + 8 * j + r] = sc;
                     out[96 + 8 * j + r] = m;
-                    let v: [u8; QK] = std::array::from_fn(|e| value(32 * j + e));
+                    let v: [u8; QK] = values[32 * j..32 * j + 32].try_into().expect("32 values");
                     let q = &mut out[160 + sub * j..][..sub];
                     put_nibbles(r, &v, &mut q[..128]);
                     if w == GgmlType::Q5K {
