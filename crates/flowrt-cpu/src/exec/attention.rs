@@ -87,6 +87,40 @@ impl AttnSplit {
     }
 }
 
+/// The attention geometry of a model: what every task needs from its config.
+#[derive(Clone, Copy)]
+struct Heads {
+    /// Values per head.
+    hd: usize,
+    /// Values of all query heads of a row.
+    qd: usize,
+    /// KV heads.
+    nkv: usize,
+    /// Query heads per KV head.
+    group: usize,
+    /// Score scale.
+    scale: f32,
+}
+
+impl Heads {
+    fn of(c: &flowrt_model::ModelConfig) -> Heads {
+        Heads {
+            hd: c.head_dim,
+            qd: c.q_dim(),
+            nkv: c.num_key_value_heads,
+            group: c.num_attention_heads / c.num_key_value_heads,
+            scale: c.attn_scale,
+        }
+    }
+}
+
+/// The positions a row at `pos` attends to: `(first, len)`, all of `0..=pos` or the last `w`
+/// of them under a sliding window.
+fn visible(window: Option<usize>, pos: usize) -> (usize, usize) {
+    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+    (first, pos + 1 - first)
+}
+
 /// Floats one part slot holds for `group` heads of `hd` values: the un-normalised outputs
 /// `(group, hd)`, then the maxes `(group)` and the sums `(group)`.
 pub(super) fn slot_len(group: usize, hd: usize) -> usize {
@@ -102,13 +136,11 @@ impl CpuBackend {
     /// cached key and value row is read once for the group (GQA), not once per query head;
     /// over an f16 cache, long ranges of few items are split (see the module docs).
     pub(super) fn attention(&mut self, l: usize, window: Option<usize>, batch: &Batch) {
-        let c = &self.model.config;
         let n = batch.tokens.len();
-        let items = n * c.num_key_value_heads;
-        // Positions 0..=pos, or the last `w` of them.
+        let items = n * self.model.config.num_key_value_heads;
         let max_len = self.rows[..n]
             .iter()
-            .map(|&(_, pos)| window.map_or(pos + 1, |w| w.min(pos + 1)))
+            .map(|&(_, pos)| visible(window, pos).1)
             .max()
             .unwrap_or(0);
         let f16_cache = matches!(
@@ -130,11 +162,13 @@ impl CpuBackend {
 
     /// One task per (token, KV head), writing `Attn` directly.
     fn attention_whole(&mut self, l: usize, window: Option<usize>, n: usize) {
-        let c = &self.model.config;
-        let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
-        let nkv = c.num_key_value_heads;
-        let group = nh / nkv;
-        let scale = c.attn_scale;
+        let Heads {
+            hd,
+            qd,
+            nkv,
+            group,
+            scale,
+        } = Heads::of(&self.model.config);
         let kern = self.kernels;
         let kv = &self.kv;
         let (kc, vc) = (&kv.k[l], &kv.v[l]);
@@ -147,9 +181,7 @@ impl CpuBackend {
             .for_each_chunk_mut(&mut attn[..n * qd], group * hd, &|tid, i, out| {
                 let (t, g) = (i / nkv, i % nkv);
                 let (seq, pos) = rows[t];
-                // First visible position.
-                let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let len = pos + 1 - first;
+                let (first, len) = visible(window, pos);
                 let qg = &q[t * qd + g * group * hd..t * qd + (g + 1) * group * hd];
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
                 let scores = &mut scratch.scores[..group * len];
@@ -196,11 +228,13 @@ impl CpuBackend {
     /// `parts` tasks per (token, KV head) over an f16 cache, each writing a part slot of
     /// `attn_parts`; then one task per (token, KV head) merges its slots into `Attn`.
     fn attention_split(&mut self, l: usize, window: Option<usize>, n: usize, parts: usize) {
-        let c = &self.model.config;
-        let (nh, hd, qd) = (c.num_attention_heads, c.head_dim, c.q_dim());
-        let nkv = c.num_key_value_heads;
-        let group = nh / nkv;
-        let scale = c.attn_scale;
+        let Heads {
+            hd,
+            qd,
+            nkv,
+            group,
+            scale,
+        } = Heads::of(&self.model.config);
         let kern = self.kernels;
         let kv = &self.kv;
         let (KvStore::F16(kc), KvStore::F16(vc)) = (&kv.k[l], &kv.v[l]) else {
@@ -213,17 +247,12 @@ impl CpuBackend {
         let slots = &mut self.attn_parts[..n * nkv * parts * slot];
         let per_thread = &self.per_thread;
         let rows = &self.rows;
-        // Row t's visible positions: (sequence, first, length).
-        let range = |t: usize| {
-            let (seq, pos) = rows[t];
-            let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            (seq, first, pos + 1 - first)
-        };
         // Slot i * parts + s: part s of item i = (t, g).
         self.pool.for_each_chunk_mut(slots, slot, &|tid, j, out| {
             let (i, s) = (j / parts, j % parts);
             let (t, g) = (i / nkv, i % nkv);
-            let (seq, first, len) = range(t);
+            let (seq, pos) = rows[t];
+            let (first, len) = visible(window, pos);
             let cut = split.parts_of(parts, len);
             let (outs, stats) = out.split_at_mut(group * hd);
             let (maxes, sums) = stats.split_at_mut(group);

@@ -38,13 +38,13 @@ trait Packed {
     const BITS: u32;
     /// Bytes from one sub-block's quants to the next's.
     const STRIDE: usize = 128;
-    /// Q6_K: a scale per 16 values, the 8 rows' `d * sc` of 16-value sub-block `j` (the
-    /// values' integers are centred: `q - 32`).
+    /// 6-bit types (Q6_K) only, whose scales cover 16 values: the 8 rows' `d * sc` of
+    /// 16-value sub-block `j` (the values' integers are centred: `q - 32`).
     ///
     /// # Safety
     /// As for [`Packed::scales`].
-    unsafe fn half_scales(_p: *const u8, _j: usize) -> Option<__m256> {
-        None
+    unsafe fn half_scales(_p: *const u8, _j: usize) -> __m256 {
+        unreachable!("only 6-bit packed types have a scale per 16 values")
     }
 }
 
@@ -228,7 +228,7 @@ impl Packed for P6K {
     }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn half_scales(p: *const u8, j: usize) -> Option<__m256> {
+    unsafe fn half_scales(p: *const u8, j: usize) -> __m256 {
         // SAFETY: a Q6_K packed unit: d (8 f16), then the 16 sub-block scales of 8 rows as
         // signed bytes, [sub-block][row], at 16.
         unsafe {
@@ -236,7 +236,7 @@ impl Packed for P6K {
             let sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
                 p.add(16 + 8 * j).cast(),
             )));
-            Some(_mm256_mul_ps(d, sc))
+            _mm256_mul_ps(d, sc)
         }
     }
     const BITS: u32 = 6;
@@ -361,7 +361,7 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
                     let mut isum = [[_mm256_setzero_si256(); T]; G];
                     dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
                     for i in 0..G {
-                        let dsc = P::half_scales(p[i], 2 * s + half).unwrap_or(_mm256_setzero_ps());
+                        let dsc = P::half_scales(p[i], 2 * s + half);
                         for t in 0..T {
                             let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
                             acc[i][t] = _mm256_fmadd_ps(
