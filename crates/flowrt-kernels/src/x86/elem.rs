@@ -326,8 +326,21 @@ safe_wrappers! {
     attn_values_f16 => attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]);
 }
 
-/// Query heads handled per pass over the keys (accumulators in registers).
-const HEADS: usize = 4;
+/// Query heads per tile of the attention kernels: a tile's accumulators (2 heads x 4 keys
+/// for scores, 2 heads x 32 values for the weighted values) and its operands stay in the 16
+/// vector registers. Three heads would spill an accumulator to the stack every step.
+const TILE_HEADS: usize = 2;
+
+/// Keys per score tile: each key's 8-value chunks are converted once for the tile's heads,
+/// and a head's 4 sums are reduced together (3 `vhaddps` instead of 4 horizontal sums).
+const SCORE_KEYS: usize = 4;
+
+/// The heads `0..group` in tiles of at most [`TILE_HEADS`]: `(first head, heads)`.
+fn head_tiles(group: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..group)
+        .step_by(TILE_HEADS)
+        .map(move |h0| (h0, (group - h0).min(TILE_HEADS)))
+}
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]) {
@@ -335,79 +348,160 @@ fn attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [
         return crate::scalar::elem::attn_scores_f16(q, hd, k, scale, out);
     }
     let (group, len) = (q.len() / hd, k.len() / hd);
-    let mut h0 = 0;
-    while h0 < group {
-        let nh = (group - h0).min(HEADS);
-        for j in 0..len {
-            let mut acc = [_mm256_setzero_ps(); HEADS];
-            for c in (0..hd).step_by(8) {
-                // SAFETY: key j and heads h0..h0+nh have hd values; c + 8 <= hd.
-                unsafe {
-                    let kv = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(j * hd + c).cast()));
-                    for h in 0..nh {
-                        let qv = _mm256_loadu_ps(q.as_ptr().add((h0 + h) * hd + c));
-                        acc[h] = _mm256_fmadd_ps(qv, kv, acc[h]);
-                    }
+    let full = len - len % SCORE_KEYS;
+    // Keys outer, heads inner: a tile of keys comes from memory once for all the heads.
+    for j in (0..full).step_by(SCORE_KEYS) {
+        for (h0, nh) in head_tiles(group) {
+            // SAFETY: AVX2 host (this table); heads h0..h0 + nh and keys j..j + 4 exist, hd is
+            // a multiple of 8 and out is (group, len), as `score_tile` needs.
+            unsafe {
+                if nh == 2 {
+                    score_tile::<2>(q, hd, k, scale, out, h0, j);
+                } else {
+                    score_tile::<1>(q, hd, k, scale, out, h0, j);
                 }
             }
-            for h in 0..nh {
-                out[(h0 + h) * len + j] = scale * hsum(acc[h]);
-            }
         }
-        h0 += nh;
+    }
+    for j in full..len {
+        for h in 0..group {
+            let mut acc = _mm256_setzero_ps();
+            for c in (0..hd).step_by(8) {
+                // SAFETY: key j and head h have hd values; c + 8 <= hd.
+                unsafe {
+                    let kv = _mm256_cvtph_ps(_mm_loadu_si128(k.as_ptr().add(j * hd + c).cast()));
+                    let qv = _mm256_loadu_ps(q.as_ptr().add(h * hd + c));
+                    acc = _mm256_fmadd_ps(qv, kv, acc);
+                }
+            }
+            out[h * len + j] = scale * hsum(acc);
+        }
     }
 }
+
+/// Scores of heads `h0..h0 + H` against keys `j..j + 4`.
+///
+/// # Safety
+/// AVX2 host; `hd` a multiple of 8; the heads exist in `q`, the keys in `k`, and `out` is
+/// `(group, len)` for `len = k.len() / hd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_tile<const H: usize>(
+    q: &[f32],
+    hd: usize,
+    k: &[f16],
+    scale: f32,
+    out: &mut [f32],
+    h0: usize,
+    j: usize,
+) {
+    let len = k.len() / hd;
+    let mut acc = [[_mm256_setzero_ps(); SCORE_KEYS]; H];
+    let (kp, qp) = (k.as_ptr(), q.as_ptr());
+    for c in (0..hd).step_by(8) {
+        for kk in 0..SCORE_KEYS {
+            // SAFETY: key j + kk and heads h0..h0 + H have hd values; c + 8 <= hd.
+            unsafe {
+                let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add((j + kk) * hd + c).cast()));
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_loadu_ps(qp.add((h0 + h) * hd + c));
+                    acc[kk] = _mm256_fmadd_ps(qv, kv, acc[kk]);
+                }
+            }
+        }
+    }
+    let s = _mm_set1_ps(scale);
+    for (h, a) in acc.iter().enumerate() {
+        // [a0 a1 a2 a3] -> their four sums: pairwise adds, then the two 128-bit halves.
+        let t = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+        // SAFETY: row h0 + h of out has len >= j + 4 entries.
+        unsafe {
+            _mm_storeu_ps(
+                out.as_mut_ptr().add((h0 + h) * len + j),
+                _mm_mul_ps(sums, s),
+            )
+        };
+    }
+}
+
+/// Bytes of values one block of keys spans in [`attn_values_f16_avx2`]: the block is read
+/// once per tile of heads and 32-value chunk, so it should stay in L1.
+const VALUE_BLOCK_BYTES: usize = 16 << 10;
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
-    if hd.is_multiple_of(16) {
-        // SAFETY: this table is only built on AVX2 hosts; hd is a multiple of 16.
-        unsafe { attn_values_blocked::<2>(p, hd, v, out) }
-    } else if hd.is_multiple_of(8) {
-        // SAFETY: as above; hd is a multiple of 8.
-        unsafe { attn_values_blocked::<1>(p, hd, v, out) }
-    } else {
-        crate::scalar::elem::attn_values_f16(p, hd, v, out)
-    }
-}
-
-/// Weighted values in blocks of up to [`HEADS`] heads by `C` 8-value chunks: each weight is
-/// broadcast once per key for `C` chunks, each value chunk converted once for the heads.
-///
-/// # Safety
-/// AVX2 host; `hd` a multiple of `8 C`; lengths as `Kernels::attn_values_f16` checks them.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attn_values_blocked<const C: usize>(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
+    // 8-value chunks per tile: 4 where hd allows (8 accumulators with 2 heads).
+    let c = [4, 2, 1].into_iter().find(|c| hd.is_multiple_of(8 * c));
+    let Some(c) = c else {
+        return crate::scalar::elem::attn_values_f16(p, hd, v, out);
+    };
     let (group, len) = (out.len() / hd, v.len() / hd);
-    let mut h0 = 0;
-    while h0 < group {
-        let nh = (group - h0).min(HEADS);
-        for c in (0..hd).step_by(8 * C) {
-            let mut acc = [[_mm256_setzero_ps(); C]; HEADS];
-            for j in 0..len {
-                // SAFETY: value row j has hd values, c + 8 C <= hd; p has group * len weights.
+    // Keys in blocks whose values stay in L1 while every tile passes over them; the tiles'
+    // sums live in `out` between blocks.
+    let block = (VALUE_BLOCK_BYTES / (2 * hd)).max(16);
+    out.fill(0.0);
+    for j0 in (0..len).step_by(block) {
+        let j1 = (j0 + block).min(len);
+        for (h0, nh) in head_tiles(group) {
+            for c0 in (0..hd).step_by(8 * c) {
+                // SAFETY: AVX2 host (this table); heads h0..h0 + nh, keys j0..j1 and values
+                // c0..c0 + 8c exist (c0 + 8c <= hd since 8c divides hd), as `value_tile` needs.
                 unsafe {
-                    let vv: [__m256; C] = std::array::from_fn(|i| {
-                        _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(j * hd + c + 8 * i).cast()))
-                    });
-                    for h in 0..nh {
-                        let w = _mm256_set1_ps(*p.get_unchecked((h0 + h) * len + j));
-                        for i in 0..C {
-                            acc[h][i] = _mm256_fmadd_ps(w, vv[i], acc[h][i]);
-                        }
+                    match (nh, c) {
+                        (2, 4) => value_tile::<2, 4>(p, hd, v, out, h0, c0, j0..j1),
+                        (1, 4) => value_tile::<1, 4>(p, hd, v, out, h0, c0, j0..j1),
+                        (2, 2) => value_tile::<2, 2>(p, hd, v, out, h0, c0, j0..j1),
+                        (1, 2) => value_tile::<1, 2>(p, hd, v, out, h0, c0, j0..j1),
+                        (2, _) => value_tile::<2, 1>(p, hd, v, out, h0, c0, j0..j1),
+                        _ => value_tile::<1, 1>(p, hd, v, out, h0, c0, j0..j1),
                     }
                 }
             }
-            for h in 0..nh {
+        }
+    }
+}
+
+/// Adds `sum_j p[h, j] * v[j, c0..c0 + 8C]` over `keys` to `out[h, c0..c0 + 8C]` for heads
+/// `h0..h0 + H`: each weight is broadcast once for `C` chunks, each value chunk converted
+/// once for the heads.
+///
+/// # Safety
+/// AVX2 host; `p` is `(group, len)`, `v` `(len, hd)`, `out` `(group, hd)` with the heads,
+/// keys and values named existing in them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn value_tile<const H: usize, const C: usize>(
+    p: &[f32],
+    hd: usize,
+    v: &[f16],
+    out: &mut [f32],
+    h0: usize,
+    c0: usize,
+    keys: std::ops::Range<usize>,
+) {
+    let len = v.len() / hd;
+    let o = out.as_mut_ptr();
+    // SAFETY (block): the caller guarantees every index below exists.
+    unsafe {
+        let mut acc: [[__m256; C]; H] = std::array::from_fn(|h| {
+            std::array::from_fn(|i| _mm256_loadu_ps(o.add((h0 + h) * hd + c0 + 8 * i)))
+        });
+        for j in keys {
+            let vv: [__m256; C] = std::array::from_fn(|i| {
+                _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(j * hd + c0 + 8 * i).cast()))
+            });
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let w = _mm256_set1_ps(*p.get_unchecked((h0 + h) * len + j));
                 for i in 0..C {
-                    // SAFETY: head h0 + h has hd outputs, c + 8 C <= hd.
-                    unsafe {
-                        _mm256_storeu_ps(out.as_mut_ptr().add((h0 + h) * hd + c + 8 * i), acc[h][i])
-                    };
+                    acc[i] = _mm256_fmadd_ps(w, vv[i], acc[i]);
                 }
             }
         }
-        h0 += nh;
+        for (h, acc) in acc.iter().enumerate() {
+            for (i, &a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.add((h0 + h) * hd + c0 + 8 * i), a);
+            }
+        }
     }
 }
