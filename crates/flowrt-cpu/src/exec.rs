@@ -113,12 +113,14 @@ pub enum BackendError {
     BadSpans(String),
     #[error("tensor `{tensor}` has type {ty}, which the CPU kernels cannot compute with")]
     UnsupportedType { tensor: String, ty: GgmlType },
-    #[error("group {group} ({kind:?}), op `{op}`: deadline passed {late:?} ago")]
+    #[error("group {group} ({kind:?}), op `{op}`: deadline passed {late:?} ago, {ran:?} into the runlist")]
     Deadline {
         group: usize,
         kind: GroupKind,
         op: &'static str,
         late: std::time::Duration,
+        /// How long the runlist had been running when the op was due to start.
+        ran: std::time::Duration,
     },
     #[error("repacking the weights: {0}")]
     Repack(std::io::Error),
@@ -323,6 +325,7 @@ impl CpuBackend {
         deadline: Option<Instant>,
         mut trace: Option<&mut Trace>,
     ) -> Result<(), BackendError> {
+        let began = Instant::now();
         let n = batch.tokens.len();
         if n == 0 || n > self.max_batch {
             return Err(BackendError::BadBatch {
@@ -375,6 +378,7 @@ impl CpuBackend {
                             kind: group.kind,
                             op: op.name(),
                             late: start - d,
+                            ran: start - began,
                         });
                     }
                 }
@@ -812,9 +816,13 @@ impl BackendError {
     fn to_device(&self) -> DeviceError {
         match *self {
             BackendError::Deadline {
-                group, kind, op, ..
+                group,
+                kind,
+                op,
+                ran,
+                ..
             } => DeviceError::Timeout {
-                waited: Duration::ZERO,
+                waited: ran,
                 group: Some(group),
                 kind: Some(kind),
                 op: Some(op),

@@ -310,3 +310,41 @@ fn trace_has_every_runlist_and_op_span_in_order() {
             .all(|e| e["tid"] == tid));
     }
 }
+
+/// The CPU backend's own deadline check (no fault injected): a runlist whose deadline passes
+/// stops before its next op, and the error says how long it had run, where it stopped and
+/// that it is a timeout.
+#[test]
+fn cpu_runlist_past_its_deadline_reports_how_long_it_ran() {
+    let m = model();
+    let o = EngineOptions {
+        dispatch: DispatchOptions {
+            deadline: Some(Duration::from_nanos(1)),
+            retry: false,
+            ..DispatchOptions::default()
+        },
+        ..opts(None, false)
+    };
+    let mut s = Session::new(&m, &o).unwrap();
+    let t0 = Instant::now();
+    let e = s.feed(&prompt()).unwrap_err();
+    let elapsed = t0.elapsed();
+    let msg = e.to_string();
+    assert!(msg.contains("missed its deadline"), "{msg}");
+    let EngineError::Dispatch(d) = &e else {
+        panic!("{e:?}")
+    };
+    let flowrt_dispatch::DeviceError::Timeout { waited, op, .. } = &d.error else {
+        panic!("{:?}", d.error)
+    };
+    assert!(op.is_some(), "the op that was due is named: {msg}");
+    assert!(
+        *waited > Duration::ZERO && *waited <= elapsed,
+        "waited {waited:?} is the runlist's running time (the call took {elapsed:?}): {msg}"
+    );
+    assert_eq!(
+        s.n_past(),
+        0,
+        "a failed step leaves the sequence where it was"
+    );
+}
