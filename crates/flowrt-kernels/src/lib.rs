@@ -26,7 +26,10 @@
 //! The fastest path: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights repacked at load
 //! into [`x8`]'s layout (8 rows interleaved per block, one row per 32-bit lane) and multiplied
 //! with Q16 activations by [`Kernels::matmul_q16_x8`]: no horizontal sums, 8 rows' scales in one
-//! vector, one linear weight stream per task.
+//! vector, one linear weight stream per task. AVX2 (`x86/x8.rs`) and NEON (`arm/x8.rs`, each
+//! 32-byte vector of 8 rows taken as two 128-bit registers, `vmlal_s16` in place of
+//! `vpmaddwd`) have kernels for all eight; the NEON ones are tested under `qemu-aarch64`
+//! (`scripts/test-aarch64`) and have not been timed on ARM hardware.
 
 use std::sync::OnceLock;
 

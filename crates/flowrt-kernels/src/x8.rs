@@ -549,6 +549,11 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
         // The table for `isa` exists only when the host has AVX2, FMA and F16C.
         return crate::x86::x8::matmul_fn(w);
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        // The NEON table exists only on aarch64 hosts with NEON.
+        return crate::arm::x8::matmul_fn(w);
+    }
     let _ = isa;
     match w {
         GgmlType::Q4_0 => Some(matmul_ref_q4_0),

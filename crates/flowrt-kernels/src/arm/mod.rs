@@ -5,12 +5,13 @@
 #![allow(clippy::needless_range_loop)]
 
 mod neon;
+pub(crate) mod x8;
 
 use std::sync::OnceLock;
 
 use crate::Kernels;
 
-/// The intrinsics `neon.rs` uses (one place to point it at).
+/// The intrinsics `neon.rs` and `x8.rs` use (one place to point it at).
 use core::arch::aarch64 as arch;
 
 pub(crate) fn table() -> Option<&'static Kernels> {

@@ -3,10 +3,12 @@
 //! activation values lie in -127..=127) and the float operations are the scalar code's, in the
 //! same order, so results equal the scalar table's. Matmul is the plain loop over these dots.
 //!
-//! Q5_0, Q5_1 and the k-quants use the scalar reference here (for both the ggml-style dots and
-//! the Q16 matmuls).
+//! Q5_0, Q5_1 and the k-quants use the scalar reference here for the ggml-style dots and for
+//! Q16 matmuls on row-layout weights; the default path (weights repacked to x8) has NEON
+//! kernels for every type in `x8.rs`.
 //!
-//! Not exercised where it was written (an x86-64 host); kept deliberately small.
+//! Tested under `qemu-aarch64` on the x86-64 development machine (`scripts/test-aarch64`);
+//! not timed on ARM hardware.
 
 use super::arch::*;
 
