@@ -267,3 +267,36 @@ fn softmax_handles_extremes() {
 fn elementwise_rejects_mismatched_lengths() {
     Kernels::detect().add(&mut [0.0; 3], &[0.0; 4]);
 }
+
+/// Every f16 bit pattern (normal, subnormal, zero, infinity, NaN) reaches the f32 side of the
+/// f16 kernels exactly: `out += 1 * x` on zeros gives `x` itself.
+#[test]
+fn f16_kernels_convert_every_half_exactly() {
+    let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
+    for k in Kernels::available() {
+        let mut out = vec![0.0f32; all.len()];
+        k.axpy_f16(&mut out, 1.0, &all);
+        for (i, (&got, h)) in out.iter().zip(&all).enumerate() {
+            let want = h.to_f32();
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "{} axpy_f16 of {i:#06x}: {got:e} vs {want:e}",
+                k.name()
+            );
+        }
+        // The dot product's conversion: one value at a time against a one-hot row of 8.
+        for i in (0..all.len()).step_by(7) {
+            let mut b = [f16::ZERO; 8];
+            b[i % 8] = all[i];
+            let mut a = [0.0f32; 8];
+            a[i % 8] = 1.0;
+            let got = k.dot_f32_f16(&a, &b);
+            let want = all[i].to_f32();
+            assert!(
+                got == want || (got.is_nan() && want.is_nan()),
+                "{} dot_f32_f16 of {i:#06x}: {got:e} vs {want:e}",
+                k.name()
+            );
+        }
+    }
+}

@@ -4,6 +4,7 @@
 // Tails index two slices in step.
 #![allow(clippy::needless_range_loop)]
 
+mod attn;
 mod neon;
 pub(crate) mod x8;
 
@@ -11,7 +12,7 @@ use std::sync::OnceLock;
 
 use crate::Kernels;
 
-/// The intrinsics `neon.rs` and `x8.rs` use (one place to point it at).
+/// The intrinsics the NEON files use (one place to point it at).
 use core::arch::aarch64 as arch;
 
 pub(crate) fn table() -> Option<&'static Kernels> {

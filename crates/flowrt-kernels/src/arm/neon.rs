@@ -5,7 +5,8 @@
 //!
 //! Q5_0, Q5_1 and the k-quants use the scalar reference here for the ggml-style dots and for
 //! Q16 matmuls on row-layout weights; the default path (weights repacked to x8) has NEON
-//! kernels for every type in `x8.rs`.
+//! kernels for every type in `x8.rs`, and the attention kernels over the f16 KV cache are in
+//! `attn.rs`.
 //!
 //! Tested under `qemu-aarch64` on the x86-64 development machine (`scripts/test-aarch64`);
 //! not timed on ARM hardware.
@@ -29,6 +30,10 @@ pub(super) fn build() -> Kernels {
     t.types[s(GgmlType::Q8_0)].matmul = Some(matmul_q8_0);
     t.elem.dot_f32 = dot_f32;
     t.elem.axpy_f32 = axpy_f32;
+    t.elem.dot_f32_f16 = super::attn::dot_f32_f16;
+    t.elem.axpy_f16 = super::attn::axpy_f16;
+    t.elem.attn_scores_f16 = super::attn::attn_scores_f16;
+    t.elem.attn_values_f16 = super::attn::attn_values_f16;
     t
 }
 
