@@ -38,6 +38,7 @@ use flowrt_dtype::GgmlType;
 pub mod blocks;
 pub mod q16;
 mod scalar;
+mod tiling;
 pub mod x8;
 
 #[cfg(target_arch = "x86_64")]

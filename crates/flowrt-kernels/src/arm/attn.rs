@@ -1,5 +1,5 @@
-//! NEON kernels over the f16 KV cache: attention scores and weighted values, f16 dot and axpy. Same tiling as the AVX2 ones (`x86/elem.rs`) in 128-bit
-//! registers: scores in tiles of 4 keys by up to 4 heads (each key chunk converted once for
+//! NEON kernels over the f16 KV cache: attention scores and weighted values, f16 dot and
+//! axpy. Same tiling as the AVX2 ones (`x86/elem.rs`) in 128-bit registers: scores in tiles of 4 keys by up to 4 heads (each key chunk converted once for
 //! the heads; 16 of the 32 registers accumulate), values in tiles of up to 4 heads by 16
 //! values over L1-sized blocks of keys.
 //!
@@ -9,47 +9,13 @@
 use half::f16;
 
 use super::arch::*;
+use super::load4;
+use crate::tiling::{head_tiles, value_block_keys};
 
 /// Heads per tile (4 x 4 score accumulators, or 4 x 4 value accumulators).
 const TILE_HEADS: usize = 4;
 /// Keys per score tile.
 const SCORE_KEYS: usize = 4;
-/// Bytes of values a block of keys spans in [`attn_values_f16`].
-const VALUE_BLOCK_BYTES: usize = 16 << 10;
-
-/// 4 f16 at `p` as f32, exactly (subnormals, infinities and NaNs included).
-///
-/// By bits rather than `vcvt_f32_f16`, whose intrinsic needs a newer Rust than this crate's
-/// minimum: exponent and mantissa moved to f32's places are the value times 2^-112, so one
-/// multiply by 2^112 finishes normal and subnormal values alike (with flush-to-zero off, as
-/// Linux leaves it); exponent 31 (infinity, NaN) becomes 255.
-///
-/// # Safety
-/// 4 readable values at `p`.
-#[inline(always)]
-unsafe fn load4(p: *const f16) -> float32x4_t {
-    // SAFETY: the caller guarantees 8 readable bytes; f16 is 2 bytes of IEEE half bits.
-    unsafe {
-        let h = vmovl_u16(vld1_u16(p.cast()));
-        let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
-        let em = vandq_u32(h, vdupq_n_u32(0x7FFF));
-        let moved = vshlq_n_u32::<13>(em);
-        let finite = vreinterpretq_u32_f32(vmulq_f32(
-            vreinterpretq_f32_u32(moved),
-            vdupq_n_f32(f32::from_bits(0x7780_0000)), // 2^112
-        ));
-        let special = vorrq_u32(moved, vdupq_n_u32(0x7F80_0000));
-        let is_special = vcgeq_u32(em, vdupq_n_u32(0x7C00));
-        vreinterpretq_f32_u32(vorrq_u32(vbslq_u32(is_special, special, finite), sign))
-    }
-}
-
-/// The heads `0..group` in tiles of at most [`TILE_HEADS`]: `(first head, heads)`.
-fn head_tiles(group: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..group)
-        .step_by(TILE_HEADS)
-        .map(move |h0| (h0, (group - h0).min(TILE_HEADS)))
-}
 
 pub(super) fn dot_f32_f16(a: &[f32], b: &[f16]) -> f32 {
     let n8 = a.len() & !7;
@@ -96,7 +62,7 @@ pub(super) fn attn_scores_f16(q: &[f32], hd: usize, k: &[f16], scale: f32, out: 
     let (group, len) = (q.len() / hd, k.len() / hd);
     let full = len - len % SCORE_KEYS;
     for j in (0..full).step_by(SCORE_KEYS) {
-        for (h0, nh) in head_tiles(group) {
+        for (h0, nh) in head_tiles(group, TILE_HEADS) {
             // SAFETY: heads h0..h0 + nh and keys j..j + 4 exist; hd is a multiple of 8.
             unsafe {
                 match nh {
@@ -163,11 +129,11 @@ pub(super) fn attn_values_f16(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) 
         return crate::scalar::elem::attn_values_f16(p, hd, v, out);
     };
     let (group, len) = (out.len() / hd, v.len() / hd);
-    let block = (VALUE_BLOCK_BYTES / (2 * hd)).max(16);
+    let block = value_block_keys(hd);
     out.fill(0.0);
     for j0 in (0..len).step_by(block) {
         let keys = j0..(j0 + block).min(len);
-        for (h0, nh) in head_tiles(group) {
+        for (h0, nh) in head_tiles(group, TILE_HEADS) {
             for c0 in (0..hd).step_by(4 * c) {
                 let ks = keys.clone();
                 // SAFETY: heads h0..h0 + nh, the keys and values c0..c0 + 4c exist.

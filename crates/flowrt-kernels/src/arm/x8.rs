@@ -13,10 +13,11 @@
 //! on ARM hardware.
 
 use super::arch::*;
+use super::load4;
 
 use flowrt_dtype::GgmlType;
 
-use crate::blocks::{f16_to_f32, QK};
+use crate::blocks::QK;
 use crate::q16::Q16_BLOCK_BYTES;
 use crate::x8::ROWS;
 use crate::{MatmulArgs, MatmulFn};
@@ -56,33 +57,34 @@ trait Packed {
 ///
 /// # Safety
 /// 16 readable bytes at `p`.
-#[inline]
+#[inline(always)]
 unsafe fn f16x8(p: *const u8) -> Rows8 {
-    let v: [f32; 8] = std::array::from_fn(|i| {
-        // SAFETY: i < 8, so bytes 2i..2i+2 are readable.
-        f16_to_f32(unsafe { p.add(2 * i).cast::<[u8; 2]>().read_unaligned() })
-    });
-    // SAFETY: v holds 8 floats.
-    unsafe { (vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))) }
+    // SAFETY: the caller guarantees 16 readable bytes.
+    unsafe { (load4(p.cast()), load4(p.add(8).cast())) }
 }
 
 /// 8 bytes at `p` (unsigned, or signed with `SIGNED`) as f32.
 ///
 /// # Safety
 /// 8 readable bytes at `p`.
-#[inline]
+#[inline(always)]
 unsafe fn bytes8<const SIGNED: bool>(p: *const u8) -> Rows8 {
-    let v: [f32; 8] = std::array::from_fn(|i| {
-        // SAFETY: i < 8.
-        let b = unsafe { *p.add(i) };
+    // SAFETY: the caller guarantees 8 readable bytes.
+    unsafe {
         if SIGNED {
-            b as i8 as f32
+            let w = vmovl_s8(vld1_s8(p.cast()));
+            (
+                vcvtq_f32_s32(vmovl_s16(vget_low_s16(w))),
+                vcvtq_f32_s32(vmovl_high_s16(w)),
+            )
         } else {
-            b as f32
+            let w = vmovl_u8(vld1_u8(p));
+            (
+                vcvtq_f32_u32(vmovl_u16(vget_low_u16(w))),
+                vcvtq_f32_u32(vmovl_high_u16(w)),
+            )
         }
-    });
-    // SAFETY: v holds 8 floats.
-    unsafe { (vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))) }
+    }
 }
 
 fn mul(a: Rows8, b: Rows8) -> Rows8 {

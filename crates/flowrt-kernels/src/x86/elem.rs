@@ -10,6 +10,7 @@ use core::arch::x86_64::*;
 
 use half::f16;
 
+use crate::tiling::{head_tiles, value_block_keys};
 use crate::Kernels;
 
 pub(super) fn install(t: &mut Kernels) {
@@ -335,13 +336,6 @@ const TILE_HEADS: usize = 2;
 /// and a head's 4 sums are reduced together (3 `vhaddps` instead of 4 horizontal sums).
 const SCORE_KEYS: usize = 4;
 
-/// The heads `0..group` in tiles of at most [`TILE_HEADS`]: `(first head, heads)`.
-fn head_tiles(group: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..group)
-        .step_by(TILE_HEADS)
-        .map(move |h0| (h0, (group - h0).min(TILE_HEADS)))
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]) {
     if !hd.is_multiple_of(8) {
@@ -351,7 +345,7 @@ fn attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [
     let full = len - len % SCORE_KEYS;
     // Keys outer, heads inner: a tile of keys comes from memory once for all the heads.
     for j in (0..full).step_by(SCORE_KEYS) {
-        for (h0, nh) in head_tiles(group) {
+        for (h0, nh) in head_tiles(group, TILE_HEADS) {
             // SAFETY: AVX2 host (this table); heads h0..h0 + nh and keys j..j + 4 exist, hd is
             // a multiple of 8 and out is (group, len), as `score_tile` needs.
             unsafe {
@@ -425,10 +419,6 @@ unsafe fn score_tile<const H: usize>(
     }
 }
 
-/// Bytes of values one block of keys spans in [`attn_values_f16_avx2`]: the block is read
-/// once per tile of heads and 32-value chunk, so it should stay in L1.
-const VALUE_BLOCK_BYTES: usize = 16 << 10;
-
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
     // 8-value chunks per tile: 4 where hd allows (8 accumulators with 2 heads).
@@ -439,11 +429,11 @@ fn attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) {
     let (group, len) = (out.len() / hd, v.len() / hd);
     // Keys in blocks whose values stay in L1 while every tile passes over them; the tiles'
     // sums live in `out` between blocks.
-    let block = (VALUE_BLOCK_BYTES / (2 * hd)).max(16);
+    let block = value_block_keys(hd);
     out.fill(0.0);
     for j0 in (0..len).step_by(block) {
         let j1 = (j0 + block).min(len);
-        for (h0, nh) in head_tiles(group) {
+        for (h0, nh) in head_tiles(group, TILE_HEADS) {
             for c0 in (0..hd).step_by(8 * c) {
                 // SAFETY: AVX2 host (this table); heads h0..h0 + nh, keys j0..j1 and values
                 // c0..c0 + 8c exist (c0 + 8c <= hd since 8c divides hd), as `value_tile` needs.
