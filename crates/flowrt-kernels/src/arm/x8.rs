@@ -285,13 +285,15 @@ unsafe fn dots4<const T: usize, const HB: usize>(
                     if HB == 1 {
                         x = vorrq_u16(x, bits_to(h[0][half], (4 * u + i) as u32, 4, 1));
                     }
-                    let mut s = vreinterpretq_s16_u16(x);
                     if HB == 2 {
                         let f = (2 * (4 * (u % 2) + i)) as u32;
                         x = vorrq_u16(x, bits_to(h[u / 2][half], f, 4, 2));
-                        s = vsubq_s16(vreinterpretq_s16_u16(x), vdupq_n_s16(32));
                     }
-                    w[half] = s;
+                    w[half] = vreinterpretq_s16_u16(x);
+                    if HB == 2 {
+                        // 6-bit values are centred.
+                        w[half] = vsubq_s16(w[half], vdupq_n_s16(32));
+                    }
                 }
                 for t in 0..T {
                     let ap = pair(a[t].add(16 * u + 4 * i));
@@ -423,37 +425,23 @@ unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
     }
 }
 
-macro_rules! entries {
-    ($($name:ident => $p:ty;)*) => {$(
-        fn $name(mut g: MatmulArgs<'_>) {
-            // SAFETY: reachable only from the NEON table, with lengths checked by
-            // `Kernels::matmul_q16_x8`.
-            unsafe { run::<$p>(&mut g) }
-        }
-    )*};
-}
-
-entries! {
-    matmul_q4_0 => P4_0;
-    matmul_q4_1 => P4_1;
-    matmul_q5_0 => P5_0;
-    matmul_q5_1 => P5_1;
-    matmul_q8_0 => P8_0;
-    matmul_q4k => P4K;
-    matmul_q5k => P5K;
-    matmul_q6k => P6K;
+/// The table entry for packed type `P`.
+fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
+    // SAFETY: entries are only reachable from the NEON table, with lengths checked by
+    // `Kernels::matmul_q16_x8`.
+    unsafe { run::<P>(&mut g) }
 }
 
 pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
-    match w {
-        GgmlType::Q4_0 => Some(matmul_q4_0),
-        GgmlType::Q4_1 => Some(matmul_q4_1),
-        GgmlType::Q5_0 => Some(matmul_q5_0),
-        GgmlType::Q5_1 => Some(matmul_q5_1),
-        GgmlType::Q8_0 => Some(matmul_q8_0),
-        GgmlType::Q4K => Some(matmul_q4k),
-        GgmlType::Q5K => Some(matmul_q5k),
-        GgmlType::Q6K => Some(matmul_q6k),
-        _ => None,
-    }
+    Some(match w {
+        GgmlType::Q4_0 => entry::<P4_0>,
+        GgmlType::Q4_1 => entry::<P4_1>,
+        GgmlType::Q5_0 => entry::<P5_0>,
+        GgmlType::Q5_1 => entry::<P5_1>,
+        GgmlType::Q8_0 => entry::<P8_0>,
+        GgmlType::Q4K => entry::<P4K>,
+        GgmlType::Q5K => entry::<P5K>,
+        GgmlType::Q6K => entry::<P6K>,
+        _ => return None,
+    })
 }

@@ -455,50 +455,23 @@ unsafe fn all_tokens<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usi
     }
 }
 
-fn matmul_q4_0(mut g: MatmulArgs<'_>) {
-    // SAFETY: this function is only reachable from tables built after AVX2/FMA/F16C were
+/// The table entry for packed type `P`.
+fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
+    // SAFETY: entries are only reachable from tables built after AVX2/FMA/F16C were
     // detected, with lengths checked by `Kernels::matmul_q16_x8`.
-    unsafe { run::<P4_0>(&mut g) }
-}
-fn matmul_q4_1(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P4_1>(&mut g) }
-}
-fn matmul_q5_0(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P5_0>(&mut g) }
-}
-fn matmul_q5_1(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P5_1>(&mut g) }
-}
-fn matmul_q5k(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P5K>(&mut g) }
-}
-fn matmul_q6k(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P6K>(&mut g) }
-}
-fn matmul_q8_0(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P8_0>(&mut g) }
-}
-fn matmul_q4k(mut g: MatmulArgs<'_>) {
-    // SAFETY: as for `matmul_q4_0`.
-    unsafe { run::<P4K>(&mut g) }
+    unsafe { run::<P>(&mut g) }
 }
 
 pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
-    match w {
-        GgmlType::Q4_0 => Some(matmul_q4_0),
-        GgmlType::Q4_1 => Some(matmul_q4_1),
-        GgmlType::Q5_0 => Some(matmul_q5_0),
-        GgmlType::Q5_1 => Some(matmul_q5_1),
-        GgmlType::Q8_0 => Some(matmul_q8_0),
-        GgmlType::Q4K => Some(matmul_q4k),
-        GgmlType::Q5K => Some(matmul_q5k),
-        GgmlType::Q6K => Some(matmul_q6k),
-        _ => None,
-    }
+    Some(match w {
+        GgmlType::Q4_0 => entry::<P4_0>,
+        GgmlType::Q4_1 => entry::<P4_1>,
+        GgmlType::Q5_0 => entry::<P5_0>,
+        GgmlType::Q5_1 => entry::<P5_1>,
+        GgmlType::Q8_0 => entry::<P8_0>,
+        GgmlType::Q4K => entry::<P4K>,
+        GgmlType::Q5K => entry::<P5K>,
+        GgmlType::Q6K => entry::<P6K>,
+        _ => return None,
+    })
 }
