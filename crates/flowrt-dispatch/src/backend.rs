@@ -114,6 +114,19 @@ pub enum DeviceError {
         op: Option<&'static str>,
         reason: String,
     },
+    /// The backend did not return from the runlist within the watchdog's `limit` (its deadline
+    /// plus grace): the dispatcher stopped waiting and considers the device lost (see
+    /// [`crate::watch`]). Not retried: the backend is still held by the stuck call.
+    #[error(
+        "did not return from the device within {} ms (deadline plus the watchdog's grace); \
+         abandoned after {} ms, the device is considered lost",
+        limit.as_millis(),
+        waited.as_millis()
+    )]
+    Lost { waited: Duration, limit: Duration },
+    /// The device was lost in an earlier step and has not come back: nothing was run.
+    #[error("the device is lost ({} ms ago) and has not come back", lost_for.as_millis())]
+    Unavailable { lost_for: Duration },
     /// The input can run on no runlist (a token outside the vocabulary, a full context, ...):
     /// never retried.
     #[error("{0}")]
@@ -140,7 +153,10 @@ fn at(group: Option<usize>, kind: Option<GroupKind>, op: Option<&'static str>) -
 impl DeviceError {
     /// Whether running the step again (at smaller depth) may succeed.
     pub fn retryable(&self) -> bool {
-        !matches!(self, DeviceError::Input(_))
+        !matches!(
+            self,
+            DeviceError::Input(_) | DeviceError::Lost { .. } | DeviceError::Unavailable { .. }
+        )
     }
 
     /// The decoder layer the error happened in, when known.
@@ -149,7 +165,7 @@ impl DeviceError {
             DeviceError::Timeout { kind, .. } | DeviceError::Fault { kind, .. } => {
                 kind.and_then(|k| k.layer())
             }
-            DeviceError::Input(_) => None,
+            _ => None,
         }
     }
 
@@ -157,7 +173,7 @@ impl DeviceError {
     pub fn op(&self) -> Option<&'static str> {
         match self {
             DeviceError::Timeout { op, .. } | DeviceError::Fault { op, .. } => *op,
-            DeviceError::Input(_) => None,
+            _ => None,
         }
     }
 }
@@ -187,7 +203,9 @@ pub struct BackendInfo {
 /// The dispatcher calls `submit` then `wait` for each runlist of a step, in order; after an
 /// error it calls `cancel` and may start the step again from its first runlist. A synchronous
 /// device may do the work inside `wait` (checking the deadline between ops); an asynchronous
-/// one queues it in `submit`.
+/// one queues it in `submit`. These calls run on a device thread the dispatcher watches
+/// ([`crate::watch`]): a `wait` that overruns its deadline by more than the watchdog's grace
+/// is abandoned and the device treated as lost until it returns.
 pub trait Backend: Send {
     fn info(&self) -> BackendInfo;
     /// Most layers per runlist this device takes by default (`None`: no limit).

@@ -1,9 +1,11 @@
 //! A backend that wraps another and misbehaves on purpose: runlists deeper than a limit hang
 //! (as the NPU runtime in the MiniCPM5 port thread did at 42 layers), and a chosen op of a
-//! chosen layer hangs or faults. For tests of the dispatcher's deadlines, errors and retries.
+//! chosen layer hangs, faults, or gets stuck (a `wait` that ignores its deadline and never
+//! returns until released). For tests of the dispatcher's deadlines, watchdog, errors and
+//! retries.
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use flowrt_model::Plan;
@@ -55,6 +57,34 @@ pub struct FaultSpec {
     pub hang: Option<Inject>,
     /// This op reports a device fault.
     pub fault: Option<Inject>,
+    /// This op never returns: `wait` blocks, ignoring its deadline (a stuck device or driver),
+    /// until the backend's [`StuckGate`] is released; it then reports a timeout.
+    pub stuck: Option<Inject>,
+}
+
+/// Holds a stuck `wait` until released (a device that comes back late).
+#[derive(Clone, Debug, Default)]
+pub struct StuckGate(Arc<(Mutex<bool>, Condvar)>);
+
+impl StuckGate {
+    /// Let every stuck call return, now and from now on.
+    pub fn release(&self) {
+        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0 .1.notify_all();
+    }
+
+    /// Block until released.
+    fn block(&self) {
+        let mut open = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+        while !*open {
+            open = self.0 .1.wait(open).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Whether a stuck call is allowed to return.
+    pub fn is_released(&self) -> bool {
+        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Counters of what the fault backend saw.
@@ -64,6 +94,7 @@ pub struct FaultStats {
     pub completed: usize,
     pub hangs: usize,
     pub faults: usize,
+    pub stuck: usize,
 }
 
 /// The wrapper.
@@ -71,6 +102,7 @@ pub struct FaultBackend<B> {
     inner: B,
     /// Shared so a test can change the faults of a backend a session owns.
     spec: Arc<Mutex<FaultSpec>>,
+    gate: StuckGate,
     pending: Option<(Runlist, LogitsWanted)>,
     tokens: Vec<u32>,
     spans: Vec<SeqSpan>,
@@ -84,6 +116,7 @@ impl<B: Backend> FaultBackend<B> {
             spans: Vec::with_capacity(inner.n_seq()),
             inner,
             spec: Arc::new(Mutex::new(spec)),
+            gate: StuckGate::default(),
             pending: None,
             stats: FaultStats::default(),
         }
@@ -93,6 +126,11 @@ impl<B: Backend> FaultBackend<B> {
     /// also after the backend has moved into a session.
     pub fn spec_handle(&self) -> Arc<Mutex<FaultSpec>> {
         self.spec.clone()
+    }
+
+    /// The gate that releases calls stuck by [`FaultSpec::stuck`].
+    pub fn stuck_gate(&self) -> StuckGate {
+        self.gate.clone()
     }
 
     pub fn inner(&self) -> &B {
@@ -136,6 +174,13 @@ impl<B: Backend> FaultBackend<B> {
         self.inner.submit(plan, &sub, batch)?;
         self.inner.wait(plan, deadline, trace)
     }
+}
+
+#[derive(Clone, Copy)]
+enum Effect {
+    Stuck,
+    Hang,
+    Fault,
 }
 
 fn sleep_until(deadline: Instant) {
@@ -207,42 +252,54 @@ impl<B: Backend> Backend for FaultBackend<B> {
                     });
                 }
             }
-            let hang = spec
-                .hang
-                .as_ref()
-                .and_then(|i| Some((Self::fires(plan, i, &rl.groups, depth, n)?, i.op, true)));
-            let fault = spec
-                .fault
-                .as_ref()
-                .and_then(|i| Some((Self::fires(plan, i, &rl.groups, depth, n)?, i.op, false)));
-            // The earlier of the two fires.
-            let fire = match (hang, fault) {
-                (Some(h), Some(f)) => Some(if f.0 < h.0 { f } else { h }),
-                (h, f) => h.or(f),
-            };
+            // The earliest injection that fires (at equal groups: stuck, hang, fault).
+            let fire = [
+                (&spec.stuck, Effect::Stuck),
+                (&spec.hang, Effect::Hang),
+                (&spec.fault, Effect::Fault),
+            ]
+            .into_iter()
+            .filter_map(|(inj, effect)| {
+                let inj = inj.as_ref()?;
+                Some((
+                    Self::fires(plan, inj, &rl.groups, depth, n)?,
+                    inj.op,
+                    effect,
+                ))
+            })
+            .min_by_key(|f| f.0);
             match fire {
                 None => self.run_inner(plan, &rl, rl.groups.clone(), &batch, deadline, trace),
-                Some((g, op, is_hang)) => {
+                Some((g, op, effect)) => {
                     // The groups before the faulty one run for real.
                     self.run_inner(plan, &rl, rl.groups.start..g, &batch, deadline, trace)?;
                     let kind = Some(plan.groups[g].kind);
-                    if is_hang {
-                        self.stats.hangs += 1;
-                        sleep_until(deadline);
-                        Err(DeviceError::Timeout {
-                            waited: started.elapsed(),
-                            group: Some(g),
-                            kind,
-                            op: Some(op),
-                        })
-                    } else {
-                        self.stats.faults += 1;
-                        Err(DeviceError::Fault {
-                            group: Some(g),
-                            kind,
-                            op: Some(op),
-                            reason: "injected fault".into(),
-                        })
+                    let timeout = |started: Instant| DeviceError::Timeout {
+                        waited: started.elapsed(),
+                        group: Some(g),
+                        kind,
+                        op: Some(op),
+                    };
+                    match effect {
+                        Effect::Hang => {
+                            self.stats.hangs += 1;
+                            sleep_until(deadline);
+                            Err(timeout(started))
+                        }
+                        Effect::Stuck => {
+                            self.stats.stuck += 1;
+                            self.gate.block();
+                            Err(timeout(started))
+                        }
+                        Effect::Fault => {
+                            self.stats.faults += 1;
+                            Err(DeviceError::Fault {
+                                group: Some(g),
+                                kind,
+                                op: Some(op),
+                                reason: "injected fault".into(),
+                            })
+                        }
                     }
                 }
             }

@@ -14,6 +14,8 @@
 //! - [`cut`]: cutting a plan into runlists.
 //! - [`cost`]: weight bytes and FLOPs per group, for deadlines and `flowrt plan`.
 //! - [`dispatcher`]: the retrying dispatcher.
+//! - [`watch`]: the device thread and the watchdog that enforces deadlines even on a backend
+//!   whose `wait` never returns.
 //! - [`trace`]: Chrome trace-event JSON (opens in Perfetto): one span per runlist and per op.
 //! - [`fault`]: a fault-injecting backend wrapping another, for tests.
 
@@ -23,10 +25,11 @@ pub mod cut;
 pub mod dispatcher;
 pub mod fault;
 pub mod trace;
+pub mod watch;
 
 pub use backend::{Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted, SeqSpan};
 pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};
-pub use dispatcher::{Attempt, DispatchError, DispatchOptions, Dispatcher};
-pub use fault::{FaultBackend, FaultScope, FaultSpec, Inject};
+pub use dispatcher::{Attempt, DispatchError, DispatchOptions, Dispatcher, MIN_WATCHDOG_GRACE};
+pub use fault::{FaultBackend, FaultScope, FaultSpec, Inject, StuckGate};
 pub use trace::Trace;

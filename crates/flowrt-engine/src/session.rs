@@ -20,12 +20,11 @@ use crate::load::{EngineOptions, LoadedModel};
 /// the slots; it either completes for all of them or changes none (the dispatcher's steps are
 /// all-or-nothing).
 pub struct BatchSession {
-    backend: Box<dyn Backend>,
+    /// Owns the backend (see `flowrt_dispatch::watch`).
     dispatcher: Dispatcher,
     /// Per slot: the tokens whose keys and values are in the cache, in order.
     slots: Vec<Vec<u32>>,
     model_ctx: usize,
-    trace: Option<Trace>,
     /// Scratch for a step's tokens and spans (allocated once).
     tokens: Vec<u32>,
     spans: Vec<SeqSpan>,
@@ -80,19 +79,23 @@ impl BatchSession {
         let t0 = Instant::now();
         let plan: Arc<Plan> = model.plan.clone();
         let costs = group_costs(&model.model, &plan);
-        let dispatcher = Dispatcher::new(plan, costs, opts.dispatch.clone(), backend.as_ref())
-            .map_err(EngineError::Invalid)?;
-        let n_slots = backend.n_seq();
+        let dispatcher = Dispatcher::new(
+            plan,
+            costs,
+            opts.dispatch.clone(),
+            backend,
+            opts.trace.then(Trace::new),
+        )
+        .map_err(EngineError::Invalid)?;
+        let n_slots = dispatcher.n_seq();
         Ok(BatchSession {
             slots: (0..n_slots)
-                .map(|_| Vec::with_capacity(backend.n_ctx()))
+                .map(|_| Vec::with_capacity(dispatcher.n_ctx()))
                 .collect(),
-            tokens: Vec::with_capacity(backend.max_batch()),
+            tokens: Vec::with_capacity(dispatcher.max_batch()),
             spans: Vec::with_capacity(n_slots),
-            backend,
             dispatcher,
             model_ctx: model.model_ctx(),
-            trace: opts.trace.then(Trace::new),
             kv_cache_bytes: None,
             setup_time: t0.elapsed(),
         })
@@ -103,14 +106,14 @@ impl BatchSession {
     }
     /// Positions each slot holds.
     pub fn n_ctx(&self) -> usize {
-        self.backend.n_ctx()
+        self.dispatcher.n_ctx()
     }
     /// Most tokens one step carries, over all slots.
     pub fn max_batch(&self) -> usize {
-        self.backend.max_batch()
+        self.dispatcher.max_batch()
     }
     pub fn vocab_size(&self) -> usize {
-        self.backend.vocab_size()
+        self.dispatcher.vocab_size()
     }
     pub fn model_ctx(&self) -> usize {
         self.model_ctx
@@ -129,7 +132,7 @@ impl BatchSession {
     }
     /// What the session runs on.
     pub fn backend_info(&self) -> BackendInfo {
-        self.backend.info()
+        self.dispatcher.backend_info().clone()
     }
     /// How the forward pass is cut into runlists now.
     pub fn dispatcher(&self) -> &Dispatcher {
@@ -137,7 +140,7 @@ impl BatchSession {
     }
     /// The trace recorded so far (with `EngineOptions::trace`).
     pub fn trace(&self) -> Option<&Trace> {
-        self.trace.as_ref()
+        self.dispatcher.trace()
     }
     /// Bytes reserved for the KV cache (all slots, full context); `None` for a backend given
     /// to [`BatchSession::with_backend`], which does not say.
@@ -217,19 +220,15 @@ impl BatchSession {
             });
             self.tokens.extend_from_slice(toks);
         }
-        self.dispatcher.step(
-            self.backend.as_mut(),
-            &Batch {
-                tokens: &self.tokens,
-                spans: &self.spans,
-                logits,
-            },
-            self.trace.as_mut(),
-        )?;
+        self.dispatcher.step(&Batch {
+            tokens: &self.tokens,
+            spans: &self.spans,
+            logits,
+        })?;
         for &(slot, toks) in items {
             self.slots[slot].extend_from_slice(toks);
         }
-        Ok(self.backend.logits())
+        Ok(self.dispatcher.logits())
     }
 }
 
@@ -326,7 +325,7 @@ impl Session {
             };
             self.inner.run(&[(0, chunk)], logits)?;
         }
-        Ok(self.inner.backend.logits())
+        Ok(self.inner.dispatcher.logits())
     }
 
     /// Append `tokens`, calling `on_logits(first_index, logits_rows)` with every token's logits

@@ -46,3 +46,14 @@ pub fn fixture(rel: &str) -> PathBuf {
         .join("../../tests/fixtures")
         .join(rel)
 }
+
+/// A verify report as the numbers `flowrt_testkit::golden` bounds.
+pub fn agreement(r: &flowrt_engine::VerifyReport) -> flowrt_testkit::golden::Agreement {
+    flowrt_testkit::golden::Agreement {
+        positions: r.positions,
+        top1: r.top1_agreement,
+        mean_kl: r.mean_kl,
+        max_kl: r.max_kl,
+        max_abs_logit_err: r.max_abs_logit_err,
+    }
+}

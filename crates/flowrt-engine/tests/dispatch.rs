@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use flowrt_cpu::{CpuBackend, CpuOptions, KvType};
-use flowrt_dispatch::{DispatchOptions, FaultBackend, FaultScope, FaultSpec, Inject};
+use flowrt_dispatch::{DispatchOptions, FaultBackend, FaultScope, FaultSpec, Inject, StuckGate};
 use flowrt_engine::{EngineError, EngineOptions, LoadedModel, Session};
 
 const DEADLINE: Duration = Duration::from_millis(150);
@@ -35,6 +35,16 @@ fn opts(max_layers: Option<usize>, retry: bool) -> EngineOptions {
 
 /// A session on the CPU wrapped by a fault-injecting backend, and the handle to its faults.
 fn faulty(m: &LoadedModel, o: &EngineOptions, spec: FaultSpec) -> (Session, Arc<Mutex<FaultSpec>>) {
+    let (s, handle, _) = faulty_gated(m, o, spec);
+    (s, handle)
+}
+
+/// [`faulty`], with the gate that releases stuck calls.
+fn faulty_gated(
+    m: &LoadedModel,
+    o: &EngineOptions,
+    spec: FaultSpec,
+) -> (Session, Arc<Mutex<FaultSpec>>, StuckGate) {
     let cpu = CpuBackend::new(
         m.model.clone(),
         &CpuOptions {
@@ -52,7 +62,12 @@ fn faulty(m: &LoadedModel, o: &EngineOptions, spec: FaultSpec) -> (Session, Arc<
     .unwrap();
     let fb = FaultBackend::new(cpu, spec);
     let handle = fb.spec_handle();
-    (Session::with_backend(m, o, Box::new(fb)).unwrap(), handle)
+    let gate = fb.stuck_gate();
+    (
+        Session::with_backend(m, o, Box::new(fb)).unwrap(),
+        handle,
+        gate,
+    )
 }
 
 /// 38 prompt tokens, as in the thread.
@@ -347,4 +362,143 @@ fn cpu_runlist_past_its_deadline_reports_how_long_it_ran() {
         0,
         "a failed step leaves the sequence where it was"
     );
+}
+
+/// Runs `f` on a thread and returns what it returns, failing the test when it takes longer than
+/// `limit`: a hang must fail the test, not stall the suite.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(v) => v,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("hung: did not return within {limit:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("panicked (see above)"),
+    }
+}
+
+/// Stuck at layer 17's attention on decode steps: `wait` never returns until released.
+fn stuck_at_17() -> FaultSpec {
+    FaultSpec {
+        stuck: Some(Inject {
+            layer: 17,
+            op: "attention",
+            only_deeper_than: None,
+            scope: FaultScope::Decode,
+        }),
+        ..FaultSpec::default()
+    }
+}
+
+/// Regression (issue 20): deadlines depended on the backend's cooperation, so a backend whose
+/// `wait` never returns (a stuck device, a driver bug) hung the request forever. Now the
+/// dispatcher's watchdog gives up at the deadline plus its grace: the step fails naming the
+/// runlist, is not retried (the backend is still held by the stuck call), the device is
+/// marked lost and later steps fail at once; when the backend comes back late it is taken
+/// back, and it serves again with exact logits.
+#[test]
+fn stuck_wait_is_abandoned_by_the_watchdog_and_a_late_device_is_taken_back() {
+    let m = model();
+    let (want_prefill, want_decode) = reference(&m);
+    const GRACE: Duration = Duration::from_millis(100);
+    let o = EngineOptions {
+        dispatch: DispatchOptions {
+            watchdog_grace: Some(GRACE),
+            ..opts(None, true).dispatch
+        },
+        ..opts(None, true)
+    };
+    let (mut s, handle, gate) = faulty_gated(&m, &o, FaultSpec::default());
+    assert_eq!(s.feed(&prompt()).unwrap(), &want_prefill[..]);
+    *handle.lock().unwrap() = stuck_at_17();
+
+    let t0 = Instant::now();
+    let (mut s, r) = within(Duration::from_secs(20), move || {
+        let r = s.feed(&[42]).map(|l| l.to_vec());
+        (s, r)
+    });
+    let e = r.unwrap_err();
+    let waited = t0.elapsed();
+    let msg = e.to_string();
+    assert!(
+        waited >= DEADLINE + GRACE && waited < DEADLINE + GRACE + Duration::from_secs(2),
+        "the watchdog gives up at the deadline plus its grace, took {waited:?}: {msg}"
+    );
+    assert!(
+        msg.contains("runlist 1/1")
+            && msg.contains("layers 0–41")
+            && msg.contains("did not return")
+            && msg.contains("considered lost"),
+        "{msg}"
+    );
+    let EngineError::Dispatch(d) = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        matches!(d.error, flowrt_dispatch::DeviceError::Lost { .. }),
+        "{:?}",
+        d.error
+    );
+    assert!(d.attempts.is_empty(), "a lost device is not retried");
+    assert!(s.dispatcher().device_lost());
+    assert_eq!(
+        s.n_past(),
+        38,
+        "a failed step leaves the sequence where it was"
+    );
+
+    // While the backend stays stuck, steps fail at once and say why.
+    let t0 = Instant::now();
+    let msg = s.feed(&[42]).unwrap_err().to_string();
+    assert!(t0.elapsed() < DEADLINE, "took {:?}", t0.elapsed());
+    assert!(
+        msg.contains("the device is lost") && msg.contains("has not returned"),
+        "{msg}"
+    );
+
+    // The device comes back late: the next step takes it back, and decodes exactly.
+    *handle.lock().unwrap() = FaultSpec::default();
+    gate.release();
+    let t0 = Instant::now();
+    let got = loop {
+        match s.feed(&[42]) {
+            Ok(l) => break l.to_vec(),
+            Err(e) if t0.elapsed() < Duration::from_secs(5) => {
+                assert!(e.to_string().contains("the device is lost"), "{e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("the released backend was not taken back: {e}"),
+        }
+    };
+    assert_eq!(got, want_decode);
+    assert!(!s.dispatcher().device_lost());
+    assert_eq!(s.n_past(), 39);
+}
+
+/// A session whose backend never comes back can still be dropped: the drop does not wait for
+/// the stuck call.
+#[test]
+fn session_with_a_backend_stuck_forever_drops_without_waiting() {
+    let m = model();
+    let o = EngineOptions {
+        dispatch: DispatchOptions {
+            watchdog_grace: Some(Duration::from_millis(50)),
+            ..opts(None, false).dispatch
+        },
+        ..opts(None, false)
+    };
+    let (mut s, _, _gate) = faulty_gated(&m, &o, stuck_at_17());
+    s.feed(&prompt()).unwrap();
+    let (s, r) = within(Duration::from_secs(20), move || {
+        let r = s.feed(&[42]).map(|l| l.to_vec());
+        (s, r)
+    });
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains("considered lost"), "{msg}");
+    let t0 = Instant::now();
+    within(Duration::from_secs(20), move || drop(s));
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
 }

@@ -8,6 +8,7 @@ mod common;
 use flowrt_cpu::KvType;
 use flowrt_engine::{generate, verify, EngineOptions, GenerateOptions, LoadedModel, Session};
 use flowrt_sample::SamplerConfig;
+use flowrt_testkit::golden::{self, Bounds};
 
 fn opts(kv_type: KvType) -> EngineOptions {
     EngineOptions {
@@ -17,8 +18,10 @@ fn opts(kv_type: KvType) -> EngineOptions {
     }
 }
 
-/// Acceptance: top-1 >= 99 %, mean KL <= 5e-3 (llama.cpp: 100 %, 5.3e-3). flowrt measured
-/// 100 % and 1.6e-7 with its 16-bit activations; the tighter bound guards that.
+/// Acceptance was top-1 >= 99 %, mean KL <= 5e-3 (llama.cpp: 100 %, 5.3e-3). Measured with
+/// 16-bit activations and the f16 KV cache: 185 positions, top-1 100 %, mean KL 1.62e-7, max
+/// KL 1.27e-6, max |logit err| 0.026 (over the reference's top K logits). A RoPE base x1.01 gives
+/// mean KL 5.9e-7, an RMSNorm epsilon x10 3.8e-2.
 #[test]
 fn gemma3_270m_q4_k_m_matches_transformers() {
     let m = LoadedModel::load(&common::gemma3()).unwrap();
@@ -28,13 +31,17 @@ fn gemma3_270m_q4_k_m_matches_transformers() {
         &common::fixture("ref/gemma3-270m-q4_k_m.topk.safetensors"),
     )
     .unwrap();
-    eprintln!(
-        "gemma3 270m: {} positions, top-1 {:.4}, mean KL {:.3e}, max KL {:.3e}",
-        r.positions, r.top1_agreement, r.mean_kl, r.max_kl
+    golden::check(
+        &format!("gemma3 270m ({})", s.backend_info().kernels),
+        &common::agreement(&r),
+        &Bounds {
+            positions: 185,
+            min_top1: 1.0,
+            max_mean_kl: 4e-7,
+            max_max_kl: 4e-6,
+            max_abs_logit_err: 0.06,
+        },
     );
-    assert!(r.positions >= 150, "{} positions", r.positions);
-    assert!(r.top1_agreement >= 0.99, "top-1 {}", r.top1_agreement);
-    assert!(r.mean_kl <= 1e-5, "mean KL {}", r.mean_kl);
 }
 
 /// End to end through the GGUF's own tokenizer: transformers' greedy continuation.

@@ -2,9 +2,10 @@
 
 mod common;
 
-use flowrt_cpu::KvType;
+use flowrt_cpu::{ActQuant, KvType};
 use flowrt_engine::{generate, EngineError, EngineOptions, GenerateOptions, LoadedModel, Session};
 use flowrt_sample::SamplerConfig;
+use flowrt_testkit::golden::{self, Bounds};
 
 fn load() -> LoadedModel {
     LoadedModel::load(&common::smollm2()).expect("loading SmolLM2")
@@ -21,30 +22,66 @@ fn opts(max_batch: usize, kv_type: KvType) -> EngineOptions {
     }
 }
 
-/// Issue 2 acceptance: teacher-forced agreement with HF transformers on the same
-/// (dequantised) weights: top-1 >= 98.5 % and mean KL <= 3e-3.
+/// The committed reference: 212 positions over the fixture's prompts.
+const POSITIONS: usize = 212;
+
+/// The default path (Q16 activations, f16 KV cache). Measured: top-1 100 %, mean KL 5.20e-6,
+/// max KL 3.49e-5, max |logit err| 0.044 (the avx2 and avx512vnni tables give the same
+/// figures; scalar 5.19e-6 / 3.52e-5 / 0.037). An RMSNorm epsilon x10 gives mean KL 3.6e-5.
+const Q16_F16_KV: Bounds = Bounds {
+    positions: POSITIONS,
+    min_top1: 1.0,
+    max_mean_kl: 1e-5,
+    max_max_kl: 1e-4,
+    max_abs_logit_err: 0.1,
+};
+
+/// Q16 activations, f32 KV cache. Measured: 100 %, 4.64e-6, 3.66e-5, 0.015.
+const Q16_F32_KV: Bounds = Bounds {
+    max_abs_logit_err: 0.04,
+    ..Q16_F16_KV
+};
+
+/// ggml's 8-bit activations (`--act-quant q8`), f16 KV: coarser by design. Measured: top-1
+/// 97.6 % (scalar table 96.2 %: near-ties fall the other way), mean KL 4.21e-3 (scalar
+/// 3.94e-3), max KL 0.055, max |logit err| 2.4 (scalar 3.1).
+const Q8_F16_KV: Bounds = Bounds {
+    positions: POSITIONS,
+    min_top1: 0.95,
+    max_mean_kl: 6e-3,
+    max_max_kl: 0.08,
+    max_abs_logit_err: 4.0,
+};
+
+/// Teacher-forced agreement with HF transformers on the same (dequantised) weights, on every
+/// path, each bounded at what it achieves (issue 20; issue 2 asked for top-1 >= 98.5 % and
+/// mean KL <= 3e-3, which an RMSNorm epsilon x10 passed).
 #[test]
 fn smollm2_q4_1_matches_transformers() {
     let m = load();
-    let mut s = Session::new(
-        &m,
-        &EngineOptions {
-            n_ctx: None,
-            ..opts(256, KvType::F16)
-        },
-    )
-    .unwrap();
-    let r =
-        flowrt_engine::verify(&mut s, &common::fixture("ref/smollm2-q4_1.safetensors")).unwrap();
-    eprintln!("{r:#?}");
-    assert!(r.positions >= 200, "fixture has {} positions", r.positions);
-    assert!(r.prompts.len() >= 4);
-    assert!(
-        r.top1_agreement >= 0.985,
-        "top-1 agreement {}",
-        r.top1_agreement
-    );
-    assert!(r.mean_kl <= 3e-3, "mean KL {}", r.mean_kl);
+    for (name, kv_type, act_quant, bounds) in [
+        ("q16, f16 KV", KvType::F16, ActQuant::Q16, Q16_F16_KV),
+        ("q16, f32 KV", KvType::F32, ActQuant::Q16, Q16_F32_KV),
+        ("q8, f16 KV", KvType::F16, ActQuant::Q8, Q8_F16_KV),
+    ] {
+        let mut s = Session::new(
+            &m,
+            &EngineOptions {
+                n_ctx: None,
+                act_quant,
+                ..opts(256, kv_type)
+            },
+        )
+        .unwrap();
+        let r = flowrt_engine::verify(&mut s, &common::fixture("ref/smollm2-q4_1.safetensors"))
+            .unwrap();
+        assert!(r.prompts.len() >= 4);
+        golden::check(
+            &format!("smollm2 {name} ({})", s.backend_info().kernels),
+            &common::agreement(&r),
+            &bounds,
+        );
+    }
 }
 
 fn last_logits(m: &LoadedModel, o: &EngineOptions, tokens: &[u32]) -> Vec<f32> {

@@ -1,0 +1,12 @@
+//! Test support shared by flowrt's suites (a dev-dependency only; depends on nothing of
+//! flowrt's, so every crate can use it).
+//!
+//! * [`coverage`]: a test that covers something only on some hosts (an instruction-set table,
+//!   a model named by an environment variable) says what it ran and what it did NOT RUN and
+//!   why. The line goes to stderr and, when `FLOWRT_TEST_REPORT` names a file, is appended to
+//!   it; `scripts/test` sets that variable and prints the collected lines in its summary, so
+//!   a green run shows what it covered.
+//! * [`golden`]: the bounds every golden test (flowrt against HF transformers) asserts.
+
+pub mod coverage;
+pub mod golden;
