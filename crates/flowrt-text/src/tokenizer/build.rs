@@ -4,24 +4,26 @@
 //!
 //! - `gpt2`: byte-level BPE. Tokens are spelled in the GPT-2 byte alphabet, merges come from
 //!   the file, and `tokenizer.ggml.pre` names the pre-tokenizer ([`GPT2_PRE_TOKENIZERS`]).
-//! - `llama`: SentencePiece BPE. Tokens use `▁` for spaces, merges are derived from the
-//!   scores (a pair merges with the priority of the token it makes), characters missing from
-//!   the vocab fall back to `<0xNN>` byte tokens, and a `▁` is put in front of the text
+//! - `llama`: SentencePiece BPE ([`SpmBpe`]). Tokens use `▁` for spaces, a pair merges with
+//!   the score of the token it makes (ties: leftmost first), characters missing from the vocab
+//!   fall back to `<0xNN>` byte tokens, and a `▁` is put in front of the text
 //!   (`add_space_prefix`).
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-use tokenizers::models::bpe::{Merges, Vocab, BPE};
+use tokenizers::models::bpe::{BpeTrainer, Merges, Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{
-    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizedString,
-    PreTokenizer, PreTokenizerWrapper, SplitDelimiterBehavior, TokenizerImpl,
+    AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper, PreTokenizedString,
+    PreTokenizer, PreTokenizerWrapper, SplitDelimiterBehavior, Token, TokenizerImpl,
 };
 
 use super::shared::SharedModel;
+use super::spm::SpmBpe;
 use crate::vocab::{token_type, GgufVocab};
 use crate::TextError;
 
@@ -29,12 +31,65 @@ use crate::TextError;
 /// SentencePiece space handling can be expressed exactly; no normalizer, post-processor or
 /// decoder (BOS/EOS and decoding are done by [`super::Tokenizer`] itself).
 pub(crate) type Pipeline = TokenizerImpl<
-    SharedModel<BPE>,
+    SharedModel<GgufModel>,
     NormalizerWrapper,
     PreTok,
     PostProcessorWrapper,
     DecoderWrapper,
 >;
+
+/// The model of a GGUF vocab: `tokenizers`' BPE for `gpt2` (ranked merges, ties leftmost),
+/// [`SpmBpe`] for `llama` (scores, ties leftmost).
+#[derive(Debug)]
+pub(crate) enum GgufModel {
+    Bpe(Box<BPE>),
+    Spm(SpmBpe),
+}
+
+impl Model for GgufModel {
+    /// Unused: these models are built from a vocabulary, never trained.
+    type Trainer = BpeTrainer;
+
+    fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
+        match self {
+            GgufModel::Bpe(m) => m.tokenize(sequence),
+            GgufModel::Spm(m) => m.tokenize(sequence),
+        }
+    }
+    fn token_to_id(&self, token: &str) -> Option<u32> {
+        match self {
+            GgufModel::Bpe(m) => m.token_to_id(token),
+            GgufModel::Spm(m) => m.token_to_id(token),
+        }
+    }
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        match self {
+            GgufModel::Bpe(m) => m.id_to_token(id),
+            GgufModel::Spm(m) => m.id_to_token(id),
+        }
+    }
+    fn get_vocab(&self) -> HashMap<String, u32> {
+        match self {
+            GgufModel::Bpe(m) => m.get_vocab(),
+            GgufModel::Spm(m) => m.get_vocab(),
+        }
+    }
+    fn get_vocab_size(&self) -> usize {
+        match self {
+            GgufModel::Bpe(m) => m.get_vocab_size(),
+            GgufModel::Spm(m) => m.get_vocab_size(),
+        }
+    }
+    fn save(&self, folder: &Path, prefix: Option<&str>) -> tokenizers::Result<Vec<PathBuf>> {
+        match self {
+            GgufModel::Bpe(m) => m.save(folder, prefix),
+            GgufModel::Spm(m) => m.save(folder, prefix),
+        }
+    }
+    fn get_trainer(&self) -> BpeTrainer {
+        BpeTrainer::default()
+    }
+}
 
 /// Llama 3's split regex (from its tokenizer.json).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -216,7 +271,7 @@ fn build_gpt2(v: &GgufVocab) -> Result<Built, TextError> {
         }
     };
 
-    let mut pipeline = Pipeline::new(SharedModel::new(bpe));
+    let mut pipeline = Pipeline::new(SharedModel::new(GgufModel::Bpe(Box::new(bpe))));
     pipeline.with_pre_tokenizer(Some(PreTok::Hf(pre)));
     // A control token spelled outside the byte alphabet is a mislabelled ordinary token (HF
     // skips these too); user-defined ones outside it are reached through their respelling.
@@ -234,24 +289,7 @@ fn build_llama(v: &GgufVocab) -> Result<Built, TextError> {
         why: "a llama (SentencePiece) vocab needs scores to order its merges",
     })?;
 
-    let mut vocab = Vocab::default();
-    for (id, tok) in v.tokens.iter().enumerate() {
-        vocab.entry(tok.clone()).or_insert(id as u32);
-    }
-    let merges = derive_merges(v, scores, &vocab);
-
-    let mut builder = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .byte_fallback(true)
-        .fuse_unk(true);
-    if let Some(unk) = v.unk {
-        builder = builder.unk_token(v.tokens[unk as usize].clone());
-    }
-    let bpe = builder
-        .build()
-        .map_err(|e| TextError::tokenizers("BPE from GGUF vocab and scores", e))?;
-
-    let mut pipeline = Pipeline::new(SharedModel::new(bpe));
+    let mut pipeline = Pipeline::new(SharedModel::new(GgufModel::Spm(SpmBpe::new(v, scores))));
     pipeline.with_pre_tokenizer(Some(PreTok::SentencePiece {
         add_prefix: v.add_space_prefix.unwrap_or(true),
     }));
@@ -276,49 +314,6 @@ pub(crate) fn byte_token(tok: &str) -> Option<u8> {
         return None;
     }
     u8::from_str_radix(hex, 16).ok()
-}
-
-/// Merge rules for a SentencePiece BPE vocab: every way to cut a normal token into two tokens
-/// of the vocab is a merge, ranked by the token's score (higher first); ties go to the longer
-/// left part, then the longer right part, then token order -- the order HF's converter uses.
-fn derive_merges(v: &GgufVocab, scores: &[f32], vocab: &Vocab) -> Merges {
-    struct Candidate<'a> {
-        left: &'a str,
-        right: &'a str,
-        score: f32,
-        left_id: u32,
-        right_id: u32,
-    }
-    let mut all = Vec::new();
-    for (id, tok) in v.tokens.iter().enumerate() {
-        if v.token_type(id) != token_type::NORMAL {
-            continue;
-        }
-        let start = all.len();
-        for (cut, _) in tok.char_indices().skip(1) {
-            let (left, right) = tok.split_at(cut);
-            if let (Some(&left_id), Some(&right_id)) = (vocab.get(left), vocab.get(right)) {
-                all.push(Candidate {
-                    left,
-                    right,
-                    score: scores[id],
-                    left_id,
-                    right_id,
-                });
-            }
-        }
-        all[start..].sort_by_key(|c| (c.left_id, c.right_id));
-    }
-    // Stable sort: equal keys keep token order.
-    all.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then(b.left.len().cmp(&a.left.len()))
-            .then(b.right.len().cmp(&a.right.len()))
-    });
-    all.into_iter()
-        .map(|c| (c.left.to_string(), c.right.to_string()))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

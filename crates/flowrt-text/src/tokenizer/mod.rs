@@ -2,6 +2,7 @@
 
 pub(crate) mod build;
 mod shared;
+mod spm;
 mod stream;
 
 pub use build::supported_pre_tokenizers;
