@@ -224,6 +224,16 @@ fn table_for(isa: Isa) -> Option<&'static Kernels> {
     }
 }
 
+/// Whether this build has a table for `isa` at all: each SIMD table is compiled only for its
+/// own architecture, so on another one no CPU feature could make it available.
+fn built_for_this_arch(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => cfg!(target_arch = "x86_64"),
+        Isa::Neon => cfg!(target_arch = "aarch64"),
+    }
+}
+
 /// CPU features an ISA needs, as `is_x86_feature_detected!`/`std::arch` names them.
 fn required_features(isa: Isa) -> &'static [&'static str] {
     match isa {
@@ -283,7 +293,7 @@ impl Kernels {
                 .copied()
                 .filter(|f| !host.contains(f))
                 .collect();
-            let missing = if missing.is_empty() {
+            let missing = if missing.is_empty() || !built_for_this_arch(isa) {
                 format!("not built for {}", std::env::consts::ARCH)
             } else {
                 missing.join(", ")

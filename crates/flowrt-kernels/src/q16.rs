@@ -53,17 +53,32 @@ pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
         .zip(out.chunks_exact_mut(Q16_BLOCK_BYTES))
     {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 32767.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let mut sum = 0i32;
-        for (j, &v) in xb.iter().enumerate() {
-            let q = (v * id).round().clamp(-32767.0, 32767.0) as i16;
-            sum += q as i32;
-            ob[8 + 2 * j..10 + 2 * j].copy_from_slice(&q.to_le_bytes());
-        }
-        ob[0..4].copy_from_slice(&d.to_le_bytes());
-        ob[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+        quantize_block_ref(xb, amax / 32767.0, ob);
     }
+}
+
+/// One block with scale `d = amax / 32767`: `q = round(x * (1/d))`, ties away from zero.
+///
+/// Where `1/d` overflows f32 (`amax` below about 1e-34), `x` and `d` are both scaled by 2^64
+/// first (exactly), so `q` still approximates `x / d` instead of becoming `±inf` (or NaN for a
+/// zero). The SIMD quantisers hand such blocks to this function.
+pub(crate) fn quantize_block_ref(xb: &[f32], d: f32, ob: &mut [u8]) {
+    let (pre, id) = if d == 0.0 {
+        (1.0, 0.0)
+    } else if (1.0 / d).is_finite() {
+        (1.0, 1.0 / d)
+    } else {
+        const TWO_64: f32 = 18_446_744_073_709_551_616.0; // 2^64
+        (TWO_64, 1.0 / (d * TWO_64))
+    };
+    let mut sum = 0i32;
+    for (j, &v) in xb.iter().enumerate() {
+        let q = (v * pre * id).round().clamp(-32767.0, 32767.0) as i16;
+        sum += q as i32;
+        ob[8 + 2 * j..10 + 2 * j].copy_from_slice(&q.to_le_bytes());
+    }
+    ob[0..4].copy_from_slice(&d.to_le_bytes());
+    ob[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
 }
 
 /// `(d, s)` of activation block `b` of a Q16 row.

@@ -56,7 +56,7 @@ proptest! {
         let n = len(&mut rng, li);
         let g = wide(&mut rng, n);
         let u = random_f32s(&mut rng, n);
-        for k in Kernels::available() {
+        for k in tables() {
             let mut s = g.clone();
             k.silu_mul(&mut s, &u);
             let mut e = g.clone();
@@ -79,7 +79,7 @@ proptest! {
         let x = wide(&mut rng, n);
         let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
         let sum: f64 = x.iter().map(|&v| (v as f64 - max).exp()).sum();
-        for k in Kernels::available() {
+        for k in tables() {
             let mut y = x.clone();
             k.softmax(&mut y);
             for i in 0..n {
@@ -98,7 +98,7 @@ proptest! {
         let x = wide(&mut rng, n);
         let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let sum: f64 = x.iter().map(|&v| (v as f64 - max as f64).exp()).sum();
-        for k in Kernels::available() {
+        for k in tables() {
             let mut y = x.clone();
             let (m, s) = k.softmax_unscaled(&mut y);
             prop_assert_eq!(m, max, "{} max", k.name());
@@ -119,7 +119,7 @@ proptest! {
         let eps = 1e-6f32;
         let ms: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
         let inv = 1.0 / (ms + eps as f64).sqrt();
-        for k in Kernels::available() {
+        for k in tables() {
             let mut out = vec![0f32; n];
             k.rms_norm(&x, &w, eps, &mut out);
             for i in 0..n {
@@ -140,7 +140,7 @@ proptest! {
         let abs: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 * y as f64).abs()).sum();
         let exact_h: f64 = a.iter().zip(&bh).map(|(&x, y)| x as f64 * y.to_f64()).sum();
         let abs_h: f64 = a.iter().zip(&bh).map(|(&x, y)| (x as f64 * y.to_f64()).abs()).sum();
-        for k in Kernels::available() {
+        for k in tables() {
             let d = k.dot_f32(&a, &b) as f64;
             prop_assert!((d - exact).abs() <= dot_tol(n, abs), "{} dot_f32 {d} vs {exact}", k.name());
             let d = k.dot_f32_f16(&a, &bh) as f64;
@@ -187,7 +187,7 @@ proptest! {
         let k = half(random_f32s(&mut rng, len * hd));
         let v = half(random_f32s(&mut rng, len * hd));
         let p: Vec<f32> = (0..group * len).map(|_| rng.random_range(0.0f32..1.0)).collect();
-        for kern in Kernels::available() {
+        for kern in tables() {
             let mut scores = vec![f32::NAN; group * len];
             kern.attn_scores_f16(&q, hd, &k, scale, &mut scores);
             let mut out = vec![f32::NAN; group * hd];
@@ -225,7 +225,7 @@ proptest! {
                 _ => -65520.0,
             };
         }
-        for k in Kernels::available() {
+        for k in tables() {
             let mut out = vec![f16::ZERO; n];
             k.f32_to_f16(&x, &mut out);
             for i in 0..n {
@@ -237,7 +237,7 @@ proptest! {
 
 #[test]
 fn softmax_handles_extremes() {
-    for k in Kernels::available() {
+    for k in tables() {
         let mut x = vec![
             -1e30f32,
             0.0,
@@ -273,7 +273,7 @@ fn elementwise_rejects_mismatched_lengths() {
 #[test]
 fn f16_kernels_convert_every_half_exactly() {
     let all: Vec<f16> = (0..=u16::MAX).map(f16::from_bits).collect();
-    for k in Kernels::available() {
+    for k in tables() {
         let mut out = vec![0.0f32; all.len()];
         k.axpy_f16(&mut out, 1.0, &all);
         for (i, (&got, h)) in out.iter().zip(&all).enumerate() {

@@ -4,8 +4,11 @@
 //! the same f32 bits. Q5_0/Q5_1 quantisers are also checked against gguf-py's (ggml's reference
 //! round-to-nearest rule) byte for byte.
 
+mod common;
+
+use common::tables;
 use flowrt_dtype::GgmlType;
-use flowrt_kernels::{row_size, Kernels};
+use flowrt_kernels::row_size;
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = format!("{}/tests/fixtures/gguf/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -37,7 +40,7 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
         let n = nblocks * bs;
         let (row, want) = data.split_at(row_size(ty, n));
         let want = f32s(want);
-        for kern in Kernels::available() {
+        for kern in tables() {
             let mut got = vec![f32::NAN; n];
             kern.dequantize_row(ty, row, &mut got);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -61,7 +64,7 @@ fn q5_quantisers_match_gguf_py_bytes() {
         let (x, want) = data.split_at(4 * n);
         assert_eq!(want.len(), row_size(ty, n), "{name}: fixture size");
         let x = f32s(x);
-        for kern in Kernels::available() {
+        for kern in tables() {
             let mut got = vec![0u8; want.len()];
             kern.quantize_row(ty, &x, &mut got);
             assert_eq!(got, want, "{} {ty}", kern.name());

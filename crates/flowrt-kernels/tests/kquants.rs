@@ -58,7 +58,7 @@ proptest! {
         let ty = if one { GgmlType::Q5_1 } else { GgmlType::Q5_0 };
         let x = random_f32s(&mut rng, 32 * nblocks);
         let size = ty.type_size() as usize;
-        for kern in Kernels::available() {
+        for kern in tables() {
             let (row, y) = round_trip(kern, ty, &x);
             check(ty, kern, &x, &y, |i| {
                 let (b, xb) = (i / 32, &x[i / 32 * 32..i / 32 * 32 + 32]);
@@ -84,7 +84,7 @@ proptest! {
         let (ty, levels) = if five { (GgmlType::Q5K, 31.0) } else { (GgmlType::Q4K, 15.0) };
         let x = random_f32s(&mut rng, 256 * nsb);
         let size = ty.type_size() as usize;
-        for kern in Kernels::available() {
+        for kern in tables() {
             let (row, y) = round_trip(kern, ty, &x);
             for (s, blk) in row.chunks_exact(size).enumerate() {
                 let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
@@ -113,7 +113,7 @@ proptest! {
         let mut rng = rng(seed);
         let ty = GgmlType::Q6K;
         let x = random_f32s(&mut rng, 256 * nsb);
-        for kern in Kernels::available() {
+        for kern in tables() {
             let (row, y) = round_trip(kern, ty, &x);
             let step = |i: usize| {
                 let blk = &row[i / 256 * 210..];
@@ -135,7 +135,7 @@ proptest! {
         let mut rng = rng(seed);
         let ty = GgmlType::Q8K;
         let x = random_f32s(&mut rng, 256 * nsb);
-        for kern in Kernels::available() {
+        for kern in tables() {
             let (row, y) = round_trip(kern, ty, &x);
             for (s, blk) in row.chunks_exact(292).enumerate() {
                 let qs: Vec<i32> = blk[4..260].iter().map(|&q| q as i8 as i32).collect();
@@ -155,7 +155,7 @@ proptest! {
 
 #[test]
 fn all_zero_blocks_quantise_to_zero() {
-    for kern in Kernels::available() {
+    for kern in tables() {
         for ty in [
             GgmlType::Q5_0,
             GgmlType::Q5_1,

@@ -56,7 +56,7 @@ proptest! {
         let n = nblocks * ty.block_size() as usize * if ty.block_size() == 1 { 7 } else { 1 };
         let x = random_f32s(&mut rng, n);
         let want = quantize(Kernels::scalar(), ty, &x);
-        for k in Kernels::available() {
+        for k in tables() {
             prop_assert_eq!(&quantize(k, ty, &x), &want, "{} {}", k.name(), ty);
         }
     }
@@ -72,7 +72,7 @@ proptest! {
             _ => random_quant_row(&mut rng, ty, n),
         };
         let want = decode_f64(ty, &row);
-        for k in Kernels::available() {
+        for k in tables() {
             let got = dequantize(k, ty, &row, n);
             for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
                 // d * q (+ m) rounds once in f32 (twice with m).
@@ -91,7 +91,7 @@ proptest! {
         let ty = ALL_TYPES[ti];
         let n = nblocks * ty.block_size() as usize;
         let x = random_f32s(&mut rng, n);
-        for k in Kernels::available() {
+        for k in tables() {
             let row = quantize(k, ty, &x);
             let y = dequantize(k, ty, &row, n);
             for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
@@ -139,7 +139,7 @@ proptest! {
 fn q8_1_sum_field() {
     let mut rng = rng(3);
     let x = random_f32s(&mut rng, 64);
-    for k in Kernels::available() {
+    for k in tables() {
         let row = quantize(k, GgmlType::Q8_1, &x);
         for (b, blk) in row.chunks_exact(36).enumerate() {
             let xb = &x[b * 32..b * 32 + 32];
@@ -163,7 +163,7 @@ fn q8_rounding_ties_go_away_from_zero() {
     x[1..1 + ties.len()].copy_from_slice(&ties);
     x[20] = 2.4999998;
     x[21] = -2.5000002;
-    for k in Kernels::available() {
+    for k in tables() {
         for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
             let row = quantize(k, ty, &x);
             let off = if ty == GgmlType::Q8_0 { 2 } else { 4 };
@@ -182,7 +182,7 @@ fn q8_rounding_ties_go_away_from_zero() {
 
 #[test]
 fn all_zero_block_quantises_to_zero() {
-    for k in Kernels::available() {
+    for k in tables() {
         for ty in [
             GgmlType::Q4_0,
             GgmlType::Q4_1,
@@ -238,7 +238,7 @@ fn random_multiples_of_32_quantise_consistently() {
         let x = random_f32s(&mut rng, n);
         for ty in [GgmlType::Q8_0, GgmlType::Q8_1] {
             let want = quantize(Kernels::scalar(), ty, &x);
-            for k in Kernels::available() {
+            for k in tables() {
                 assert_eq!(quantize(k, ty, &x), want, "{} {ty} n={n}", k.name());
             }
         }

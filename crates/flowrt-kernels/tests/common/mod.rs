@@ -3,11 +3,55 @@
 #![allow(dead_code)]
 
 use flowrt_dtype::GgmlType;
-use flowrt_kernels::{row_size, Kernels};
+use flowrt_kernels::{row_size, Isa, KernelError, Kernels};
+use flowrt_testkit::coverage;
 use half::f16;
 use rand::{Rng, SeedableRng};
 
 pub type TestRng = rand::rngs::StdRng;
+
+/// Every kernel table this host can run, scalar first: what tests iterate instead of
+/// [`Kernels::available`], which silently leaves out the tables the host lacks. The first call
+/// in a test binary reports every [`Isa::ALL`] entry as `RAN kernels: table <name>` or
+/// `NOT RUN kernels: table <name> (<why>)`, the reason taken from [`Kernels::select`]'s error.
+pub fn tables() -> Vec<&'static Kernels> {
+    static REPORT: std::sync::Once = std::sync::Once::new();
+    let available = Kernels::available();
+    REPORT.call_once(|| {
+        for isa in Isa::ALL {
+            let what = format!("table {}", isa.name());
+            match Kernels::select(Some(isa.name())) {
+                Ok(k) => {
+                    assert!(
+                        available.iter().any(|a| std::ptr::eq(*a, k)),
+                        "{what} selects but is not in Kernels::available()"
+                    );
+                    coverage::ran("kernels", &what);
+                }
+                Err(e) => {
+                    assert!(
+                        available.iter().all(|a| a.isa() != isa),
+                        "{what} is available but does not select: {e}"
+                    );
+                    coverage::not_run("kernels", &what, &why_not(&e));
+                }
+            }
+        }
+    });
+    available
+}
+
+/// Why a table cannot run here, in a few words: `not built for x86_64`, or the CPU features
+/// the host lacks.
+fn why_not(e: &KernelError) -> String {
+    match e {
+        KernelError::Unsupported { missing, .. } if missing.starts_with("not built") => {
+            missing.clone()
+        }
+        KernelError::Unsupported { missing, .. } => format!("host lacks {missing}"),
+        other => other.to_string(),
+    }
+}
 
 /// Proptest settings: `cases` cases (or `PROPTEST_CASES`), no regression files.
 pub fn config(cases: u32) -> proptest::test_runner::Config {
