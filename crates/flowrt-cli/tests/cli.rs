@@ -3,6 +3,7 @@
 //! Needs `FLOWRT_HOME` holding the default model (scripts/test fetches it) and
 //! `FLOWRT_SMOLLM2_GGUF` pointing at it.
 
+use flowrt_testkit::golden::{self, Agreement, Bounds};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -132,34 +133,56 @@ fn interactive_chat_keeps_the_conversation() {
     assert!(out.contains("Paris"), "{out}");
 }
 
-#[test]
-fn verify_json_and_bounds() {
-    let m = model();
+/// `flowrt verify --json` on the committed reference, as an [`Agreement`], and the kernel
+/// table it ran.
+fn verify_json(m: &std::path::Path, extra: &[&str]) -> (Agreement, String) {
     let r = fixture("ref/smollm2-q4_1.safetensors");
-    let out = ok(&[
+    let mut args = vec![
         "verify",
         m.to_str().unwrap(),
         "--reference",
         r.to_str().unwrap(),
         "--json",
-        "--min-top1",
-        "0.985",
-        "--max-mean-kl",
-        "3e-3",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    for k in [
-        "positions",
-        "top1_agreement",
-        "mean_kl",
-        "max_kl",
-        "max_abs_logit_err",
-    ] {
-        assert!(v.get(k).is_some_and(|x| x.is_number()), "missing {k}: {v}");
-    }
-    assert!(v["positions"].as_u64().unwrap() >= 200);
+    ];
+    args.extend_from_slice(extra);
+    let v: serde_json::Value = serde_json::from_str(ok(&args).trim()).unwrap();
+    let f = |k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} missing or not a number: {v}"))
+    };
+    let a = Agreement {
+        positions: f("positions") as usize,
+        top1: f("top1_agreement"),
+        mean_kl: f("mean_kl"),
+        max_kl: f("max_kl"),
+        max_abs_logit_err: f("max_abs_logit_err"),
+    };
+    (a, v["kernels"].as_str().unwrap_or_default().to_string())
+}
+
+/// The default path through the CLI, bounded as in the engine's golden test
+/// (crates/flowrt-engine/tests/smollm2.rs, where the measured figures are): top-1 100 %, mean
+/// KL 5.2e-6, max KL 3.5e-5, max |logit err| 0.044.
+const SMOLLM2_DEFAULT: Bounds = Bounds {
+    positions: 212,
+    min_top1: 1.0,
+    max_mean_kl: 1e-5,
+    max_max_kl: 1e-4,
+    max_abs_logit_err: 0.1,
+};
+
+#[test]
+fn verify_json_and_bounds() {
+    let m = model();
+    let (a, kernels) = verify_json(&m, &["--min-top1", "1", "--max-mean-kl", "1e-5"]);
+    golden::check(
+        &format!("flowrt verify smollm2 ({kernels})"),
+        &a,
+        &SMOLLM2_DEFAULT,
+    );
 
     // An impossible bound exits 1.
+    let r = fixture("ref/smollm2-q4_1.safetensors");
     let o = flowrt()
         .args([
             "verify",
@@ -222,6 +245,31 @@ fn bench_reports_what_ran() {
     ] {
         assert!(f(k).is_finite() && f(k) > 0.0, "{k}: {v}");
     }
+    // The derived figures are what their definitions say, not just positive numbers.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()) + 1e-9;
+    let gb_s = f("weight_bytes_per_token") * f("decode_tok_s") / 1e9;
+    assert!(
+        close(f("decode_weight_gb_s"), gb_s),
+        "decode_weight_gb_s != {gb_s}: {v}"
+    );
+    let pct = 100.0 * f("decode_weight_gb_s") / f("read_bandwidth_gb_s");
+    assert!(
+        close(f("decode_roofline_pct"), pct),
+        "decode_roofline_pct != {pct}: {v}"
+    );
+    if cfg!(target_os = "linux") {
+        let ratio = f("peak_rss_bytes") / (f("weights_bytes") + f("kv_cache_bytes"));
+        assert!(close(f("peak_rss_over_weights_kv"), ratio), "{ratio}: {v}");
+    }
+    // SmolLM2 Q4_1: 134.5 M parameters at 5 bits (plus f32 norms), so 80-100 MB of weights,
+    // and a decode token reads at least the matrices of its 30 layers (most of them).
+    let w = f("weights_bytes");
+    assert!((80e6..=100e6).contains(&w), "weights_bytes {w}: {v}");
+    assert!(f("weight_bytes_per_token") >= 0.5 * w, "{v}");
+    // One prefill of 16 tokens takes no less than a decode step of one token.
+    assert!(f("ttft_ms") >= 1000.0 / f("decode_tok_s") * 0.5, "{v}");
+    // A host's read bandwidth is between a slow laptop's and a GPU's.
+    assert!((0.5..=2000.0).contains(&f("read_bandwidth_gb_s")), "{v}");
 }
 
 #[test]
@@ -255,22 +303,32 @@ fn bench_parallel_reports_memory_and_skips_bandwidth_when_asked() {
     assert!(v["decode_roofline_pct"].is_null(), "{v}");
 }
 
+/// The scalar reference table is selectable from the CLI, really runs (verify reports it), and
+/// agrees with the default table: within the default path's golden bounds (measured: mean KL
+/// 5.19e-6, max KL 3.52e-5, max |logit err| 0.037), and the same greedy text.
 #[test]
 fn scalar_kernels_are_selectable_and_agree() {
     let m = model();
-    let out = ok(&[
-        "run",
-        m.to_str().unwrap(),
-        "The capital of France is",
-        "--raw",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "4",
-        "--kernels",
-        "scalar",
-    ]);
-    assert!(out.contains("Paris"), "{out}");
+    let (a, kernels) = verify_json(&m, &["--kernels", "scalar"]);
+    assert_eq!(kernels, "scalar");
+    golden::check("flowrt verify smollm2 (scalar)", &a, &SMOLLM2_DEFAULT);
+    let greedy = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            m.to_str().unwrap(),
+            "The capital of France is",
+            "--raw",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "8",
+        ];
+        args.extend_from_slice(extra);
+        ok(&args)
+    };
+    let scalar = greedy(&["--kernels", "scalar"]);
+    assert!(scalar.contains("Paris"), "{scalar}");
+    assert_eq!(scalar, greedy(&[]), "scalar and default greedy text differ");
     fails_with(
         &["run", m.to_str().unwrap(), "hi", "--kernels", "sse9"],
         "sse9",

@@ -260,8 +260,16 @@ fn rm_delete_files_deletes_a_file_in_the_store() {
 fn catalog_metadata_matches_the_loaded_models() {
     let home = tempfile::tempdir().unwrap();
     let mut files = vec![("smollm2:135m", model())];
-    if let Some(g) = std::env::var_os("FLOWRT_GEMMA3_GGUF") {
-        files.push(("gemma3:270m", PathBuf::from(g)));
+    match std::env::var_os("FLOWRT_GEMMA3_GGUF") {
+        Some(g) => {
+            files.push(("gemma3:270m", PathBuf::from(g)));
+            flowrt_testkit::coverage::ran("cli", "catalog metadata of gemma3:270m");
+        }
+        None => flowrt_testkit::coverage::not_run(
+            "cli",
+            "catalog metadata of gemma3:270m",
+            "FLOWRT_GEMMA3_GGUF is not set; scripts/test sets it",
+        ),
     }
     for (tag, path) in files {
         let c = flowrt_store::find_entry(tag).unwrap();

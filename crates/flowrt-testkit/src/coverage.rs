@@ -1,10 +1,13 @@
 //! What a test covered on this host, reported where the run's summary can see it.
 //!
-//! Lines have the form `RAN <suite>: <what>` or `NOT RUN <suite>: <what> (<why>)`. With
+//! Lines have the form `RAN <suite> [<arch>]: <what>` or
+//! `NOT RUN <suite> [<arch>]: <what> (<why>)`, the arch being the one the test was built for
+//! (the kernels' tests also run as aarch64 binaries under emulation). With
 //! `FLOWRT_TEST_REPORT` set to a path, each line is appended to that file (one `write` of the
 //! whole line in append mode, so concurrent tests do not interleave within a line); the line
 //! is always printed to stderr as well.
 
+use std::env::consts::ARCH;
 use std::io::Write;
 
 /// Environment variable naming the file coverage lines are appended to.
@@ -12,12 +15,12 @@ pub const REPORT_ENV: &str = "FLOWRT_TEST_REPORT";
 
 /// Records that `what` ran in `suite`.
 pub fn ran(suite: &str, what: &str) {
-    emit(&format!("RAN {suite}: {what}"));
+    emit(&format!("RAN {suite} [{ARCH}]: {what}"));
 }
 
 /// Records that `what` did not run in `suite`, and why.
 pub fn not_run(suite: &str, what: &str, why: &str) {
-    emit(&format!("NOT RUN {suite}: {what} ({why})"));
+    emit(&format!("NOT RUN {suite} [{ARCH}]: {what} ({why})"));
 }
 
 fn emit(line: &str) {
