@@ -104,7 +104,7 @@ struct Lost {
 /// The backend, its device thread and the watchdog's state.
 pub(crate) struct Device {
     held: Option<Held>,
-    jobs: Option<mpsc::Sender<Job>>,
+    jobs: Option<mpsc::SyncSender<Job>>,
     done: mpsc::Receiver<Done>,
     progress: Arc<Progress>,
     thread: Option<JoinHandle<()>>,
@@ -130,8 +130,11 @@ impl Device {
             max_batch: backend.max_batch(),
             vocab_size: backend.vocab_size(),
         };
-        let (jobs, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done) = mpsc::channel::<Done>();
+        // One job is in flight at a time, so bounded channels of one never block, and their
+        // preallocated slot keeps steady-state steps free of heap allocation (an unbounded
+        // channel allocates a block every few dozen messages).
+        let (jobs, job_rx) = mpsc::sync_channel::<Job>(1);
+        let (done_tx, done) = mpsc::sync_channel::<Done>(1);
         let now = Instant::now();
         let progress = Arc::new(Progress(Mutex::new(At {
             k: 0,
@@ -306,7 +309,7 @@ fn fault(op: Option<&'static str>, reason: String) -> DeviceError {
     }
 }
 
-fn device_thread(jobs: mpsc::Receiver<Job>, done: mpsc::Sender<Done>, progress: Arc<Progress>) {
+fn device_thread(jobs: mpsc::Receiver<Job>, done: mpsc::SyncSender<Done>, progress: Arc<Progress>) {
     while let Ok(job) = jobs.recv() {
         let Job {
             core,
