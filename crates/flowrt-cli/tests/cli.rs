@@ -261,10 +261,10 @@ fn bench_reports_what_ran() {
         let ratio = f("peak_rss_bytes") / (f("weights_bytes") + f("kv_cache_bytes"));
         assert!(close(f("peak_rss_over_weights_kv"), ratio), "{ratio}: {v}");
     }
-    // SmolLM2 Q4_1: 134.5 M parameters at 5 bits (plus f32 norms), so 80-100 MB of weights,
-    // and a decode token reads at least the matrices of its 30 layers (most of them).
+    // SmolLM2 Q4_1 holds 96.6 MB of weights (measured; the file is 98.4 MB with its
+    // metadata), and a decode token reads at least the matrices of its 30 layers, most of it.
     let w = f("weights_bytes");
-    assert!((80e6..=100e6).contains(&w), "weights_bytes {w}: {v}");
+    assert!((90e6..=98.4e6).contains(&w), "weights_bytes {w}: {v}");
     assert!(f("weight_bytes_per_token") >= 0.5 * w, "{v}");
     // One prefill of 16 tokens takes no less than a decode step of one token.
     assert!(f("ttft_ms") >= 1000.0 / f("decode_tok_s") * 0.5, "{v}");

@@ -144,11 +144,18 @@ impl Core {
         rl
     }
 
-    /// How long past a runlist's `deadline` the watchdog waits.
-    pub(crate) fn grace(&self, deadline: Duration) -> Duration {
-        self.opts
+    /// Runlist `k` (`rl`) started at `started`: the watchdog gives up on it at its deadline
+    /// plus the grace (by default the deadline again, at least [`MIN_WATCHDOG_GRACE`]).
+    pub(crate) fn watch(&self, k: usize, started: Instant, rl: &Runlist) -> At {
+        let grace = self
+            .opts
             .watchdog_grace
-            .unwrap_or_else(|| deadline.max(MIN_WATCHDOG_GRACE))
+            .unwrap_or_else(|| rl.deadline.max(MIN_WATCHDOG_GRACE));
+        At {
+            k,
+            started,
+            limit: started + rl.deadline + grace,
+        }
     }
 
     /// Every runlist of a step at `depth`, in order, on the device thread. Publishes each
@@ -164,11 +171,7 @@ impl Core {
         for k in 0..self.idx.count(depth) {
             let rl = self.runlist(depth, k, batch);
             let start = Instant::now();
-            progress.set(At {
-                k,
-                started: start,
-                limit: start + rl.deadline + self.grace(rl.deadline),
-            });
+            progress.set(self.watch(k, start, &rl));
             let r = backend
                 .submit(&self.plan, &rl, batch)
                 .and_then(|()| backend.wait(&self.plan, start + rl.deadline, trace.as_deref_mut()));

@@ -80,11 +80,6 @@ impl StuckGate {
             open = self.0 .1.wait(open).unwrap_or_else(|e| e.into_inner());
         }
     }
-
-    /// Whether a stuck call is allowed to return.
-    pub fn is_released(&self) -> bool {
-        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// Counters of what the fault backend saw.
@@ -274,7 +269,7 @@ impl<B: Backend> Backend for FaultBackend<B> {
                     // The groups before the faulty one run for real.
                     self.run_inner(plan, &rl, rl.groups.start..g, &batch, deadline, trace)?;
                     let kind = Some(plan.groups[g].kind);
-                    let timeout = |started: Instant| DeviceError::Timeout {
+                    let timeout = || DeviceError::Timeout {
                         waited: started.elapsed(),
                         group: Some(g),
                         kind,
@@ -284,12 +279,12 @@ impl<B: Backend> Backend for FaultBackend<B> {
                         Effect::Hang => {
                             self.stats.hangs += 1;
                             sleep_until(deadline);
-                            Err(timeout(started))
+                            Err(timeout())
                         }
                         Effect::Stuck => {
                             self.stats.stuck += 1;
                             self.gate.block();
-                            Err(timeout(started))
+                            Err(timeout())
                         }
                         Effect::Fault => {
                             self.stats.faults += 1;

@@ -29,7 +29,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::backend::{Backend, BackendInfo, Batch, DeviceError, LogitsWanted, SeqSpan};
 use crate::cut::Runlist;
@@ -206,26 +206,20 @@ impl Device {
         batch: &Batch,
     ) -> TryResult {
         self.reclaim()?;
-        let first = core.runlist(depth, 0, batch);
-        let Some(mut held) = self.held.take() else {
-            // Only after the device thread died without answering (see below).
-            return Err(Box::new((
-                first,
-                DeviceError::Unavailable {
-                    lost_for: Duration::ZERO,
-                },
-            )));
-        };
+        // Between steps the backend is away only while the device is lost, and then
+        // `reclaim` has returned above.
+        let mut held = self
+            .held
+            .take()
+            .expect("the backend is held unless the device is lost");
         held.tokens.clear();
         held.tokens.extend_from_slice(batch.tokens);
         held.spans.clear();
         held.spans.extend_from_slice(batch.spans);
-        let now = Instant::now();
-        self.progress.set(At {
-            k: 0,
-            started: now,
-            limit: now + first.deadline + core.grace(first.deadline),
-        });
+        // The device thread publishes each runlist as it starts it; until then the watchdog
+        // watches the first, from now (a stale limit of the last step would fire at once).
+        let first = core.runlist(depth, 0, batch);
+        self.progress.set(core.watch(0, Instant::now(), &first));
         let job = Job {
             core: core.clone(),
             depth,
@@ -251,39 +245,34 @@ impl Device {
                     return done.result;
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    let now_at = self.progress.get();
-                    if now_at.limit > Instant::now() {
+                    let at = self.progress.get();
+                    if at.limit > Instant::now() {
                         // The device moved on to the next runlist meanwhile.
                         continue;
                     }
-                    let rl = core.runlist(depth, now_at.k, batch);
-                    let limit = now_at.limit - now_at.started;
-                    self.lost = Some(Lost {
-                        runlist: rl.clone(),
-                        since: Instant::now(),
-                    });
-                    return Err(Box::new((
-                        rl,
-                        DeviceError::Lost {
-                            waited: now_at.started.elapsed(),
-                            limit,
-                        },
-                    )));
+                    let error = DeviceError::Lost {
+                        waited: at.started.elapsed(),
+                        limit: at.limit - at.started,
+                    };
+                    return Err(self.give_up(core.runlist(depth, at.k, batch), error));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     // The thread ended without answering: nothing to reclaim, ever.
                     let rl = core.runlist(depth, self.progress.get().k, batch);
-                    self.lost = Some(Lost {
-                        runlist: rl.clone(),
-                        since: Instant::now(),
-                    });
-                    return Err(Box::new((
-                        rl,
-                        fault(None, "the device thread ended without answering".into()),
-                    )));
+                    let error = fault(None, "the device thread ended without answering".into());
+                    return Err(self.give_up(rl, error));
                 }
             }
         }
+    }
+
+    /// Mark the device lost in `runlist` and say why.
+    fn give_up(&mut self, runlist: Runlist, error: DeviceError) -> Box<(Runlist, DeviceError)> {
+        self.lost = Some(Lost {
+            runlist: runlist.clone(),
+            since: Instant::now(),
+        });
+        Box::new((runlist, error))
     }
 }
 

@@ -8,43 +8,7 @@ use flowrt_text::{GgufVocab, Tokenizer, VocabKind};
 use serde_json::Value;
 
 fn vocab() -> GgufVocab {
-    let fx = fixture("llama_spm.json");
-    let v = &fx["vocab"];
-    let strings = |k: &str| -> Vec<String> {
-        v[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_str().unwrap().to_string())
-            .collect()
-    };
-    let id = |k: &str| v[k].as_u64().map(|x| x as u32);
-    GgufVocab {
-        model: str_of(v, "model").to_string(),
-        tokens: strings("tokens"),
-        scores: Some(
-            v["scores"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect(),
-        ),
-        token_types: Some(
-            v["token_types"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap() as i32)
-                .collect(),
-        ),
-        bos: id("bos"),
-        eos: id("eos"),
-        unk: id("unk"),
-        add_bos: v["add_bos"].as_bool(),
-        add_eos: v["add_eos"].as_bool(),
-        add_space_prefix: v["add_space_prefix"].as_bool(),
-        ..Default::default()
-    }
+    gguf_vocab(&fixture("llama_spm.json")["vocab"])
 }
 
 fn cases() -> Vec<Value> {

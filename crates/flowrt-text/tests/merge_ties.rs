@@ -19,47 +19,8 @@ mod common;
 
 use common::*;
 use flowrt_text::hf::{self, HfSources};
-use flowrt_text::{GgufVocab, Tokenizer, VocabKind};
+use flowrt_text::{Tokenizer, VocabKind};
 use serde_json::Value;
-
-fn strings(v: &Value, key: &str) -> Vec<String> {
-    v[key]
-        .as_array()
-        .unwrap_or_else(|| panic!("fixture field {key} is not a list"))
-        .iter()
-        .map(|x| x.as_str().unwrap().to_string())
-        .collect()
-}
-
-/// The GGUF vocab a fixture describes (`llama` with scores, or `gpt2` with merges).
-fn gguf_vocab(fx: &Value) -> GgufVocab {
-    let v = &fx["vocab"];
-    let id = |k: &str| v[k].as_u64().map(|x| x as u32);
-    GgufVocab {
-        model: str_of(v, "model").to_string(),
-        pre: v["pre"].as_str().map(str::to_string),
-        tokens: strings(v, "tokens"),
-        scores: v["scores"]
-            .as_array()
-            .map(|s| s.iter().map(|x| x.as_f64().unwrap() as f32).collect()),
-        token_types: Some(
-            v["token_types"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap() as i32)
-                .collect(),
-        ),
-        merges: v["merges"].as_array().map(|_| strings(v, "merges")),
-        bos: id("bos"),
-        eos: id("eos"),
-        unk: id("unk"),
-        add_bos: v["add_bos"].as_bool(),
-        add_eos: v["add_eos"].as_bool(),
-        add_space_prefix: v["add_space_prefix"].as_bool(),
-        ..Default::default()
-    }
-}
 
 fn cases(fx: &Value) -> &[Value] {
     fx["cases"].as_array().unwrap()
@@ -77,20 +38,25 @@ fn assert_tie_sensitive(fx: &Value) {
     );
 }
 
-#[test]
-fn spm_tied_scores_merge_leftmost_first_like_sentencepiece() {
-    let fx = fixture("spm_ties.json");
-    assert_tie_sensitive(&fx);
-    let tok = Tokenizer::from_vocab(&gguf_vocab(&fx)).unwrap();
-    assert_eq!(tok.kind(), VocabKind::SentencePieceBpe);
-    let cases = cases(&fx);
-    // ids (special tokens parsed and not), decoding plain / skipping specials / streamed.
+/// The fixture's vocab through the GGUF path: every string's ids (special tokens parsed and
+/// not), decoding (plain, skipping specials, streamed) and the round trip.
+fn check_corpus(fx: &Value, kind: VocabKind) {
+    let tok = Tokenizer::from_vocab(&gguf_vocab(&fx["vocab"])).unwrap();
+    assert_eq!(tok.kind(), kind);
+    let cases = cases(fx);
     assert_eq!(check_token_cases(&tok, cases), cases.len());
     for case in cases {
         let text = str_of(case, "text");
         let ids = tok.encode(text, false, false).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "round trip");
     }
+}
+
+#[test]
+fn spm_tied_scores_merge_leftmost_first_like_sentencepiece() {
+    let fx = fixture("spm_ties.json");
+    assert_tie_sensitive(&fx);
+    check_corpus(&fx, VocabKind::SentencePieceBpe);
 }
 
 /// Regression: flowrt ranked the merges of a `llama` vocab like transformers' GGUF conversion
@@ -101,7 +67,7 @@ fn spm_tied_scores_merge_leftmost_first_like_sentencepiece() {
 #[test]
 fn spm_equal_scores_go_leftmost_not_by_rank_of_the_derived_merge() {
     let fx = fixture("spm_ties.json");
-    let tok = Tokenizer::from_vocab(&gguf_vocab(&fx)).unwrap();
+    let tok = Tokenizer::from_vocab(&gguf_vocab(&fx["vocab"])).unwrap();
     let pieces = |text: &str| -> Vec<String> {
         tok.encode(text, false, false)
             .unwrap()
@@ -154,15 +120,7 @@ fn spm_vocab_as_hf_tokenizer_json_matches_hf() {
 fn bytelevel_same_rank_at_overlapping_positions_merges_leftmost_like_hf() {
     let fx = fixture("bpe_ties.json");
     assert_tie_sensitive(&fx);
-    let tok = Tokenizer::from_vocab(&gguf_vocab(&fx)).unwrap();
-    assert_eq!(tok.kind(), VocabKind::ByteLevelBpe);
-    let cases = cases(&fx);
-    assert_eq!(check_token_cases(&tok, cases), cases.len());
-    for case in cases {
-        let text = str_of(case, "text");
-        let ids = tok.encode(text, false, false).unwrap();
-        assert_eq!(tok.decode(&ids, false).unwrap(), text, "round trip");
-    }
+    check_corpus(&fx, VocabKind::ByteLevelBpe);
 }
 
 /// The byte-level vocab as a tokenizer.json (what HF `tokenizers` ran to make the fixture),

@@ -476,12 +476,13 @@ unsafe fn quantize_row_avx2(x: &[f32], out: &mut [u8]) {
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
             let d = amax / 32767.0;
-            if d > 0.0 && !(1.0 / d).is_finite() {
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            if !inv.is_finite() {
                 // A block of values below about 1e-34: the reference's rescaled path.
                 crate::q16::quantize_block_ref(xb, d, ob);
                 continue;
             }
-            let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let id = _mm256_set1_ps(inv);
             let q: [__m256i; 4] = std::array::from_fn(|i| {
                 _mm256_cvtps_epi32(_mm256_round_ps::<
                     { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },

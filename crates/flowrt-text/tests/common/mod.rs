@@ -120,3 +120,42 @@ pub fn check_token_cases(tok: &Tokenizer, cases: &[Value]) -> usize {
     assert!(failures.is_empty(), "mismatches:\n{}", failures.join("\n"));
     matched
 }
+
+pub fn strings(v: &Value, key: &str) -> Vec<String> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("fixture field {key} is not a list"))
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The GGUF vocab a fixture's `vocab` object describes (`llama` with scores, or `gpt2` with
+/// merges).
+pub fn gguf_vocab(v: &Value) -> GgufVocab {
+    let id = |k: &str| v[k].as_u64().map(|x| x as u32);
+    GgufVocab {
+        model: str_of(v, "model").to_string(),
+        pre: v["pre"].as_str().map(str::to_string),
+        tokens: strings(v, "tokens"),
+        scores: v["scores"]
+            .as_array()
+            .map(|s| s.iter().map(|x| x.as_f64().unwrap() as f32).collect()),
+        token_types: Some(
+            v["token_types"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap() as i32)
+                .collect(),
+        ),
+        merges: v["merges"].as_array().map(|_| strings(v, "merges")),
+        bos: id("bos"),
+        eos: id("eos"),
+        unk: id("unk"),
+        add_bos: v["add_bos"].as_bool(),
+        add_eos: v["add_eos"].as_bool(),
+        add_space_prefix: v["add_space_prefix"].as_bool(),
+        ..Default::default()
+    }
+}
