@@ -851,6 +851,11 @@ impl Backend for CpuBackend {
             name: "cpu".into(),
             kernels: self.kernels.name().into(),
             threads: self.n_threads(),
+            device: crate::cpu_name(),
+            driver: None,
+            memory_bytes: None,
+            prepared_weight_bytes: self.packed_bytes() as u64,
+            kv_cache_bytes: self.kv.bytes() as u64,
         }
     }
 

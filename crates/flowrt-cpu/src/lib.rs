@@ -17,3 +17,16 @@ pub use pool::ThreadPool;
 pub fn physical_cores() -> usize {
     num_cpus::get_physical().max(1)
 }
+
+/// The CPU's model name (`/proc/cpuinfo`'s `model name` on Linux), else the architecture.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}

@@ -191,11 +191,23 @@ pub struct DeviceRates {
 /// What a backend is, for reports.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackendInfo {
-    /// Device name (`cpu`, or `fault(cpu)` when wrapped).
+    /// Backend name (`cpu`, `vulkan`, or `fault(cpu)` when wrapped).
     pub name: String,
-    /// Kernel set in use.
+    /// Kernel set in use (`avx2`, `scalar`, `wgsl`, ...).
     pub kernels: String,
+    /// Host threads the backend runs on.
     pub threads: usize,
+    /// The device: the CPU's model name, or the GPU's name as its driver reports it.
+    pub device: String,
+    /// Driver name and version, for devices that have one.
+    pub driver: Option<String>,
+    /// Memory the device has for weights and caches (`None`: host memory, shared).
+    pub memory_bytes: Option<u64>,
+    /// Bytes the backend keeps beside the model file's weights: repacked or uploaded weight
+    /// copies.
+    pub prepared_weight_bytes: u64,
+    /// Bytes reserved for the KV cache (every sequence, full context).
+    pub kv_cache_bytes: u64,
 }
 
 /// A device that runs runlists of a model's plan for one sequence.

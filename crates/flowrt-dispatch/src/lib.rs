@@ -17,6 +17,7 @@
 //! - [`watch`]: the device thread and the watchdog that enforces deadlines even on a backend
 //!   whose `wait` never returns.
 //! - [`trace`]: Chrome trace-event JSON (opens in Perfetto): one span per runlist and per op.
+//! - [`settings`]: what every backend is asked for, and backend-specific `name=value` settings.
 //! - [`fault`]: a fault-injecting backend wrapping another, for tests.
 
 pub mod backend;
@@ -24,6 +25,7 @@ pub mod cost;
 pub mod cut;
 pub mod dispatcher;
 pub mod fault;
+pub mod settings;
 pub mod trace;
 pub mod watch;
 
@@ -32,4 +34,5 @@ pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};
 pub use dispatcher::{Attempt, DispatchError, DispatchOptions, Dispatcher, MIN_WATCHDOG_GRACE};
 pub use fault::{FaultBackend, FaultScope, FaultSpec, Inject, StuckGate};
+pub use settings::{BackendSettings, KvPrecision};
 pub use trace::Trace;
