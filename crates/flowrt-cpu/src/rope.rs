@@ -1,5 +1,5 @@
-//! Rotary position embeddings: a table of cos/sin per position, computed like HF transformers
-//! (inverse frequencies and angles in f32) so that flowrt matches the reference numerically.
+//! Rotary position embeddings: a table of cos/sin per position (`RopeConfig::cos_sin_table`,
+//! computed like HF transformers) applied to each head.
 
 use flowrt_model::{RopeConfig, RopePairing};
 
@@ -14,24 +14,7 @@ pub struct RopeTable {
 impl RopeTable {
     pub fn new(rope_dim: usize, rope: &RopeConfig, pairing: RopePairing, n_ctx: usize) -> Self {
         let half = rope_dim / 2;
-        let spans = rope.freqs(rope_dim);
-        let factor = rope.attention_factor();
-        let mut cos = Vec::with_capacity(n_ctx * half);
-        let mut sin = Vec::with_capacity(n_ctx * half);
-        for p in 0..n_ctx {
-            // The last span starting at or before `p` (the first starts at 0).
-            let span = spans
-                .iter()
-                .rev()
-                .find(|s| s.from_pos <= p)
-                .unwrap_or(&spans[0]);
-            for &f in &span.inv_freq {
-                // The angle in f32 as the reference computes it; cos/sin rounded from f64.
-                let angle = p as f32 * f;
-                cos.push((angle as f64).cos() as f32 * factor);
-                sin.push((angle as f64).sin() as f32 * factor);
-            }
-        }
+        let (cos, sin) = rope.cos_sin_table(rope_dim, n_ctx);
         RopeTable {
             half,
             pairing,

@@ -134,6 +134,31 @@ impl RopeConfig {
         }
     }
 
+    /// cos and sin of every position's angles, `(n_ctx, rope_dim / 2)` each, computed as the
+    /// reference does (inverse frequencies and angles in f32, cos/sin rounded from f64, times
+    /// the attention factor). Every backend rotates with this table.
+    pub fn cos_sin_table(&self, rope_dim: usize, n_ctx: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = rope_dim / 2;
+        let spans = self.freqs(rope_dim);
+        let factor = self.attention_factor();
+        let mut cos = Vec::with_capacity(n_ctx * half);
+        let mut sin = Vec::with_capacity(n_ctx * half);
+        for p in 0..n_ctx {
+            // The last span starting at or before `p` (the first starts at 0).
+            let span = spans
+                .iter()
+                .rev()
+                .find(|s| s.from_pos <= p)
+                .unwrap_or(&spans[0]);
+            for &f in &span.inv_freq {
+                let angle = p as f32 * f;
+                cos.push((angle as f64).cos() as f32 * factor);
+                sin.push((angle as f64).sin() as f32 * factor);
+            }
+        }
+        (cos, sin)
+    }
+
     /// Check the scaling's parameters against the rotated width.
     pub fn validate(&self, rope_dim: usize) -> Result<(), String> {
         if !(self.theta.is_finite() && self.theta > 0.0) {
