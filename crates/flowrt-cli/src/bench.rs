@@ -7,10 +7,9 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 use flowrt_engine::{
-    BandwidthOptions, BandwidthReport, BatchSession, BenchOptions, LoadedModel, ProcMemory,
-    Roofline, Session,
+    BackendReport, BandwidthOptions, BandwidthReport, BatchSession, BenchOptions, LoadedModel,
+    ProcMemory, Roofline, Session,
 };
-use flowrt_kernels::Kernels;
 
 use crate::common::{load_model, EngineArgs};
 
@@ -80,7 +79,7 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
     );
     let d = session.dispatcher();
     let (runlists, depth) = (d.runlist_count(), d.depth());
-    let features = Kernels::cpu_features();
+    let features = flowrt_backends::cpu_device().features;
     if args.json {
         let mut v = serde_json::json!({
             "model": model.path.display().to_string(),
@@ -102,16 +101,18 @@ pub fn bench(args: BenchArgs) -> Result<ExitCode> {
             "threads": r.threads,
             "kernels": r.kernels,
             "cpu_features": features,
-            "kv_type": format!("{:?}", opts.kv_type).to_lowercase(),
+            "kv_type": opts.kv.to_string(),
             "quant_on_load": args.engine.quant.map(|q| q.name()),
             "runlists_per_step": runlists,
             "max_runlist_layers": depth,
         });
+        add_device_json(&r.backend, &mut v);
         res.add_json(&mut v);
         println!("{v}");
     } else {
         println!("model:    {} ({} bytes)", model.path.display(), size);
         println!("sha256:   {sha}");
+        print_device(&r.backend);
         println!(
             "threads:  {}   kernels: {}   cpu: {}",
             r.threads,
@@ -183,11 +184,13 @@ fn bench_parallel(
             "threads": r.threads,
             "kernels": r.kernels,
         });
+        add_device_json(&r.backend, &mut v);
         res.add_json(&mut v);
         println!("{v}");
     } else {
         println!("model:    {} ({} bytes)", model.path.display(), size);
         println!("sha256:   {sha}");
+        print_device(&r.backend);
         println!("threads:  {}   kernels: {}", r.threads, r.kernels);
         println!(
             "runs:     {} measured after 1 warm-up; median [min, max]",
@@ -203,10 +206,48 @@ fn bench_parallel(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The device the bench ran on, as its backend reports it: backend name, device name, driver
+/// and device memory (`null` when the backend does not say, as for the CPU's shared host
+/// memory), and the weight bytes it prepared beside the file's.
+fn add_device_json(b: &BackendReport, v: &mut serde_json::Value) {
+    if let Some(v) = v.as_object_mut() {
+        v.insert("backend".into(), b.name.clone().into());
+        v.insert("device".into(), b.device.clone().into());
+        v.insert("driver".into(), b.driver.clone().into());
+        v.insert("device_memory_bytes".into(), b.memory_bytes.into());
+        v.insert(
+            "prepared_weight_bytes".into(),
+            b.prepared_weight_bytes.into(),
+        );
+    }
+}
+
+fn print_device(b: &BackendReport) {
+    let mut extra = Vec::new();
+    if let Some(d) = &b.driver {
+        extra.push(format!("driver {d}"));
+    }
+    if let Some(m) = b.memory_bytes {
+        extra.push(format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64));
+    }
+    if b.prepared_weight_bytes > 0 {
+        extra.push(format!(
+            "{:.1} MiB of prepared weights",
+            b.prepared_weight_bytes as f64 / (1 << 20) as f64
+        ));
+    }
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", extra.join(", "))
+    };
+    println!("backend:  {} on {}{extra}", b.name, b.device);
+}
+
 /// What [`Resources::measure`] needs from the session and the run.
 struct ResourceInputs {
     setup_time: Duration,
-    kv_cache_bytes: Option<usize>,
+    kv_cache_bytes: u64,
     rss_after_load: Option<u64>,
     threads: usize,
     /// Decode steps per second (each reads the weights once).
@@ -247,7 +288,7 @@ impl Resources {
             peak_rss: end.peak_rss_bytes,
             end,
             weights: flowrt_engine::weight_bytes(&model.model),
-            kv_cache: i.kv_cache_bytes.map(|b| b as u64),
+            kv_cache: Some(i.kv_cache_bytes),
             bandwidth,
             roofline,
         }

@@ -5,17 +5,27 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use flowrt_cpu::{ActQuant, AttnSplit, KvType};
 use flowrt_dispatch::DispatchOptions;
 use flowrt_dtype::GgmlType;
-use flowrt_engine::{EngineOptions, LoadOptions, LoadedModel, Session};
-use flowrt_kernels::Kernels;
+use flowrt_engine::{BackendKind, EngineOptions, KvPrecision, LoadOptions, LoadedModel, Session};
 use flowrt_store::FetchPolicy;
 
 /// Options of the engine, shared by every command that runs a model.
+///
+/// Options marked [cpu] are the CPU backend's own settings: they reach the backend as
+/// `name=value` options, and another backend refuses them with an error naming the setting.
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
-    /// Threads to use (default: physical cores).
+    /// Backend that runs the model: cpu, vulkan or auto (auto picks Vulkan when the machine
+    /// has a real GPU, discrete or integrated, else the CPU; see `flowrt devices`). The
+    /// default is cpu for now.
+    #[arg(long, default_value = "cpu")]
+    pub backend: BackendKind,
+    /// Which device of the backend to use, as `flowrt devices` numbers them (default: the
+    /// backend's choice; the CPU is device 0).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Threads to use (default: the backend's; for the CPU, physical cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
     /// Context length in tokens (default: the model's).
@@ -23,25 +33,27 @@ pub struct EngineArgs {
     pub ctx_len: Option<usize>,
     /// KV cache element type: f16 or f32.
     #[arg(long = "kv-type", default_value = "f16")]
-    pub kv_type: KvType,
+    pub kv_type: KvPrecision,
     /// Most tokens per prefill batch.
     #[arg(long = "batch-size", short = 'b', default_value_t = 256)]
     pub batch_size: usize,
-    /// Kernels to use: scalar, avx2, avx512, avx512vnni, neon (default: best available;
-    /// also FLOWRT_KERNELS).
+    /// [cpu] Kernels to use: scalar, avx2, avx512, avx512vnni, neon (default: best available;
+    /// also FLOWRT_KERNELS). The CPU backend's `kernels` setting.
     #[arg(long)]
     pub kernels: Option<String>,
-    /// Activation quantisation for quantised weights: q16 (matches f32 reference math to
-    /// rounding noise) or q8 (ggml's 8-bit activations).
-    #[arg(long = "act-quant", default_value = "q16")]
-    pub act_quant: ActQuant,
-    /// Keep weights in the file's row layout instead of repacking them at load into the
+    /// [cpu] Activation quantisation for quantised weights: q16 (the default; matches f32
+    /// reference math to rounding noise) or q8 (ggml's 8-bit activations). The CPU backend's
+    /// `act-quant` setting.
+    #[arg(long = "act-quant")]
+    pub act_quant: Option<String>,
+    /// [cpu] Keep weights in the file's row layout instead of repacking them at load into the
     /// kernels' interleaved x8 layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; for A/B
-    /// comparisons).
+    /// comparisons). The CPU backend's `repack=false`.
     #[arg(long = "no-repack")]
     pub no_repack: bool,
-    /// Keep attention to one task per (token, KV head) instead of splitting long key ranges
-    /// over threads when there are too few of them (for A/B comparisons).
+    /// [cpu] Keep attention to one task per (token, KV head) instead of splitting long key
+    /// ranges over threads when there are too few of them (for A/B comparisons). The CPU
+    /// backend's `attn-split=off`.
     #[arg(long = "no-attn-split")]
     pub no_attn_split: bool,
     /// Quantise a Hugging Face checkpoint's float weights on load: q4_0, q4_1 or q8_0
@@ -80,19 +92,14 @@ impl EngineArgs {
         if self.batch_size == 0 {
             anyhow::bail!("--batch-size must be at least 1");
         }
-        let kernels = match &self.kernels {
-            Some(name) => {
-                Some(Kernels::select(Some(name)).with_context(|| format!("--kernels {name}"))?)
-            }
-            None => None,
-        };
         Ok(EngineOptions {
             threads: self.threads.unwrap_or(0),
             n_ctx: self.ctx_len,
-            kv_type: self.kv_type,
+            kv: self.kv_type,
             max_batch: self.batch_size,
-            kernels,
-            act_quant: self.act_quant,
+            backend: self.backend,
+            device: self.device,
+            backend_options: self.backend_options(),
             dispatch: DispatchOptions {
                 max_runlist_layers: self.max_runlist_layers,
                 deadline: self.runlist_deadline_ms.map(Duration::from_millis),
@@ -100,13 +107,28 @@ impl EngineArgs {
                 ..DispatchOptions::default()
             },
             trace: self.trace.is_some(),
-            repack: !self.no_repack,
-            attn_split: if self.no_attn_split {
-                AttnSplit::Off
-            } else {
-                AttnSplit::Auto
-            },
         })
+    }
+
+    /// The backend-specific flags given, as the backend's `name=value` settings (a flag not
+    /// given adds nothing, so the backend's default holds and another backend is not handed
+    /// a setting nobody asked for).
+    pub fn backend_options(&self) -> Vec<(String, String)> {
+        let mut o = Vec::new();
+        let mut set = |name: &str, value: &str| o.push((name.to_string(), value.to_string()));
+        if let Some(k) = &self.kernels {
+            set("kernels", k);
+        }
+        if let Some(a) = &self.act_quant {
+            set("act-quant", a);
+        }
+        if self.no_repack {
+            set("repack", "false");
+        }
+        if self.no_attn_split {
+            set("attn-split", "off");
+        }
+        o
     }
 
     /// Write the session's trace to `--trace FILE`, if asked for.

@@ -1,7 +1,8 @@
-//! `flowrt`: run, verify and benchmark LLMs on the CPU.
+//! `flowrt`: run, verify and benchmark LLMs on the CPU (or another backend, see `flowrt devices`).
 
 mod bench;
 mod common;
+mod devices;
 mod models;
 mod plan;
 mod run;
@@ -44,6 +45,9 @@ enum Command {
     Rm(models::RmArgs),
     /// List the models loaded by a running `flowrt serve`.
     Ps(models::PsArgs),
+    /// List the devices each backend can run on (the CPU, Vulkan devices), and what
+    /// `--backend auto` picks.
+    Devices(devices::DevicesArgs),
 }
 
 fn main() -> ExitCode {
@@ -64,6 +68,7 @@ fn main() -> ExitCode {
         Command::Add(a) => models::add(a),
         Command::Rm(a) => models::rm(a),
         Command::Ps(a) => models::ps(a),
+        Command::Devices(a) => devices::devices(a),
     };
     match result {
         Ok(code) => code,

@@ -219,6 +219,17 @@ fn bench_reports_what_ran() {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
     }
     assert_eq!(v["threads"], 2);
+    // The device, as the backend reports it: the CPU, shared host memory, repacked weights.
+    assert_eq!(v["backend"], "cpu", "{v}");
+    assert!(v["device"].as_str().is_some_and(|d| !d.is_empty()), "{v}");
+    assert!(
+        v["driver"].is_null() && v["device_memory_bytes"].is_null(),
+        "{v}"
+    );
+    assert!(
+        v["prepared_weight_bytes"].as_f64().is_some_and(|x| x > 0.0),
+        "{v}"
+    );
     assert_eq!(v["model"], m.display().to_string());
     assert_eq!(
         v["model_sha256"],
@@ -490,4 +501,109 @@ fn serve_refuses_options_it_does_not_implement() {
         &["serve", m, "--quant", "q8_0"],
         "--quant is not supported by serve",
     );
+}
+
+/// `--backend` takes cpu, vulkan or auto; anything else is a usage error listing them.
+#[test]
+fn backend_flag_parses_and_bad_names_are_refused() {
+    let m = fixture("families/llama-tied");
+    let m = m.to_str().unwrap();
+    let o = flowrt()
+        .args(["run", m, "hi", "--backend", "cuda"])
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{out}\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for word in ["`cuda`", "cpu", "vulkan", "auto"] {
+        assert!(err.contains(word), "stderr lacks {word}: {err}");
+    }
+    fails_with(&["run", m, "hi", "--backend", "CPU"], "unknown backend");
+    fails_with(&["run", m, "hi", "--backend"], "--backend");
+    let args = [
+        "run",
+        m,
+        "hello",
+        "--raw",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "3",
+        "--ignore-eos",
+    ];
+    let cpu = ok(&args);
+    let mut explicit = args.to_vec();
+    explicit.extend(["--backend", "cpu", "--device", "0"]);
+    assert_eq!(
+        ok(&explicit),
+        cpu,
+        "--backend cpu --device 0 is the default"
+    );
+    fails_with(
+        &["run", m, "hi", "--device", "3"],
+        "cpu backend: device 3 does not exist",
+    );
+    let help = ok(&["run", "--help"]);
+    assert!(
+        help.contains("--backend") && help.contains("--device") && help.contains("real GPU"),
+        "{help}"
+    );
+}
+
+/// CPU-only flags reach the CPU as its settings; given to another backend they are refused by
+/// it, naming the setting, and an unknown value is refused by the CPU naming flag and value.
+#[test]
+fn cpu_flags_are_backend_settings() {
+    let m = fixture("families/llama-tied");
+    let m = m.to_str().unwrap();
+    for (flag, setting) in [
+        (&["--kernels", "scalar"][..], "`kernels`"),
+        (&["--act-quant", "q8"][..], "`act-quant`"),
+        (&["--no-repack"][..], "`repack`"),
+        (&["--no-attn-split"][..], "`attn-split`"),
+    ] {
+        let mut args = vec!["run", m, "hi", "--backend", "vulkan"];
+        args.extend_from_slice(flag);
+        fails_with(&args, "vulkan backend");
+        fails_with(&args, setting);
+    }
+    fails_with(
+        &["run", m, "hi", "--act-quant", "q4"],
+        "cpu backend: setting `act-quant=q4`",
+    );
+}
+
+/// `flowrt devices` lists the CPU, and Vulkan's devices or why it has none.
+#[test]
+fn devices_lists_the_cpu_and_vulkan() {
+    let out = ok(&["devices"]);
+    assert!(out.starts_with("cpu (--backend cpu)"), "{out}");
+    assert!(out.contains("vulkan (--backend vulkan"), "{out}");
+    assert!(out.contains("--backend auto picks: "), "{out}");
+    let v: serde_json::Value = serde_json::from_str(ok(&["devices", "--json"]).trim()).unwrap();
+    let cpu = &v["cpu"];
+    assert!(cpu["name"].as_str().is_some_and(|n| !n.is_empty()), "{v}");
+    assert!(out.contains(cpu["name"].as_str().unwrap()), "{out}");
+    assert!(cpu["threads"].as_u64().is_some_and(|t| t >= 1), "{v}");
+    let sets = cpu["kernel_sets"].as_array().unwrap();
+    assert!(
+        sets.iter().any(|k| k == "scalar") && sets.contains(&cpu["kernels"]),
+        "{v}"
+    );
+    // Either devices or the reason there are none, and that reason printed.
+    let devices = v["vulkan"]["devices"].as_array().unwrap();
+    match v["vulkan"]["error"].as_str() {
+        Some(why) => {
+            assert!(devices.is_empty() && !why.is_empty(), "{v}");
+            assert!(out.contains(&format!("no device: {why}")), "{out}");
+        }
+        None => {
+            assert!(!devices.is_empty(), "{v}");
+            for d in devices {
+                assert!(out.contains(d["name"].as_str().unwrap()), "{out}");
+            }
+        }
+    }
+    let gpu = devices.iter().any(|d| d["gpu"] == true);
+    assert_eq!(v["auto"], if gpu { "vulkan" } else { "cpu" }, "{v}");
 }

@@ -225,8 +225,35 @@ fn client_python() -> PathBuf {
 
 #[test]
 fn official_openai_and_ollama_clients_work() {
+    clients_pass(&[]);
+}
+
+/// The same client checks against `serve --backend vulkan` (lavapipe where there is no GPU).
+#[test]
+fn official_clients_work_with_the_vulkan_backend() {
+    let out = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .args(["devices", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    if v["vulkan"]["devices"]
+        .as_array()
+        .is_none_or(|d| d.is_empty())
+    {
+        flowrt_testkit::coverage::not_run(
+            "serve",
+            "client checks on --backend vulkan",
+            &format!("no Vulkan device: {}", v["vulkan"]),
+        );
+        return;
+    }
+    clients_pass(&["--backend", "vulkan"]);
+    flowrt_testkit::coverage::ran("serve", "client checks on --backend vulkan");
+}
+
+fn clients_pass(extra: &[&str]) {
     let py = client_python();
-    let server = serve(&[]);
+    let server = serve(extra);
     let script = repo_root().join("scripts/e2e_clients.py");
     let out = Command::new(py)
         .arg(script)

@@ -9,6 +9,7 @@ mod rope;
 
 pub use exec::{
     ActQuant, AttnSplit, BackendError, Batch, CpuBackend, CpuOptions, LogitsWanted, SeqSpan,
+    CPU_OPTIONS,
 };
 pub use kv::{KvCache, KvType};
 pub use pool::ThreadPool;

@@ -60,6 +60,9 @@ pub struct FaultSpec {
     /// This op never returns: `wait` blocks, ignoring its deadline (a stuck device or driver),
     /// until the backend's [`StuckGate`] is released; it then reports a timeout.
     pub stuck: Option<Inject>,
+    /// `cancel` takes this long: a queue that cannot take back work it has started (a GPU's)
+    /// waits in `cancel` for it to drain.
+    pub slow_cancel: Option<std::time::Duration>,
 }
 
 /// Holds a stuck `wait` until released (a device that comes back late).
@@ -309,6 +312,14 @@ impl<B: Backend> Backend for FaultBackend<B> {
 
     fn cancel(&mut self) {
         self.pending = None;
+        let slow = self
+            .spec
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .slow_cancel;
+        if let Some(d) = slow {
+            std::thread::sleep(d);
+        }
         self.inner.cancel();
     }
     fn logits(&self) -> &[f32] {

@@ -21,6 +21,11 @@
 //! * dropping a dispatcher whose device is lost does not wait for it: the device thread ends,
 //!   dropping the backend, when the stuck call returns (or with the process).
 //!
+//! After a failed runlist the device thread calls `cancel` under a fresh limit: the failed
+//! runlist's deadline plus grace, counted from the cancel's start. A device whose queue cannot
+//! take back work it has started (a GPU) waits there for that work to drain; one that drains
+//! no faster is lost like one whose `wait` does not return.
+//!
 //! A panic inside the backend is caught on the device thread and reported as a
 //! [`DeviceError::Fault`] of the runlist it happened in, instead of unwinding through the
 //! caller.
@@ -299,6 +304,10 @@ fn fault(op: Option<&'static str>, reason: String) -> DeviceError {
 }
 
 fn device_thread(jobs: mpsc::Receiver<Job>, done: mpsc::SyncSender<Done>, progress: Arc<Progress>) {
+    // The first time a thread blocks on a channel the standard library sets up its waiting
+    // context, which allocates; do it now, so that no step allocates.
+    let (_keep, warm) = mpsc::sync_channel::<()>(1);
+    let _ = warm.recv_timeout(std::time::Duration::from_micros(1));
     while let Ok(job) = jobs.recv() {
         let Job {
             core,
@@ -333,7 +342,10 @@ fn device_thread(jobs: mpsc::Receiver<Job>, done: mpsc::SyncSender<Done>, progre
                     fault(None, format!("the backend panicked: {msg}")),
                 )))
             });
-            if r.is_err() {
+            if let Err(failed) = &r {
+                // `cancel` gets the failed runlist's limit again, from its own start: a
+                // device whose queue cannot take started work back (a GPU) drains it there.
+                progress.set(core.watch(progress.get().k, Instant::now(), &failed.0));
                 let _ = catch_unwind(AssertUnwindSafe(|| backend.cancel()));
             }
             r

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use flowrt_dispatch::BackendInfo;
 use flowrt_model::{Model, WeightMatrix};
 use serde::Serialize;
 
@@ -48,6 +49,38 @@ impl Stat {
     }
 }
 
+/// What a benchmark ran on, as the backend reports it ([`BackendInfo`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct BackendReport {
+    /// `cpu`, `vulkan`, ...
+    pub name: String,
+    pub kernels: String,
+    pub threads: usize,
+    /// The CPU's model name or the GPU's.
+    pub device: String,
+    pub driver: Option<String>,
+    /// Device memory (`None`: host memory, shared).
+    pub memory_bytes: Option<u64>,
+    /// Repacked or uploaded weight copies.
+    pub prepared_weight_bytes: u64,
+    pub kv_cache_bytes: u64,
+}
+
+impl From<BackendInfo> for BackendReport {
+    fn from(i: BackendInfo) -> Self {
+        BackendReport {
+            name: i.name,
+            kernels: i.kernels,
+            threads: i.threads,
+            device: i.device,
+            driver: i.driver,
+            memory_bytes: i.memory_bytes,
+            prepared_weight_bytes: i.prepared_weight_bytes,
+            kv_cache_bytes: i.kv_cache_bytes,
+        }
+    }
+}
+
 /// Measured figures of one benchmark run.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchReport {
@@ -60,6 +93,7 @@ pub struct BenchReport {
     pub decode_tok_s: Stat,
     pub threads: usize,
     pub kernels: String,
+    pub backend: BackendReport,
 }
 
 /// Prompt of `n` token ids spread over the vocabulary (deterministic).
@@ -111,6 +145,7 @@ pub fn bench(session: &mut Session, opts: &BenchOptions) -> Result<BenchReport, 
         }
     }
     session.reset();
+    let info = session.backend_info();
     Ok(BenchReport {
         n_prompt: opts.n_prompt,
         n_gen: opts.n_gen,
@@ -118,8 +153,9 @@ pub fn bench(session: &mut Session, opts: &BenchOptions) -> Result<BenchReport, 
         prefill_tok_s: Stat::of(&pre),
         ttft_ms: Stat::of(&ttft),
         decode_tok_s: Stat::of(&dec),
-        threads: session.backend_info().threads,
-        kernels: session.backend_info().kernels,
+        threads: info.threads,
+        kernels: info.kernels.clone(),
+        backend: info.into(),
     })
 }
 
@@ -135,6 +171,7 @@ pub struct ParallelReport {
     pub aggregate_decode_tok_s: Stat,
     pub threads: usize,
     pub kernels: String,
+    pub backend: BackendReport,
 }
 
 /// Prefill `n_prompt` tokens in each of the session's slots (different prompts), then decode
@@ -195,14 +232,16 @@ pub fn bench_parallel(
     for s in 0..n_seq {
         session.truncate(s, 0);
     }
+    let info = session.backend_info();
     Ok(ParallelReport {
         sequences: n_seq,
         n_prompt: opts.n_prompt,
         n_gen: opts.n_gen,
         repetitions: opts.repetitions,
         aggregate_decode_tok_s: Stat::of(&dec),
-        threads: session.backend_info().threads,
-        kernels: session.backend_info().kernels,
+        threads: info.threads,
+        kernels: info.kernels.clone(),
+        backend: info.into(),
     })
 }
 

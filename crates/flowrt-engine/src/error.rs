@@ -8,7 +8,7 @@ pub enum EngineError {
     #[error(transparent)]
     Model(#[from] flowrt_model::ModelError),
     #[error(transparent)]
-    Backend(#[from] flowrt_cpu::BackendError),
+    Backend(#[from] flowrt_backends::OpenError),
     #[error(transparent)]
     Text(#[from] flowrt_text::TextError),
     #[error(transparent)]

@@ -13,9 +13,12 @@ mod verify;
 
 pub use bandwidth::{measure_read_bandwidth, BandwidthOptions, BandwidthReport};
 pub use bench::{
-    bench, bench_parallel, weight_bytes, BenchOptions, BenchReport, ParallelReport, Roofline, Stat,
+    bench, bench_parallel, weight_bytes, BackendReport, BenchOptions, BenchReport, ParallelReport,
+    Roofline, Stat,
 };
 pub use error::EngineError;
+pub use flowrt_backends::{BackendKind, OpenError};
+pub use flowrt_dispatch::KvPrecision;
 pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
 pub use load::{EngineOptions, LoadedModel};

@@ -4,38 +4,37 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowrt_cpu::{ActQuant, AttnSplit, KvType};
-use flowrt_dispatch::DispatchOptions;
+use flowrt_backends::BackendKind;
+use flowrt_dispatch::{BackendSettings, DispatchOptions, KvPrecision};
 use flowrt_gguf::GgufFile;
-use flowrt_kernels::Kernels;
 use flowrt_model::{LoadOptions, Model, ModelConfig, ModelError, Plan};
 use flowrt_text::{ChatTemplate, GgufVocab, Tokenizer};
 
 use crate::error::EngineError;
 
-/// How to run a model.
+/// How to run a model: settings every backend understands, and the chosen backend's own
+/// options, which it checks (see `flowrt_backends`).
 #[derive(Clone, Debug)]
 pub struct EngineOptions {
-    /// Threads (calling thread included); 0 = physical cores.
+    /// Host threads; 0 = the backend's default (the CPU's: physical cores).
     pub threads: usize,
     /// Context length; `None` = the model's.
     pub n_ctx: Option<usize>,
     /// KV cache element type.
-    pub kv_type: KvType,
+    pub kv: KvPrecision,
     /// Most tokens per forward batch (prompts are prefilled in batches of this).
     pub max_batch: usize,
-    /// Kernels to use; `None` = the best the host supports (or `FLOWRT_KERNELS`).
-    pub kernels: Option<&'static Kernels>,
-    /// Activation quantisation for quantised weights.
-    pub act_quant: ActQuant,
+    /// Which backend runs the model (`Auto`: a real GPU when there is one, else the CPU).
+    pub backend: BackendKind,
+    /// Which of the backend's devices (`None`: its default).
+    pub device: Option<usize>,
+    /// Backend-specific `name=value` settings (the CPU's `kernels`, `act-quant`, `repack`,
+    /// `attn-split`); a backend refuses a name it does not take.
+    pub backend_options: Vec<(String, String)>,
     /// How the forward pass is cut into runlists and watched.
     pub dispatch: DispatchOptions,
     /// Record a trace of runlists and ops (see [`crate::Session::trace`]).
     pub trace: bool,
-    /// Repack weights into the kernels' x8 layout at load (see `flowrt_cpu::CpuOptions`).
-    pub repack: bool,
-    /// How attention splits long key ranges over threads (see `flowrt_cpu::AttnSplit`).
-    pub attn_split: AttnSplit,
 }
 
 impl Default for EngineOptions {
@@ -43,24 +42,35 @@ impl Default for EngineOptions {
         EngineOptions {
             threads: 0,
             n_ctx: None,
-            kv_type: KvType::F16,
+            kv: KvPrecision::F16,
             max_batch: 256,
-            kernels: None,
-            act_quant: ActQuant::Q16,
+            backend: BackendKind::Cpu,
+            device: None,
+            backend_options: Vec::new(),
             dispatch: DispatchOptions::default(),
             trace: false,
-            repack: true,
-            attn_split: AttnSplit::Auto,
         }
     }
 }
 
 impl EngineOptions {
-    pub fn threads(&self) -> usize {
-        if self.threads == 0 {
-            flowrt_cpu::physical_cores()
-        } else {
-            self.threads
+    /// These options with the backend option `name` set to `value`.
+    pub fn with_option(mut self, name: &str, value: impl ToString) -> Self {
+        self.backend_options
+            .push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// What the backend is asked for: a cache of `n_seq` sequences of `n_ctx` positions.
+    pub fn backend_settings(&self, n_ctx: usize, n_seq: usize) -> BackendSettings {
+        BackendSettings {
+            threads: self.threads,
+            n_ctx,
+            n_seq,
+            max_batch: self.max_batch,
+            kv: self.kv,
+            device: self.device,
+            options: self.backend_options.clone(),
         }
     }
 }

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowrt_cpu::{CpuBackend, CpuOptions};
 use flowrt_dispatch::{
     group_costs, Backend, BackendInfo, Batch, Dispatcher, LogitsWanted, SeqSpan, Trace,
 };
@@ -28,15 +27,14 @@ pub struct BatchSession {
     /// Scratch for a step's tokens and spans (allocated once).
     tokens: Vec<u32>,
     spans: Vec<SeqSpan>,
-    /// Bytes the backend reserved for the KV cache, when it says.
-    kv_cache_bytes: Option<usize>,
     /// Time to make the session ready (backend, including any weight preparation it does,
     /// and dispatcher).
     setup_time: Duration,
 }
 
 impl BatchSession {
-    /// `n_slots` sequences on the CPU backend.
+    /// `n_slots` sequences on the backend `opts` names, opened through
+    /// `flowrt_backends::open`.
     pub fn new(
         model: &LoadedModel,
         opts: &EngineOptions,
@@ -49,23 +47,12 @@ impl BatchSession {
         }
         let t0 = Instant::now();
         let n_ctx = model.n_ctx(opts)?;
-        let backend = CpuBackend::new(
+        let backend = flowrt_backends::open(
+            opts.backend,
             model.model.clone(),
-            &CpuOptions {
-                threads: opts.threads(),
-                n_ctx,
-                kv_type: opts.kv_type,
-                max_batch: opts.max_batch,
-                n_seq: n_slots,
-                kernels: opts.kernels,
-                act_quant: opts.act_quant,
-                repack: opts.repack,
-                attn_split: opts.attn_split,
-            },
+            &opts.backend_settings(n_ctx, n_slots),
         )?;
-        let kv_cache_bytes = backend.kv_cache().bytes();
-        let mut session = Self::with_backend(model, opts, Box::new(backend))?;
-        session.kv_cache_bytes = Some(kv_cache_bytes);
+        let mut session = Self::with_backend(model, opts, backend)?;
         session.setup_time = t0.elapsed();
         Ok(session)
     }
@@ -96,7 +83,6 @@ impl BatchSession {
             spans: Vec::with_capacity(n_slots),
             dispatcher,
             model_ctx: model.model_ctx(),
-            kv_cache_bytes: None,
             setup_time: t0.elapsed(),
         })
     }
@@ -142,10 +128,10 @@ impl BatchSession {
     pub fn trace(&self) -> Option<&Trace> {
         self.dispatcher.trace()
     }
-    /// Bytes reserved for the KV cache (all slots, full context); `None` for a backend given
-    /// to [`BatchSession::with_backend`], which does not say.
-    pub fn kv_cache_bytes(&self) -> Option<usize> {
-        self.kv_cache_bytes
+    /// Bytes the backend reserved for the KV cache (all slots, full context), as its
+    /// [`BackendInfo::kv_cache_bytes`] says.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.dispatcher.backend_info().kv_cache_bytes
     }
     /// How long making this session took: creating the backend (with any weight preparation
     /// it does at load) and the dispatcher. For [`BatchSession::with_backend`], the dispatcher
@@ -240,7 +226,7 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session on the CPU backend.
+    /// A session on the backend `opts` names.
     pub fn new(model: &LoadedModel, opts: &EngineOptions) -> Result<Session, EngineError> {
         Ok(Session {
             inner: BatchSession::new(model, opts, 1)?,
@@ -271,7 +257,7 @@ impl Session {
         self.inner.trace()
     }
     /// See [`BatchSession::kv_cache_bytes`].
-    pub fn kv_cache_bytes(&self) -> Option<usize> {
+    pub fn kv_cache_bytes(&self) -> u64 {
         self.inner.kv_cache_bytes()
     }
     /// See [`BatchSession::setup_time`].

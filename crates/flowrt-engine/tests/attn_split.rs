@@ -4,17 +4,17 @@
 
 mod common;
 
-use flowrt_cpu::{AttnSplit, KvType};
-use flowrt_engine::{BatchSession, EngineOptions, LoadedModel, Session};
+use flowrt_cpu::AttnSplit;
+use flowrt_engine::{BatchSession, EngineOptions, KvPrecision, LoadedModel, Session};
 
 fn opts(attn_split: AttnSplit, max_batch: usize) -> EngineOptions {
     EngineOptions {
         threads: 2,
-        kv_type: KvType::F16,
+        kv: KvPrecision::F16,
         max_batch,
-        attn_split,
         ..EngineOptions::default()
     }
+    .with_option("attn-split", attn_split)
 }
 
 /// Largest `|a - b|`; NaN if any difference is NaN (a NaN must fail the comparison, and

@@ -3,13 +3,12 @@
 
 mod common;
 
-use flowrt_cpu::KvType;
-use flowrt_engine::{BatchSession, EngineError, EngineOptions, LoadedModel, Session};
+use flowrt_engine::{BatchSession, EngineError, EngineOptions, KvPrecision, LoadedModel, Session};
 
 fn opts() -> EngineOptions {
     EngineOptions {
         threads: 2,
-        kv_type: KvType::F16,
+        kv: KvPrecision::F16,
         max_batch: 64,
         ..EngineOptions::default()
     }

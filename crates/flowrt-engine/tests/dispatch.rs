@@ -9,9 +9,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use flowrt_cpu::{CpuBackend, CpuOptions, KvType};
+use flowrt_cpu::CpuBackend;
 use flowrt_dispatch::{DispatchOptions, FaultBackend, FaultScope, FaultSpec, Inject, StuckGate};
-use flowrt_engine::{EngineError, EngineOptions, LoadedModel, Session};
+use flowrt_engine::{EngineError, EngineOptions, KvPrecision, LoadedModel, Session};
 
 const DEADLINE: Duration = Duration::from_millis(150);
 
@@ -22,7 +22,7 @@ fn model() -> LoadedModel {
 fn opts(max_layers: Option<usize>, retry: bool) -> EngineOptions {
     EngineOptions {
         threads: 2,
-        kv_type: KvType::F32,
+        kv: KvPrecision::F32,
         dispatch: DispatchOptions {
             max_runlist_layers: max_layers,
             deadline: Some(DEADLINE),
@@ -45,21 +45,9 @@ fn faulty_gated(
     o: &EngineOptions,
     spec: FaultSpec,
 ) -> (Session, Arc<Mutex<FaultSpec>>, StuckGate) {
-    let cpu = CpuBackend::new(
-        m.model.clone(),
-        &CpuOptions {
-            threads: o.threads(),
-            n_ctx: m.n_ctx(o).unwrap(),
-            kv_type: o.kv_type,
-            max_batch: o.max_batch,
-            n_seq: 1,
-            kernels: o.kernels,
-            act_quant: o.act_quant,
-            repack: o.repack,
-            attn_split: o.attn_split,
-        },
-    )
-    .unwrap();
+    let cpu =
+        CpuBackend::from_settings(m.model.clone(), &o.backend_settings(m.n_ctx(o).unwrap(), 1))
+            .unwrap();
     let fb = FaultBackend::new(cpu, spec);
     let handle = fb.spec_handle();
     let gate = fb.stuck_gate();
@@ -130,6 +118,28 @@ fn minicpm5_thread_monolithic_decode_fails_and_21_plus_21_succeeds() {
     assert_eq!(s.dispatcher().runlist_count(), 2);
     assert_eq!(s.feed(&prompt()).unwrap(), &want_prefill[..]);
     assert_eq!(s.feed(&[42]).unwrap(), &want_decode[..]);
+}
+
+/// A device whose `cancel` drains the work a missed deadline left on its queue (as a GPU's
+/// must) is given the failed runlist's limit again for it: here the drain ends 150 + 320 ms
+/// after the runlist started, past its watchdog limit (150 ms deadline + 250 ms grace), and
+/// the step still recovers at 21 layers instead of losing the device.
+#[test]
+fn a_cancel_that_drains_the_queue_gets_its_own_watchdog_limit() {
+    let m = model();
+    let (_, want_decode) = reference(&m);
+    let (mut s, _) = faulty(
+        &m,
+        &opts(None, true),
+        FaultSpec {
+            slow_cancel: Some(Duration::from_millis(320)),
+            ..thread_device()
+        },
+    );
+    s.feed(&prompt()).unwrap();
+    assert_eq!(s.feed(&[42]).unwrap(), &want_decode[..]);
+    assert_eq!(s.dispatcher().depth(), Some(21));
+    assert!(!s.dispatcher().device_lost());
 }
 
 /// With retries on (the default), monolithic dispatch recovers by itself: the failed decode

@@ -5,23 +5,22 @@
 
 mod common;
 
-use flowrt_cpu::KvType;
-use flowrt_engine::{verify, EngineOptions, LoadedModel, Session, VerifyReport};
+use flowrt_engine::{verify, EngineOptions, KvPrecision, LoadedModel, Session, VerifyReport};
 use flowrt_kernels::Kernels;
 use flowrt_testkit::golden::{self, Bounds};
 
-fn run(case: &str, kv_type: KvType, max_batch: usize, kernels: &'static Kernels) -> VerifyReport {
+fn run(case: &str, kv: KvPrecision, max_batch: usize, kernels: &'static Kernels) -> VerifyReport {
     let dir = common::fixture(&format!("families/{case}"));
     let model = LoadedModel::load(&dir).unwrap_or_else(|e| panic!("loading {case}: {e}"));
     let mut s = Session::new(
         &model,
         &EngineOptions {
             threads: 2,
-            kv_type,
+            kv,
             max_batch,
-            kernels: Some(kernels),
             ..EngineOptions::default()
-        },
+        }
+        .with_option("kernels", kernels.name()),
     )
     .unwrap();
     verify(&mut s, &dir.join("ref.safetensors")).unwrap_or_else(|e| panic!("{case}: {e}"))
@@ -60,10 +59,10 @@ fn check(case: &str) {
     let best = Kernels::detect();
     let scalar = Kernels::scalar();
     for (kv, batch, kernels, bounds) in [
-        (KvType::F32, 256, best, F32_KV),
-        (KvType::F32, 7, best, F32_KV),
-        (KvType::F32, 256, scalar, F32_KV),
-        (KvType::F16, 256, best, F16_KV),
+        (KvPrecision::F32, 256, best, F32_KV),
+        (KvPrecision::F32, 7, best, F32_KV),
+        (KvPrecision::F32, 256, scalar, F32_KV),
+        (KvPrecision::F16, 256, best, F16_KV),
     ] {
         let r = run(case, kv, batch, kernels);
         golden::check(
@@ -227,7 +226,7 @@ fn quantised_on_load_matches_the_gguf_of_the_same_model() {
     let reference = dir.join("ref-q4_1.safetensors");
     let opts = EngineOptions {
         threads: 2,
-        kv_type: KvType::F32,
+        kv: KvPrecision::F32,
         ..EngineOptions::default()
     };
     let hf = LoadedModel::load_with(

@@ -5,15 +5,16 @@
 
 mod common;
 
-use flowrt_cpu::KvType;
-use flowrt_engine::{generate, verify, EngineOptions, GenerateOptions, LoadedModel, Session};
+use flowrt_engine::{
+    generate, verify, EngineOptions, GenerateOptions, KvPrecision, LoadedModel, Session,
+};
 use flowrt_sample::SamplerConfig;
 use flowrt_testkit::golden::{self, Bounds};
 
-fn opts(kv_type: KvType) -> EngineOptions {
+fn opts(kv: KvPrecision) -> EngineOptions {
     EngineOptions {
         threads: 2,
-        kv_type,
+        kv,
         ..EngineOptions::default()
     }
 }
@@ -25,7 +26,7 @@ fn opts(kv_type: KvType) -> EngineOptions {
 #[test]
 fn gemma3_270m_q4_k_m_matches_transformers() {
     let m = LoadedModel::load(&common::gemma3()).unwrap();
-    let mut s = Session::new(&m, &opts(KvType::F16)).unwrap();
+    let mut s = Session::new(&m, &opts(KvPrecision::F16)).unwrap();
     let r = verify(
         &mut s,
         &common::fixture("ref/gemma3-270m-q4_k_m.topk.safetensors"),
@@ -48,7 +49,7 @@ fn gemma3_270m_q4_k_m_matches_transformers() {
 #[test]
 fn gemma3_greedy_continuation_matches_transformers() {
     let m = LoadedModel::load(&common::gemma3()).unwrap();
-    let mut s = Session::new(&m, &opts(KvType::F16)).unwrap();
+    let mut s = Session::new(&m, &opts(KvPrecision::F16)).unwrap();
     let tokens = m
         .tokenizer
         .encode("The capital of France is", true, false)

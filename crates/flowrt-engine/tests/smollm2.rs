@@ -2,8 +2,9 @@
 
 mod common;
 
-use flowrt_cpu::{ActQuant, KvType};
-use flowrt_engine::{generate, EngineError, EngineOptions, GenerateOptions, LoadedModel, Session};
+use flowrt_engine::{
+    generate, EngineError, EngineOptions, GenerateOptions, KvPrecision, LoadedModel, Session,
+};
 use flowrt_sample::SamplerConfig;
 use flowrt_testkit::golden::{self, Bounds};
 
@@ -11,13 +12,12 @@ fn load() -> LoadedModel {
     LoadedModel::load(&common::smollm2()).expect("loading SmolLM2")
 }
 
-fn opts(max_batch: usize, kv_type: KvType) -> EngineOptions {
+fn opts(max_batch: usize, kv: KvPrecision) -> EngineOptions {
     EngineOptions {
         threads: 2,
         n_ctx: Some(512),
-        kv_type,
+        kv,
         max_batch,
-        kernels: None,
         ..EngineOptions::default()
     }
 }
@@ -60,17 +60,17 @@ const Q8_F16_KV: Bounds = Bounds {
 fn smollm2_q4_1_matches_transformers() {
     let m = load();
     for (name, kv_type, act_quant, bounds) in [
-        ("q16, f16 KV", KvType::F16, ActQuant::Q16, Q16_F16_KV),
-        ("q16, f32 KV", KvType::F32, ActQuant::Q16, Q16_F32_KV),
-        ("q8, f16 KV", KvType::F16, ActQuant::Q8, Q8_F16_KV),
+        ("q16, f16 KV", KvPrecision::F16, "q16", Q16_F16_KV),
+        ("q16, f32 KV", KvPrecision::F32, "q16", Q16_F32_KV),
+        ("q8, f16 KV", KvPrecision::F16, "q8", Q8_F16_KV),
     ] {
         let mut s = Session::new(
             &m,
             &EngineOptions {
                 n_ctx: None,
-                act_quant,
                 ..opts(256, kv_type)
-            },
+            }
+            .with_option("act-quant", act_quant),
         )
         .unwrap();
         let r = flowrt_engine::verify(&mut s, &common::fixture("ref/smollm2-q4_1.safetensors"))
@@ -116,9 +116,9 @@ fn batched_prefill_equals_token_by_token() {
             false,
         )
         .unwrap();
-    let whole = last_logits(&m, &opts(256, KvType::F16), &tokens);
+    let whole = last_logits(&m, &opts(256, KvPrecision::F16), &tokens);
     for b in [1, 3, 7] {
-        let chunked = last_logits(&m, &opts(b, KvType::F16), &tokens);
+        let chunked = last_logits(&m, &opts(b, KvPrecision::F16), &tokens);
         let d = max_diff(&whole, &chunked);
         assert!(d < BATCHING_TOL, "batch {b}: max logit difference {d}");
         assert_eq!(argmax(&whole), argmax(&chunked), "batch {b}");
@@ -132,34 +132,22 @@ fn repacked_weights_agree_with_the_row_layout() {
     let m = load();
     // The repacking really happens (and is really skipped): the backend says how much it packed.
     for (repack, packed) in [(true, true), (false, false)] {
-        let b = flowrt_cpu::CpuBackend::new(
-            m.model.clone(),
-            &flowrt_cpu::CpuOptions {
-                threads: 2,
-                n_ctx: 64,
-                kv_type: KvType::F16,
-                max_batch: 8,
-                n_seq: 1,
-                kernels: None,
-                act_quant: flowrt_cpu::ActQuant::Q16,
-                repack,
-                attn_split: flowrt_cpu::AttnSplit::Auto,
-            },
-        )
-        .unwrap();
-        assert_eq!(b.packed_bytes() > 0, packed, "repack {repack}");
+        let o = EngineOptions {
+            n_ctx: Some(64),
+            ..opts(8, KvPrecision::F16)
+        };
+        let s = Session::new(&m, &o.with_option("repack", repack)).unwrap();
+        let bytes = s.backend_info().prepared_weight_bytes;
+        assert_eq!(bytes > 0, packed, "repack {repack}: {bytes} bytes prepared");
     }
     let tokens = m
         .tokenizer
         .encode("Repacked weights must not change the answer.", false, false)
         .unwrap();
-    let packed = last_logits(&m, &opts(256, KvType::F16), &tokens);
+    let packed = last_logits(&m, &opts(256, KvPrecision::F16), &tokens);
     let rows = last_logits(
         &m,
-        &EngineOptions {
-            repack: false,
-            ..opts(256, KvType::F16)
-        },
+        &opts(256, KvPrecision::F16).with_option("repack", false),
         &tokens,
     );
     let d = max_diff(&packed, &rows);
@@ -174,8 +162,8 @@ fn f32_kv_cache_agrees_with_f16() {
         .tokenizer
         .encode("The KV cache type changes little.", false, false)
         .unwrap();
-    let a = last_logits(&m, &opts(256, KvType::F16), &tokens);
-    let b = last_logits(&m, &opts(256, KvType::F32), &tokens);
+    let a = last_logits(&m, &opts(256, KvPrecision::F16), &tokens);
+    let b = last_logits(&m, &opts(256, KvPrecision::F32), &tokens);
     let d = max_diff(&a, &b);
     assert!(
         d > 0.0 && d < 0.1,
@@ -190,7 +178,7 @@ fn prompt_over_the_context_is_a_clear_error() {
         &m,
         &EngineOptions {
             n_ctx: Some(8),
-            ..opts(256, KvType::F16)
+            ..opts(256, KvPrecision::F16)
         },
     )
     .unwrap();
@@ -225,7 +213,7 @@ fn context_length_beyond_the_model_is_refused() {
         &m,
         &EngineOptions {
             n_ctx: Some(1 << 20),
-            ..opts(256, KvType::F16)
+            ..opts(256, KvPrecision::F16)
         },
     )
     .err()
@@ -236,7 +224,7 @@ fn context_length_beyond_the_model_is_refused() {
 #[test]
 fn token_outside_the_vocabulary_is_an_error() {
     let m = load();
-    let mut s = Session::new(&m, &opts(256, KvType::F16)).unwrap();
+    let mut s = Session::new(&m, &opts(256, KvPrecision::F16)).unwrap();
     let e = s.feed(&[1, 2, 49152]).unwrap_err();
     assert!(e.to_string().contains("49152"), "{e}");
 }
@@ -247,7 +235,7 @@ fn run_generate(
     sampler: SamplerConfig,
     stop: Vec<String>,
 ) -> (String, flowrt_engine::GenerationStats) {
-    let mut s = Session::new(m, &opts(256, KvType::F16)).unwrap();
+    let mut s = Session::new(m, &opts(256, KvPrecision::F16)).unwrap();
     let tokens = m.tokenizer.encode(prompt, false, false).unwrap();
     let mut text = String::new();
     let gen = GenerateOptions {
@@ -322,7 +310,7 @@ fn prefix_reuse_equals_fresh_prefill() {
             false,
         )
         .unwrap();
-    let o = opts(256, KvType::F16);
+    let o = opts(256, KvPrecision::F16);
     let mut s = Session::new(&m, &o).unwrap();
     s.feed(&a).unwrap();
     let common = s.common_prefix(&b);

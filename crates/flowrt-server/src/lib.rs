@@ -51,7 +51,7 @@ pub use models::{ModelManager, ModelSpec, ModelState};
 /// How the server runs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Threads, context length, KV type, batch size, kernels for every model.
+    /// Threads, context length, KV type, batch size, backend and its options for every model.
     pub engine: EngineOptions,
     /// Sequences each model runs at once (its KV cache slots).
     pub parallel: usize,

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use flowrt_cpu::KvType;
 use flowrt_engine::LoadedModel;
 use flowrt_store::{Entry, ModelFormat, StoreError};
 use tokio::sync::watch;
@@ -558,10 +557,7 @@ fn load_runner(
     let engine = BatchStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;
     let n_ctx = StepEngine::n_ctx(&engine);
     let c = &model.model.config;
-    let kv_elem = match config.engine.kv_type {
-        KvType::F16 => 2,
-        KvType::F32 => 4,
-    };
+    let kv_elem = config.engine.kv.bytes() as u64;
     let kv_bytes = 2 * c.num_hidden_layers as u64 * n_ctx as u64 * c.kv_dim() as u64 * kv_elem;
     let est_bytes = spec.size + kv_bytes * parallel as u64;
     let scheduler = Scheduler::spawn(

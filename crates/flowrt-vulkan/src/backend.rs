@@ -1,24 +1,1058 @@
 //! The [`flowrt_dispatch::Backend`] over a Vulkan device.
+//!
+//! At creation every weight is uploaded, every activation buffer and the KV cache are
+//! allocated, and every op of the plan gets its kernel and bind group, so a step only writes
+//! the batch's tokens, positions and logit rows, records the runlist's dispatches into one
+//! command buffer and submits it.
 
+use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use flowrt_dispatch::BackendSettings;
-use flowrt_model::Model;
+use flowrt_dispatch::{
+    Backend, BackendInfo, BackendSettings, Batch, DeviceError, DeviceRates, KvPrecision,
+    LogitsWanted, Runlist, Trace,
+};
+use flowrt_model::plan::{Buf, GroupKind, MatRole, NormWeight, Op};
+use flowrt_model::{Activation, Model, Plan, RopePairing, WeightMatrix};
 
 use crate::error::VulkanError;
+use crate::gpu::{Gpu, WaitError};
+use crate::ops;
+use crate::quant::{BoundEmbed, BoundMatmul, DeviceMatrix, QuantKernels, StepParams};
 
-/// The Vulkan backend for one model instance.
+/// Layers per runlist by default: a bounded submission, so that no single command buffer
+/// holds the whole model (what a desktop driver's watchdog or an NPU's command timeout
+/// punishes).
+pub const DEFAULT_RUNLIST_LAYERS: usize = 8;
+
+/// How long `cancel` waits for work a missed deadline left on the queue before it gives the
+/// device up.
+const DRAIN_LIMIT: Duration = Duration::from_secs(120);
+
+/// Which token count a kernel runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Over {
+    /// Every token of the batch.
+    Tokens,
+    /// The rows whose logits were asked for.
+    Logits,
+}
+
+/// One recorded dispatch.
+enum Cmd {
+    /// An element-wise kernel over `n × per` items.
+    Ew {
+        pipe: usize,
+        bind: wgpu::BindGroup,
+        per: u32,
+        over: Over,
+    },
+    /// A row kernel over `n × rows` rows (one workgroup each).
+    Rows {
+        pipe: usize,
+        bind: wgpu::BindGroup,
+        rows: u32,
+    },
+    /// Attention: one workgroup per (query head, token).
+    Attention {
+        pipe: usize,
+        bind: wgpu::BindGroup,
+        heads: u32,
+    },
+    Matmul(BoundMatmul, Over),
+    Embed(BoundEmbed),
+}
+
+/// Kernels other than the weight readers, by index into `VulkanBackend::pipes`.
+const P_RMS: usize = 0;
+const P_RMS_INPLACE: usize = 1;
+const P_ROPE: usize = 2;
+const P_STORE_KV: usize = 3;
+const P_ATTENTION: usize = 4;
+const P_GATED: usize = 5;
+const P_RESIDUAL: usize = 6;
+const P_BIAS: usize = 7;
+const P_GATHER: usize = 8;
+const P_SCALE_LOGITS: usize = 9;
+
+struct Pending {
+    index: wgpu::SubmissionIndex,
+    groups: Range<usize>,
+    /// Rows of logits the submission copies out (0: none).
+    logit_rows: usize,
+}
+
+/// The Vulkan backend for one model instance (its KV cache holds `n_seq` sequences).
 pub struct VulkanBackend {
-    _model: Arc<Model>,
+    model: Arc<Model>,
+    gpu: Gpu,
+    pipes: Vec<wgpu::ComputePipeline>,
+    /// Per plan group, the dispatches of its ops.
+    cmds: Vec<Vec<Cmd>>,
+    n_groups: usize,
+    tokens_buf: wgpu::Buffer,
+    rows_buf: wgpu::Buffer,
+    out_rows_buf: wgpu::Buffer,
+    step_buf: wgpu::Buffer,
+    logits_buf: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    /// Host copies of a step's inputs (allocated once).
+    rows: Vec<u32>,
+    out_rows: Vec<u32>,
+    logits: Vec<f32>,
+    n_logit_rows: usize,
+    pending: Option<Pending>,
+    /// A submission whose deadline passed, still on the queue.
+    stale: Option<wgpu::SubmissionIndex>,
+    /// Why the device cannot run more work, once it cannot.
+    broken: Option<String>,
+    n_ctx: usize,
+    n_seq: usize,
+    max_batch: usize,
+    weight_bytes: u64,
+    kv_bytes: u64,
+    /// Kept alive for the bind groups (weights, caches, activations, tables, uniforms).
+    _keep: Vec<wgpu::Buffer>,
+    _mats: Vec<DeviceMatrix>,
+}
+
+/// Activation buffers, indexed by `Buf as usize`, plus the gathered logit rows.
+struct Acts {
+    bufs: Vec<wgpu::Buffer>,
+    gathered: wgpu::Buffer,
+}
+
+fn buf_width(m: &Model, b: Buf) -> usize {
+    let c = &m.config;
+    match b {
+        Buf::X | Buf::Xn | Buf::Proj => c.hidden_size,
+        Buf::Q | Buf::Attn => c.q_dim(),
+        Buf::K | Buf::V => c.kv_dim(),
+        Buf::Gate | Buf::Up => c.intermediate_size,
+        Buf::Logits => c.vocab_size,
+    }
+}
+
+const ALL_BUFS: [Buf; 10] = [
+    Buf::X,
+    Buf::Xn,
+    Buf::Q,
+    Buf::K,
+    Buf::V,
+    Buf::Attn,
+    Buf::Proj,
+    Buf::Gate,
+    Buf::Up,
+    Buf::Logits,
+];
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
 }
 
 impl VulkanBackend {
     /// Open the device `settings.device` names (or the default one), upload the weights and
     /// allocate the KV cache and activations.
     pub fn new(model: Arc<Model>, settings: &BackendSettings) -> Result<Self, VulkanError> {
-        let _ = (model, settings);
-        Err(VulkanError::Unsupported(
-            "the Vulkan backend is not built yet".into(),
-        ))
+        settings
+            .check_options("vulkan", &[])
+            .map_err(VulkanError::Unsupported)?;
+        let c = &model.config;
+        if c.head_dim > ops::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
+            return Err(VulkanError::Unsupported(format!(
+                "head_dim {} (the Vulkan attention kernel takes even head sizes up to {})",
+                c.head_dim,
+                ops::MAX_HEAD_DIM
+            )));
+        }
+        // Every matrix type first: a clear error before anything is uploaded.
+        let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd, &model.output];
+        for l in &model.layers {
+            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        }
+        for m in &mats {
+            if !crate::quant::supported(m.dtype) {
+                return Err(VulkanError::UnsupportedType {
+                    tensor: m.name.clone(),
+                    ty: m.dtype,
+                });
+            }
+        }
+        let gpu = Gpu::open(settings.device)?;
+        let max_binding = gpu.limits.max_storage_buffer_binding_size;
+        let n_ctx = settings.n_ctx.max(1);
+        let n_seq = settings.n_seq.max(1);
+        // Logits of every token of a batch must fit one binding.
+        let logit_row_bytes = (c.vocab_size * 4) as u64;
+        let max_logit_rows = (max_binding / logit_row_bytes).max(1) as usize;
+        let max_batch = settings.max_batch.clamp(1, max_logit_rows);
+        let f16_kv = settings.kv == KvPrecision::F16;
+        let mut keep: Vec<wgpu::Buffer> = Vec::new();
+
+        // Kernels.
+        let pipes = vec![
+            gpu.kernel("rms_norm", &ops::rms_norm(), "main")?,
+            gpu.kernel("rms_norm_inplace", &ops::rms_norm_inplace(), "main")?,
+            gpu.kernel("rope", &ops::rope(), "main")?,
+            gpu.kernel("store_kv", &ops::store_kv(f16_kv), "main")?,
+            gpu.kernel("attention", &ops::attention(f16_kv), "main")?,
+            gpu.kernel("gated_act", &ops::gated_act(), "main")?,
+            gpu.kernel("add_residual", &ops::add_residual(), "main")?,
+            gpu.kernel("add_bias", &ops::add_bias(), "main")?,
+            gpu.kernel("gather_rows", &ops::gather_rows(), "main")?,
+            gpu.kernel("scale_logits", &ops::scale_logits(), "main")?,
+        ];
+        let mut qk = QuantKernels::new();
+
+        // Per-step inputs.
+        let tokens_buf = gpu.storage("tokens", (max_batch * 4) as u64)?;
+        let rows_buf = gpu.storage("rows", (max_batch * 8) as u64)?;
+        let out_rows_buf = gpu.storage("logit rows", (max_batch * 4) as u64)?;
+        let step_buf = gpu.uniform(
+            "step",
+            bytemuck::bytes_of(&StepParams {
+                n_tok: 0,
+                n_out: 0,
+                _pad: [0; 2],
+            }),
+        )?;
+
+        // Activations.
+        let mut bufs = Vec::with_capacity(ALL_BUFS.len());
+        for b in ALL_BUFS {
+            let bytes = (max_batch * buf_width(&model, b) * 4) as u64;
+            bufs.push(gpu.storage(&format!("activations {b:?}"), bytes)?);
+        }
+        let acts = Acts {
+            bufs,
+            gathered: gpu.storage(
+                "logit rows of the residual stream",
+                (max_batch * c.hidden_size * 4) as u64,
+            )?,
+        };
+        let logits_buf = acts.bufs[Buf::Logits as usize].clone();
+        let readback = gpu.readback("logits readback", (max_batch * c.vocab_size * 4) as u64)?;
+
+        // KV cache: one K and one V buffer per layer.
+        let kv_layer_bytes =
+            (n_seq * c.num_key_value_heads * n_ctx * c.head_dim * settings.kv.bytes()) as u64;
+        if kv_layer_bytes > max_binding {
+            return Err(VulkanError::OutOfMemory {
+                what: "one layer's KV cache".into(),
+                bytes: kv_layer_bytes,
+                reason: format!(
+                    "larger than the device's largest binding, {max_binding} bytes; use a smaller --ctx-len or fewer parallel sequences"
+                ),
+            });
+        }
+        let mut kcache = Vec::with_capacity(c.num_hidden_layers);
+        let mut vcache = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            kcache.push(gpu.storage(&format!("K cache of layer {l}"), kv_layer_bytes)?);
+            vcache.push(gpu.storage(&format!("V cache of layer {l}"), kv_layer_bytes)?);
+        }
+        let kv_bytes = 2 * kv_layer_bytes * c.num_hidden_layers as u64;
+
+        // RoPE tables: cos then sin, (n_ctx, rope_dim / 2) each.
+        let table = |rope: &flowrt_model::RopeConfig| -> Result<wgpu::Buffer, VulkanError> {
+            let (mut cos, sin) = rope.cos_sin_table(c.rope_dim, n_ctx);
+            cos.extend_from_slice(&sin);
+            gpu.upload("RoPE table", f32_bytes(&cos))
+        };
+        let rope_global = table(&c.rope)?;
+        let rope_local = match &c.rope_local {
+            Some(r) => Some(table(r)?),
+            None => None,
+        };
+
+        // Weights, uploaded once (tied embeddings once for both uses).
+        let mut weight_bytes = 0u64;
+        let mut up = |m: &WeightMatrix| -> Result<DeviceMatrix, VulkanError> {
+            let d = DeviceMatrix::upload(
+                &gpu,
+                &m.name,
+                m.dtype,
+                m.rows,
+                m.cols,
+                m.bytes(),
+                max_binding,
+            )?;
+            weight_bytes += d.bytes();
+            Ok(d)
+        };
+        let embd = up(&model.token_embd)?;
+        let output = if model.tied_embeddings {
+            None
+        } else {
+            Some(up(&model.output)?)
+        };
+        let mut layer_mats = Vec::with_capacity(model.layers.len());
+        for lw in &model.layers {
+            layer_mats.push([
+                up(&lw.wq)?,
+                up(&lw.wk)?,
+                up(&lw.wv)?,
+                up(&lw.wo)?,
+                up(&lw.w_gate)?,
+                up(&lw.w_up)?,
+                up(&lw.w_down)?,
+            ]);
+        }
+        let vec_buf = |what: &str, v: &[f32]| gpu.upload(what, f32_bytes(v));
+        let mut norms = Vec::with_capacity(model.layers.len());
+        for (l, lw) in model.layers.iter().enumerate() {
+            let opt =
+                |v: &Option<Vec<f32>>, what: &str| -> Result<Option<wgpu::Buffer>, VulkanError> {
+                    v.as_ref()
+                        .map(|v| vec_buf(&format!("{what} of layer {l}"), v))
+                        .transpose()
+                };
+            norms.push(LayerVecs {
+                attn_norm: vec_buf("attention norm", &lw.attn_norm)?,
+                ffn_norm: vec_buf("feed-forward norm", &lw.ffn_norm)?,
+                attn_post: opt(&lw.attn_post_norm, "attention output norm")?,
+                ffn_post: opt(&lw.ffn_post_norm, "feed-forward output norm")?,
+                q_norm: opt(&lw.q_norm, "Q norm")?,
+                k_norm: opt(&lw.k_norm, "K norm")?,
+                bq: opt(&lw.bq, "Q bias")?,
+                bk: opt(&lw.bk, "K bias")?,
+                bv: opt(&lw.bv, "V bias")?,
+            });
+        }
+        let output_norm = vec_buf("output norm", &model.output_norm)?;
+
+        // Every op of the plan, bound once.
+        let plan = Plan::new(c);
+        let mut b = Binder {
+            gpu: &gpu,
+            pipes: &pipes,
+            step: &step_buf,
+            uniforms: Vec::new(),
+        };
+        let mut cmds = Vec::with_capacity(plan.groups.len());
+        for g in &plan.groups {
+            let layer = g.kind.layer();
+            let mut out = Vec::new();
+            for op in &g.ops {
+                match *op {
+                    Op::Embed { scale } => {
+                        out.push(Cmd::Embed(embd.bind_embed(
+                            &gpu,
+                            &mut qk,
+                            &tokens_buf,
+                            &acts.bufs[Buf::X as usize],
+                            scale,
+                            &step_buf,
+                        )?));
+                    }
+                    Op::RmsNorm { src, dst, weight } => {
+                        let w = match (weight, layer) {
+                            (NormWeight::Attn, Some(l)) => &norms[l].attn_norm,
+                            (NormWeight::Ffn, Some(l)) => &norms[l].ffn_norm,
+                            (NormWeight::AttnPost, Some(l)) => {
+                                norms[l].attn_post.as_ref().ok_or_else(|| {
+                                    VulkanError::Unsupported(
+                                        "the plan asks for an attention output norm the model lacks"
+                                            .into(),
+                                    )
+                                })?
+                            }
+                            (NormWeight::FfnPost, Some(l)) => {
+                                norms[l].ffn_post.as_ref().ok_or_else(|| {
+                                    VulkanError::Unsupported(
+                                        "the plan asks for a feed-forward output norm the model lacks"
+                                            .into(),
+                                    )
+                                })?
+                            }
+                            (NormWeight::Output, _) => &output_norm,
+                            _ => {
+                                return Err(VulkanError::Unsupported(
+                                    "a layer norm outside a layer group".into(),
+                                ))
+                            }
+                        };
+                        let p = b.uniform(&[
+                            buf_width(&model, src) as u32,
+                            1,
+                            c.rms_norm_eps.to_bits(),
+                            0,
+                        ])?;
+                        out.push(Cmd::Rows {
+                            pipe: P_RMS,
+                            bind: b.bind(
+                                P_RMS,
+                                &[&acts.bufs[src as usize], &acts.bufs[dst as usize], w, &p],
+                            ),
+                            rows: 1,
+                        });
+                    }
+                    Op::MatMul { src, dst, weight } => {
+                        let mat = match (weight, layer) {
+                            (MatRole::Output, _) => output.as_ref().unwrap_or(&embd),
+                            (r, Some(l)) => {
+                                let i = match r {
+                                    MatRole::Q => 0,
+                                    MatRole::K => 1,
+                                    MatRole::V => 2,
+                                    MatRole::O => 3,
+                                    MatRole::Gate => 4,
+                                    MatRole::Up => 5,
+                                    _ => 6,
+                                };
+                                &layer_mats[l][i]
+                            }
+                            _ => {
+                                return Err(VulkanError::Unsupported(
+                                    "a layer matmul outside a layer group".into(),
+                                ))
+                            }
+                        };
+                        let w_in = buf_width(&model, src) as u32;
+                        let w_out = buf_width(&model, dst) as u32;
+                        if weight == MatRole::Output {
+                            // Only the rows whose logits were asked for.
+                            let p = b.uniform(&[w_in, 0, 0, 0])?;
+                            out.push(Cmd::Ew {
+                                pipe: P_GATHER,
+                                bind: b.bind(
+                                    P_GATHER,
+                                    &[&acts.bufs[src as usize], &acts.gathered, &out_rows_buf, &p],
+                                ),
+                                per: w_in,
+                                over: Over::Logits,
+                            });
+                            out.push(Cmd::Matmul(
+                                mat.bind_matmul(
+                                    &gpu,
+                                    &mut qk,
+                                    &acts.gathered,
+                                    w_in,
+                                    &acts.bufs[dst as usize],
+                                    w_out,
+                                    0,
+                                    &step_buf,
+                                    1,
+                                )?,
+                                Over::Logits,
+                            ));
+                        } else {
+                            out.push(Cmd::Matmul(
+                                mat.bind_matmul(
+                                    &gpu,
+                                    &mut qk,
+                                    &acts.bufs[src as usize],
+                                    w_in,
+                                    &acts.bufs[dst as usize],
+                                    w_out,
+                                    0,
+                                    &step_buf,
+                                    0,
+                                )?,
+                                Over::Tokens,
+                            ));
+                            let bias = match (weight, layer) {
+                                (MatRole::Q, Some(l)) => norms[l].bq.as_ref(),
+                                (MatRole::K, Some(l)) => norms[l].bk.as_ref(),
+                                (MatRole::V, Some(l)) => norms[l].bv.as_ref(),
+                                _ => None,
+                            };
+                            if let Some(bias) = bias {
+                                let p = b.uniform(&[w_out, 0, 0, 0])?;
+                                out.push(Cmd::Ew {
+                                    pipe: P_BIAS,
+                                    bind: b.bind(P_BIAS, &[&acts.bufs[dst as usize], bias, &p]),
+                                    per: w_out,
+                                    over: Over::Tokens,
+                                });
+                            }
+                        }
+                    }
+                    Op::QkNorm => {
+                        let l = layer.ok_or_else(|| {
+                            VulkanError::Unsupported("qk_norm outside a layer".into())
+                        })?;
+                        let (Some(qn), Some(kn)) = (&norms[l].q_norm, &norms[l].k_norm) else {
+                            return Err(VulkanError::Unsupported(
+                                "the plan asks for QK-norm but the model has no QK-norm weights"
+                                    .into(),
+                            ));
+                        };
+                        for (buf, w, heads) in [
+                            (Buf::Q, qn, c.num_attention_heads),
+                            (Buf::K, kn, c.num_key_value_heads),
+                        ] {
+                            let p = b.uniform(&[
+                                c.head_dim as u32,
+                                heads as u32,
+                                c.rms_norm_eps.to_bits(),
+                                0,
+                            ])?;
+                            out.push(Cmd::Rows {
+                                pipe: P_RMS_INPLACE,
+                                bind: b.bind(P_RMS_INPLACE, &[&acts.bufs[buf as usize], w, &p]),
+                                rows: heads as u32,
+                            });
+                        }
+                    }
+                    Op::Rope { local } => {
+                        let table = match (local, &rope_local) {
+                            (false, _) => &rope_global,
+                            (true, Some(t)) => t,
+                            (true, None) => {
+                                return Err(VulkanError::Unsupported(
+                                    "the plan asks for a local RoPE the model lacks".into(),
+                                ))
+                            }
+                        };
+                        let half = (c.rope_dim / 2) as u32;
+                        let pairing = match c.rope_pairing {
+                            RopePairing::Adjacent => 0,
+                            RopePairing::HalfSplit => 1,
+                        };
+                        for (buf, heads) in [
+                            (Buf::Q, c.num_attention_heads),
+                            (Buf::K, c.num_key_value_heads),
+                        ] {
+                            let p = b.uniform(&[
+                                heads as u32,
+                                c.head_dim as u32,
+                                half,
+                                pairing,
+                                n_ctx as u32,
+                                0,
+                                0,
+                                0,
+                            ])?;
+                            out.push(Cmd::Ew {
+                                pipe: P_ROPE,
+                                bind: b.bind(
+                                    P_ROPE,
+                                    &[&acts.bufs[buf as usize], table, &rows_buf, &p],
+                                ),
+                                per: heads as u32 * half,
+                                over: Over::Tokens,
+                            });
+                        }
+                    }
+                    Op::StoreKv => {
+                        let l = layer.ok_or_else(|| {
+                            VulkanError::Unsupported("store_kv outside a layer".into())
+                        })?;
+                        let p = b.uniform(&[
+                            c.kv_dim() as u32,
+                            c.head_dim as u32,
+                            c.num_key_value_heads as u32,
+                            n_ctx as u32,
+                        ])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_STORE_KV,
+                            bind: b.bind(
+                                P_STORE_KV,
+                                &[
+                                    &acts.bufs[Buf::K as usize],
+                                    &acts.bufs[Buf::V as usize],
+                                    &kcache[l],
+                                    &vcache[l],
+                                    &rows_buf,
+                                    &p,
+                                ],
+                            ),
+                            per: if f16_kv {
+                                c.kv_dim() as u32 / 2
+                            } else {
+                                c.kv_dim() as u32
+                            },
+                            over: Over::Tokens,
+                        });
+                    }
+                    Op::Attention { window } => {
+                        let l = layer.ok_or_else(|| {
+                            VulkanError::Unsupported("attention outside a layer".into())
+                        })?;
+                        let p = b.uniform(&[
+                            c.num_attention_heads as u32,
+                            c.num_key_value_heads as u32,
+                            c.head_dim as u32,
+                            n_ctx as u32,
+                            window.unwrap_or(0) as u32,
+                            c.attn_scale.to_bits(),
+                            0,
+                            0,
+                        ])?;
+                        out.push(Cmd::Attention {
+                            pipe: P_ATTENTION,
+                            bind: b.bind(
+                                P_ATTENTION,
+                                &[
+                                    &acts.bufs[Buf::Q as usize],
+                                    &kcache[l],
+                                    &vcache[l],
+                                    &acts.bufs[Buf::Attn as usize],
+                                    &rows_buf,
+                                    &p,
+                                ],
+                            ),
+                            heads: c.num_attention_heads as u32,
+                        });
+                    }
+                    Op::GatedAct(act) => {
+                        let a = match act {
+                            Activation::Silu => 0,
+                            Activation::GeluTanh => 1,
+                        };
+                        let p = b.uniform(&[c.intermediate_size as u32, a, 0, 0])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_GATED,
+                            bind: b.bind(
+                                P_GATED,
+                                &[
+                                    &acts.bufs[Buf::Gate as usize],
+                                    &acts.bufs[Buf::Up as usize],
+                                    &p,
+                                ],
+                            ),
+                            per: c.intermediate_size as u32,
+                            over: Over::Tokens,
+                        });
+                    }
+                    Op::AddResidual { src, scale } => {
+                        let p = b.uniform(&[c.hidden_size as u32, scale.to_bits(), 0, 0])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_RESIDUAL,
+                            bind: b.bind(
+                                P_RESIDUAL,
+                                &[&acts.bufs[Buf::X as usize], &acts.bufs[src as usize], &p],
+                            ),
+                            per: c.hidden_size as u32,
+                            over: Over::Tokens,
+                        });
+                    }
+                    Op::ScaleLogits { scale, softcap } => {
+                        let p = b.uniform(&[
+                            c.vocab_size as u32,
+                            scale.to_bits(),
+                            softcap.unwrap_or(0.0).to_bits(),
+                            0,
+                        ])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_SCALE_LOGITS,
+                            bind: b.bind(P_SCALE_LOGITS, &[&acts.bufs[Buf::Logits as usize], &p]),
+                            per: c.vocab_size as u32,
+                            over: Over::Logits,
+                        });
+                    }
+                }
+            }
+            cmds.push(out);
+        }
+        keep.extend(b.uniforms);
+        gpu.check()?;
+        keep.extend(acts.bufs);
+        keep.push(acts.gathered);
+        keep.extend(kcache);
+        keep.extend(vcache);
+        keep.push(rope_global);
+        keep.extend(rope_local);
+        keep.push(output_norm);
+        for n in norms {
+            keep.extend([n.attn_norm, n.ffn_norm]);
+            keep.extend(
+                [
+                    n.attn_post,
+                    n.ffn_post,
+                    n.q_norm,
+                    n.k_norm,
+                    n.bq,
+                    n.bk,
+                    n.bv,
+                ]
+                .into_iter()
+                .flatten(),
+            );
+        }
+        let mut mats = vec![embd];
+        mats.extend(output);
+        for l in layer_mats {
+            mats.extend(l);
+        }
+        let n_groups = plan.groups.len();
+        Ok(VulkanBackend {
+            rows: Vec::with_capacity(2 * max_batch),
+            out_rows: Vec::with_capacity(max_batch),
+            logits: Vec::new(),
+            n_logit_rows: 0,
+            pending: None,
+            stale: None,
+            broken: None,
+            n_ctx,
+            n_seq,
+            max_batch,
+            weight_bytes,
+            kv_bytes,
+            pipes,
+            cmds,
+            n_groups,
+            tokens_buf,
+            rows_buf,
+            out_rows_buf,
+            step_buf,
+            logits_buf,
+            readback,
+            _keep: keep,
+            _mats: mats,
+            gpu,
+            model,
+        })
     }
+
+    /// The device this backend runs on.
+    pub fn device(&self) -> &crate::DeviceDesc {
+        &self.gpu.desc
+    }
+
+    fn record(&self, enc: &mut wgpu::CommandEncoder, groups: Range<usize>, n_tok: u32, n_out: u32) {
+        let max_dim = self.gpu.limits.max_compute_workgroups_per_dimension;
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("runlist"),
+            timestamp_writes: None,
+        });
+        for g in groups {
+            for cmd in &self.cmds[g] {
+                match cmd {
+                    Cmd::Ew {
+                        pipe,
+                        bind,
+                        per,
+                        over,
+                    } => {
+                        let n = if *over == Over::Tokens { n_tok } else { n_out };
+                        if n == 0 {
+                            continue;
+                        }
+                        let (x, y) = ops::grid(n * per, max_dim);
+                        pass.set_pipeline(&self.pipes[*pipe]);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(x, y, 1);
+                    }
+                    Cmd::Rows { pipe, bind, rows } => {
+                        let (x, y) = ops::row_grid(n_tok * rows, max_dim);
+                        pass.set_pipeline(&self.pipes[*pipe]);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(x, y, 1);
+                    }
+                    Cmd::Attention { pipe, bind, heads } => {
+                        pass.set_pipeline(&self.pipes[*pipe]);
+                        pass.set_bind_group(0, bind, &[]);
+                        pass.dispatch_workgroups(*heads, n_tok, 1);
+                    }
+                    Cmd::Matmul(m, over) => {
+                        let n = if *over == Over::Tokens { n_tok } else { n_out };
+                        if n > 0 {
+                            m.record(&mut pass, n);
+                        }
+                    }
+                    Cmd::Embed(e) => e.record(&mut pass, n_tok),
+                }
+            }
+        }
+    }
+
+    fn input_error(&self, batch: &Batch) -> Option<String> {
+        if batch.tokens.len() > self.max_batch {
+            return Some(format!(
+                "a batch of {} tokens is larger than the device's {}",
+                batch.tokens.len(),
+                self.max_batch
+            ));
+        }
+        let vocab = self.model.token_embd.rows;
+        if let Some((i, &id)) = batch
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Some(format!(
+                "token id {id} (at index {i}) is outside the vocabulary of {vocab}"
+            ));
+        }
+        batch.check(self.n_seq, self.n_ctx).err()
+    }
+}
+
+/// Per-layer vectors on the device.
+struct LayerVecs {
+    attn_norm: wgpu::Buffer,
+    ffn_norm: wgpu::Buffer,
+    attn_post: Option<wgpu::Buffer>,
+    ffn_post: Option<wgpu::Buffer>,
+    q_norm: Option<wgpu::Buffer>,
+    k_norm: Option<wgpu::Buffer>,
+    bq: Option<wgpu::Buffer>,
+    bk: Option<wgpu::Buffer>,
+    bv: Option<wgpu::Buffer>,
+}
+
+/// Makes the uniforms and bind groups of ops at creation.
+struct Binder<'a> {
+    gpu: &'a Gpu,
+    pipes: &'a [wgpu::ComputePipeline],
+    step: &'a wgpu::Buffer,
+    uniforms: Vec<wgpu::Buffer>,
+}
+
+impl Binder<'_> {
+    fn uniform(&mut self, words: &[u32]) -> Result<wgpu::Buffer, VulkanError> {
+        let b = self
+            .gpu
+            .uniform("op constants", bytemuck::cast_slice(words))?;
+        self.uniforms.push(b.clone());
+        Ok(b)
+    }
+
+    /// A bind group of `bufs` then the step uniform.
+    fn bind(&self, pipe: usize, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let mut all: Vec<&wgpu::Buffer> = bufs.to_vec();
+        all.push(self.step);
+        self.gpu.bind(&self.pipes[pipe], &all)
+    }
+}
+
+impl Backend for VulkanBackend {
+    fn info(&self) -> BackendInfo {
+        let d = &self.gpu.desc;
+        BackendInfo {
+            name: "vulkan".into(),
+            kernels: "wgsl".into(),
+            threads: 1,
+            device: format!("{} ({})", d.name, d.kind),
+            driver: Some(d.driver.clone()),
+            memory_bytes: None,
+            prepared_weight_bytes: self.weight_bytes,
+            kv_cache_bytes: self.kv_bytes,
+        }
+    }
+
+    fn default_max_runlist_layers(&self) -> Option<usize> {
+        Some(DEFAULT_RUNLIST_LAYERS)
+    }
+
+    fn rates(&self) -> DeviceRates {
+        // Well below what the device sustains, times 10: only a stall misses. A software
+        // driver (the CPU emulating the GPU) gets CPU-like figures.
+        if self.gpu.desc.kind == "cpu" {
+            DeviceRates {
+                bytes_per_s: 0.3e9,
+                flops_per_s: 3e9,
+                slack: 10.0,
+                floor: Duration::from_secs(5),
+            }
+        } else {
+            DeviceRates {
+                bytes_per_s: 20e9,
+                flops_per_s: 500e9,
+                slack: 10.0,
+                floor: Duration::from_secs(2),
+            }
+        }
+    }
+
+    fn submit(&mut self, plan: &Plan, rl: &Runlist, batch: &Batch) -> Result<(), DeviceError> {
+        if let Some(why) = &self.broken {
+            return Err(DeviceError::Fault {
+                group: None,
+                kind: None,
+                op: None,
+                reason: why.clone(),
+            });
+        }
+        if plan.groups.len() != self.n_groups
+            || rl.groups.end > self.n_groups
+            || rl.groups.is_empty()
+        {
+            return Err(DeviceError::Input(format!(
+                "runlist groups {:?} do not belong to the plan this device was built for ({} groups)",
+                rl.groups, self.n_groups
+            )));
+        }
+        if let Some(e) = self.input_error(batch) {
+            return Err(DeviceError::Input(e));
+        }
+        // The batch's rows: (sequence, position) per token, and the rows whose logits it wants.
+        self.rows.clear();
+        self.out_rows.clear();
+        let mut t = 0u32;
+        for sp in batch.spans {
+            for i in 0..sp.len {
+                self.rows.push(sp.seq as u32);
+                self.rows.push((sp.pos0 + i) as u32);
+            }
+            t += sp.len as u32;
+            match batch.logits {
+                LogitsWanted::Last => self.out_rows.push(t - 1),
+                LogitsWanted::All => self.out_rows.extend(t - sp.len as u32..t),
+                LogitsWanted::None => {}
+            }
+        }
+        let has_output = plan.groups[rl.groups.clone()]
+            .iter()
+            .any(|g| g.kind == GroupKind::Output);
+        let n_tok = batch.tokens.len() as u32;
+        let n_out = self.out_rows.len() as u32;
+        let q = &self.gpu.queue;
+        q.write_buffer(&self.tokens_buf, 0, bytemuck::cast_slice(batch.tokens));
+        q.write_buffer(&self.rows_buf, 0, bytemuck::cast_slice(&self.rows));
+        if !self.out_rows.is_empty() {
+            q.write_buffer(&self.out_rows_buf, 0, bytemuck::cast_slice(&self.out_rows));
+        }
+        q.write_buffer(
+            &self.step_buf,
+            0,
+            bytemuck::bytes_of(&StepParams {
+                n_tok,
+                n_out,
+                _pad: [0; 2],
+            }),
+        );
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("runlist"),
+            });
+        self.record(&mut enc, rl.groups.clone(), n_tok, n_out);
+        let logit_rows = if has_output { n_out as usize } else { 0 };
+        if logit_rows > 0 {
+            let bytes = (logit_rows * self.model.config.vocab_size * 4) as u64;
+            enc.copy_buffer_to_buffer(&self.logits_buf, 0, &self.readback, 0, Some(bytes));
+        }
+        let index = q.submit([enc.finish()]);
+        self.pending = Some(Pending {
+            index,
+            groups: rl.groups.clone(),
+            logit_rows,
+        });
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        _plan: &Plan,
+        deadline: Instant,
+        _trace: Option<&mut Trace>,
+    ) -> Result<(), DeviceError> {
+        let Some(p) = self.pending.take() else {
+            return Err(DeviceError::Input(
+                "wait without a submitted runlist".into(),
+            ));
+        };
+        let began = Instant::now();
+        let fault = |reason: String| DeviceError::Fault {
+            group: Some(p.groups.start),
+            kind: None,
+            op: None,
+            reason,
+        };
+        match self.gpu.wait(
+            Some(p.index.clone()),
+            deadline.saturating_duration_since(began),
+        ) {
+            Ok(()) => {}
+            Err(WaitError::Timeout) => {
+                // The queue cannot take the work back: `cancel` drains it.
+                self.stale = Some(p.index);
+                return Err(DeviceError::Timeout {
+                    waited: began.elapsed(),
+                    group: None,
+                    kind: None,
+                    op: None,
+                });
+            }
+            Err(WaitError::Failed(e)) => return Err(fault(e)),
+        }
+        self.gpu.check().map_err(|e| fault(e.to_string()))?;
+        if p.logit_rows > 0 {
+            let vocab = self.model.config.vocab_size;
+            let len = (p.logit_rows * vocab * 4) as u64;
+            map_read(&self.gpu, &self.readback, len, deadline, &mut self.logits)
+                .map_err(|e| fault(e.to_string()))?;
+            self.n_logit_rows = p.logit_rows;
+        } else if p.groups.end == self.n_groups {
+            self.n_logit_rows = 0;
+        }
+        Ok(())
+    }
+
+    fn cancel(&mut self) {
+        self.pending = None;
+        if let Some(idx) = self.stale.take() {
+            if let Err(e) = self.gpu.wait(Some(idx), DRAIN_LIMIT) {
+                self.broken = Some(format!(
+                    "work of a runlist that missed its deadline did not leave the queue within {} s ({e:?})",
+                    DRAIN_LIMIT.as_secs()
+                ));
+            }
+        }
+    }
+
+    fn logits(&self) -> &[f32] {
+        &self.logits[..self.n_logit_rows * self.model.config.vocab_size]
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn n_seq(&self) -> usize {
+        self.n_seq
+    }
+
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+}
+
+/// Read the first `len` bytes (f32 values) of a readback buffer whose copy was part of a
+/// completed submission into `out`.
+fn map_read(
+    gpu: &Gpu,
+    buf: &wgpu::Buffer,
+    len: u64,
+    deadline: Instant,
+    out: &mut Vec<f32>,
+) -> Result<(), VulkanError> {
+    let len4 = len.next_multiple_of(4);
+    let slot = Arc::new(std::sync::Mutex::new(None));
+    let s2 = slot.clone();
+    buf.map_async(wgpu::MapMode::Read, 0..len4, move |r| {
+        if let Ok(mut s) = s2.lock() {
+            *s = Some(r);
+        }
+    });
+    let limit = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    gpu.wait(None, limit)
+        .map_err(|e| VulkanError::Device(format!("mapping the logits: {e:?}")))?;
+    let r = slot.lock().ok().and_then(|mut s| s.take());
+    match r {
+        Some(Ok(())) => {}
+        Some(Err(e)) => return Err(VulkanError::Device(format!("mapping the logits: {e}"))),
+        None => return Err(VulkanError::Device("the logits were not mapped".into())),
+    }
+    {
+        let view = buf
+            .get_mapped_range(0..len4)
+            .map_err(|e| VulkanError::Device(format!("mapping the logits: {e}")))?;
+        out.clear();
+        out.extend_from_slice(bytemuck::cast_slice(&view[..len as usize]));
+    }
+    buf.unmap();
+    Ok(())
 }

@@ -8,7 +8,9 @@ pub enum VulkanError {
     #[error("no Vulkan device is available: {0} (install a Vulkan driver, e.g. Debian's mesa-vulkan-drivers and libvulkan1, or use --backend cpu)")]
     NoDevice(String),
     /// `--device N` names a device that does not exist.
-    #[error("Vulkan device {index} does not exist: this machine has {count} (see `flowrt devices`)")]
+    #[error(
+        "Vulkan device {index} does not exist: this machine has {count} (see `flowrt devices`)"
+    )]
     BadDeviceIndex { index: usize, count: usize },
     /// The device refused to open.
     #[error("could not open Vulkan device `{name}`: {reason}")]

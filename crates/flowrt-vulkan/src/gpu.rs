@@ -103,7 +103,11 @@ impl Gpu {
     /// Open device `index` (`None`: the default choice, see [`default_device`]).
     pub fn open(index: Option<usize>) -> Result<Gpu, VulkanError> {
         let list = adapters()?;
-        let descs: Vec<DeviceDesc> = list.iter().enumerate().map(|(i, a)| describe(i, a)).collect();
+        let descs: Vec<DeviceDesc> = list
+            .iter()
+            .enumerate()
+            .map(|(i, a)| describe(i, a))
+            .collect();
         let index = match index {
             Some(i) if i >= list.len() => {
                 return Err(VulkanError::BadDeviceIndex {
@@ -266,7 +270,9 @@ impl Gpu {
         self.buffer(
             what,
             size,
-            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
         )
     }
 

@@ -38,7 +38,8 @@
 
 mod backend;
 mod error;
-mod gpu;
+pub mod gpu;
+mod ops;
 pub mod quant;
 
 pub use backend::VulkanBackend;

@@ -30,6 +30,33 @@ pub enum AttnSplit {
     Parts(usize),
 }
 
+/// `auto`, `off`, or a number of parts (at least 1) for [`AttnSplit::Parts`].
+impl std::str::FromStr for AttnSplit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(AttnSplit::Auto),
+            "off" => Ok(AttnSplit::Off),
+            _ => match s.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(AttnSplit::Parts(n)),
+                _ => Err(format!(
+                    "unknown attention split `{s}` (use auto, off or a number of parts, at least 1)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for AttnSplit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttnSplit::Auto => f.write_str("auto"),
+            AttnSplit::Off => f.write_str("off"),
+            AttnSplit::Parts(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 /// Fewest keys in one part under [`AttnSplit::Auto`]: a part's scores and values cost far
 /// more than its share of the merge (one `group x head_dim` axpy).
 pub const MIN_PART_KEYS: usize = 256;

@@ -1,0 +1,257 @@
+//! The real models on the Vulkan backend (`--backend vulkan`), through the same engine, factory
+//! and dispatcher as the CPU: agreement with HF transformers on the committed references,
+//! greedy text, and continuous batching. On a machine without a Vulkan device each test says
+//! NOT RUN and why (scripts/test installs Mesa's software driver, lavapipe, where it can).
+
+mod common;
+
+use flowrt_engine::{
+    generate, verify, BackendKind, BatchSession, EngineOptions, GenerateOptions, KvPrecision,
+    LoadedModel, Session,
+};
+use flowrt_sample::SamplerConfig;
+use flowrt_testkit::coverage;
+use flowrt_testkit::golden::{self, Bounds};
+
+const SUITE: &str = "vulkan models";
+
+/// Why this machine cannot run the Vulkan tests, if it cannot.
+fn no_device(what: &str) -> bool {
+    let why = match flowrt_vulkan::devices() {
+        Ok(d) if !d.is_empty() => return false,
+        Ok(_) => "no Vulkan device".to_string(),
+        Err(e) => e.to_string(),
+    };
+    coverage::not_run(SUITE, what, &why);
+    true
+}
+
+fn opts(kv: KvPrecision, max_batch: usize, n_ctx: Option<usize>) -> EngineOptions {
+    EngineOptions {
+        backend: BackendKind::Vulkan,
+        kv,
+        max_batch,
+        n_ctx,
+        ..EngineOptions::default()
+    }
+}
+
+/// SmolLM2-135M Q4_1 against transformers on the dequantised weights (212 positions). The
+/// device computes in f32 from the quantised blocks (no activation quantisation).
+#[test]
+fn smollm2_q4_1_on_vulkan_matches_transformers() {
+    let what = "smollm2 q4_1 verify (f16 and f32 KV)";
+    if no_device(what) {
+        return;
+    }
+    let m = LoadedModel::load(&common::smollm2()).unwrap();
+    for (kv, bounds) in [
+        // The issue's acceptance: top-1 >= 99.5 %, mean KL <= 1e-4. Measured on lavapipe: top-1
+        // 99.53 % (one near-tie of 212 falls the other way), mean KL 5.39e-6, max KL 3.59e-5,
+        // max |logit err| 0.045 (the CPU's Q16 path: 100 %, 5.2e-6, 3.5e-5, 0.044).
+        (
+            KvPrecision::F16,
+            Bounds {
+                positions: 212,
+                min_top1: 0.995,
+                max_mean_kl: 1e-5,
+                max_max_kl: 1e-4,
+                max_abs_logit_err: 0.1,
+            },
+        ),
+        // Measured on lavapipe: top-1 100 %, mean KL 4.56e-6, max KL 3.61e-5, max |logit err|
+        // 0.015 (the CPU's Q16 path with f32 KV: 100 %, 4.6e-6, 3.7e-5, 0.015): what is left is
+        // the reference's own rounding, not the cache's.
+        (
+            KvPrecision::F32,
+            Bounds {
+                positions: 212,
+                min_top1: 1.0,
+                max_mean_kl: 1e-5,
+                max_max_kl: 1e-4,
+                max_abs_logit_err: 0.04,
+            },
+        ),
+    ] {
+        let mut s = Session::new(&m, &opts(kv, 256, None)).unwrap();
+        assert_eq!(s.backend_info().name, "vulkan");
+        let r = verify(&mut s, &common::fixture("ref/smollm2-q4_1.safetensors")).unwrap();
+        golden::check(
+            &format!("vulkan smollm2 kv={kv} on {}", s.backend_info().device),
+            &common::agreement(&r),
+            &bounds,
+        );
+    }
+    coverage::ran(SUITE, what);
+}
+
+/// Gemma 3 270M Q4_K_M (Q4_K, Q5_K, Q6_K, Q8_0 weights; sliding windows, local RoPE, sandwich
+/// norms, GELU) against transformers' top-K logits (185 positions).
+#[test]
+fn gemma3_270m_on_vulkan_matches_transformers() {
+    let what = "gemma3 270m q4_k_m verify";
+    if no_device(what) {
+        return;
+    }
+    let m = LoadedModel::load(&common::gemma3()).unwrap();
+    let mut s = Session::new(&m, &opts(KvPrecision::F16, 256, None)).unwrap();
+    let r = verify(
+        &mut s,
+        &common::fixture("ref/gemma3-270m-q4_k_m.topk.safetensors"),
+    )
+    .unwrap();
+    // Measured on lavapipe: top-1 100 %, mean KL 1.35e-7, max KL 1.32e-6, max |logit err|
+    // 0.017 (the CPU: 100 %, 1.6e-7, 1.3e-6, 0.026); the issue asks top-1 >= 99 %, mean KL <= 1e-4.
+    golden::check(
+        &format!("vulkan gemma3 270m on {}", s.backend_info().device),
+        &common::agreement(&r),
+        &Bounds {
+            positions: 185,
+            min_top1: 1.0,
+            max_mean_kl: 4e-7,
+            max_max_kl: 4e-6,
+            max_abs_logit_err: 0.06,
+        },
+    );
+    coverage::ran(SUITE, what);
+}
+
+#[test]
+fn smollm2_on_vulkan_says_paris() {
+    let what = "smollm2 greedy text";
+    if no_device(what) {
+        return;
+    }
+    let m = LoadedModel::load(&common::smollm2()).unwrap();
+    let mut s = Session::new(&m, &opts(KvPrecision::F16, 256, Some(256))).unwrap();
+    let prompt = m
+        .tokenizer
+        .encode("The capital of France is", true, false)
+        .unwrap();
+    let mut text = String::new();
+    generate(
+        &mut s,
+        &m.tokenizer,
+        &prompt,
+        &GenerateOptions {
+            max_tokens: 8,
+            sampler: SamplerConfig {
+                temperature: 0.0,
+                ..SamplerConfig::default()
+            },
+            stop: vec![],
+            ignore_eos: false,
+        },
+        &mut |t| {
+            text.push_str(t);
+            true
+        },
+    )
+    .unwrap();
+    assert!(text.contains("Paris"), "{text:?}");
+    coverage::ran(SUITE, what);
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}
+
+/// Three sequences of different lengths in one device cache, prefilled in one step and decoded
+/// together, equal each sequence run alone within the CPU tests' bound (2e-2 on SmolLM2's
+/// logits; measured on the device: see the assertion message).
+#[test]
+fn batched_sequences_on_vulkan_equal_solo_runs() {
+    let what = "smollm2 batched sequences equal solo runs";
+    if no_device(what) {
+        return;
+    }
+    let m = LoadedModel::load(&common::smollm2()).unwrap();
+    let o = opts(KvPrecision::F16, 64, Some(128));
+    let prompts: Vec<Vec<u32>> = vec![
+        (0..7).map(|i| (i * 13 + 5) % 300).collect(),
+        (0..19).map(|i| (i * 7 + 1) % 300).collect(),
+        (0..3).map(|i| (i * 31 + 2) % 300).collect(),
+    ];
+    let next: Vec<Vec<u32>> = (0..3)
+        .map(|k| (0..3).map(|i| (k * 50 + i * 3 + 7) as u32).collect())
+        .collect();
+    let solo: Vec<Vec<Vec<f32>>> = (0..3)
+        .map(|k| {
+            let mut s = Session::new(&m, &o).unwrap();
+            let mut out = vec![s.feed(&prompts[k]).unwrap().to_vec()];
+            for &t in &next[k] {
+                out.push(s.feed(&[t]).unwrap().to_vec());
+            }
+            out
+        })
+        .collect();
+    let vocab = m.model.config.vocab_size;
+    let mut b = BatchSession::new(&m, &o, 4).unwrap();
+    let slots = [2usize, 0, 3];
+    let items: Vec<(usize, &[u32])> = (0..3).map(|k| (slots[k], &prompts[k][..])).collect();
+    let logits = b.step(&items).unwrap().to_vec();
+    let mut worst = 0.0f32;
+    for k in 0..3 {
+        let got = &logits[k * vocab..(k + 1) * vocab];
+        worst = worst.max(max_diff(got, &solo[k][0]));
+        assert_eq!(argmax(got), argmax(&solo[k][0]));
+    }
+    for step in 0..3 {
+        let toks: Vec<[u32; 1]> = (0..3).map(|k| [next[k][step]]).collect();
+        let items: Vec<(usize, &[u32])> = (0..3).map(|k| (slots[k], &toks[k][..])).collect();
+        let logits = b.step(&items).unwrap().to_vec();
+        for k in 0..3 {
+            let got = &logits[k * vocab..(k + 1) * vocab];
+            worst = worst.max(max_diff(got, &solo[k][step + 1]));
+            assert_eq!(argmax(got), argmax(&solo[k][step + 1]));
+        }
+    }
+    eprintln!("vulkan batched vs solo: max |logit difference| {worst}");
+    assert!(
+        worst <= 2e-2,
+        "batched vs solo: max |logit difference| {worst}"
+    );
+    coverage::ran(SUITE, what);
+}
+
+#[test]
+fn bad_vulkan_settings_are_clear_errors() {
+    let what = "bad settings";
+    if no_device(what) {
+        return;
+    }
+    let m = LoadedModel::load(&common::smollm2()).unwrap();
+    // A CPU-only option.
+    let e = Session::new(
+        &m,
+        &opts(KvPrecision::F16, 8, Some(64)).with_option("kernels", "scalar"),
+    )
+    .err()
+    .expect("the vulkan backend must refuse a CPU option")
+    .to_string();
+    assert!(e.contains("vulkan") && e.contains("`kernels`"), "{e}");
+    // A device that does not exist.
+    let e = Session::new(
+        &m,
+        &EngineOptions {
+            device: Some(99),
+            ..opts(KvPrecision::F16, 8, Some(64))
+        },
+    )
+    .err()
+    .expect("device 99 does not exist")
+    .to_string();
+    assert!(
+        e.contains("device 99") && e.contains("flowrt devices"),
+        "{e}"
+    );
+    coverage::ran(SUITE, what);
+}

@@ -1,0 +1,448 @@
+//! WGSL kernels of the ops that do not read weight matrices: norms, RoPE, the KV cache,
+//! attention, activations, residuals and logits. Each kernel reads the per-step uniform
+//! (`Step`: tokens and logit rows of the batch) and its own uniform of constants fixed at
+//! creation, so every bind group is made once.
+
+/// Threads of the element-wise kernels' workgroups.
+pub const EW: u32 = 256;
+/// Most head_dim the attention kernel holds (each of its 64 threads keeps 4 dimensions).
+pub const MAX_HEAD_DIM: usize = 256;
+
+const STEP: &str = r#"
+struct Step { n_tok: u32, n_out: u32, p0: u32, p1: u32 }
+"#;
+
+/// Element-wise kernels index `gid` over a 2-D grid of `EW`-thread workgroups.
+const GID: &str = r#"
+fn gid_of(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
+    return (wg.y * nwg.x + wg.x) * 256u + li;
+}
+"#;
+
+/// `tanh` without overflow in implementations that compute it from `exp`.
+const TANH: &str = r#"
+fn tanh_safe(x: f32) -> f32 {
+    return tanh(clamp(x, -15.0, 15.0));
+}
+"#;
+
+fn with_common(body: &str) -> String {
+    format!("{STEP}{GID}{TANH}{body}")
+}
+
+/// RMSNorm of `rows_per_tok` rows of `width` values per token: `dst = src / rms(src) * w`.
+/// `src` and `dst` are different buffers.
+pub fn rms_norm() -> String {
+    with_common(
+        r#"
+struct P { width: u32, rows_per_tok: u32, eps: f32, p0: u32 }
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+var<workgroup> part: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= step.n_tok * p.rows_per_tok) { return; }
+    let base = row * p.width;
+    var ss = 0.0;
+    for (var i = li.x; i < p.width; i += 64u) { let v = src[base + i]; ss += v * v; }
+    part[li.x] = ss;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (li.x < s) { part[li.x] += part[li.x + s]; }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(part[0] / f32(p.width) + p.eps);
+    for (var i = li.x; i < p.width; i += 64u) { dst[base + i] = src[base + i] * inv * w[i]; }
+}
+"#,
+    )
+}
+
+/// RMSNorm in place (QK-norm: each head of `Q` or `K` is a row).
+pub fn rms_norm_inplace() -> String {
+    with_common(
+        r#"
+struct P { width: u32, rows_per_tok: u32, eps: f32, p0: u32 }
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<uniform> p: P;
+@group(0) @binding(3) var<uniform> step: Step;
+var<workgroup> part: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let row = wg.y * nwg.x + wg.x;
+    if (row >= step.n_tok * p.rows_per_tok) { return; }
+    let base = row * p.width;
+    var ss = 0.0;
+    for (var i = li.x; i < p.width; i += 64u) { let v = x[base + i]; ss += v * v; }
+    part[li.x] = ss;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (li.x < s) { part[li.x] += part[li.x + s]; }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(part[0] / f32(p.width) + p.eps);
+    workgroupBarrier();
+    for (var i = li.x; i < p.width; i += 64u) { x[base + i] = x[base + i] * inv * w[i]; }
+}
+"#,
+    )
+}
+
+/// RoPE in place on `heads` heads of `head_dim` per token, rotating the first `2 * half`
+/// dimensions by the table's cos/sin at the token's position. `pairing` 0: adjacent pairs
+/// (2i, 2i+1); 1: halves (i, i + half).
+pub fn rope() -> String {
+    with_common(
+        r#"
+struct P { heads: u32, head_dim: u32, half: u32, pairing: u32, n_ctx: u32, p0: u32, p1: u32, p2: u32 }
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> table: array<f32>;
+@group(0) @binding(2) var<storage, read> rows: array<u32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let g = gid_of(wg, nwg, li.x);
+    let per_tok = p.heads * p.half;
+    if (g >= step.n_tok * per_tok) { return; }
+    let t = g / per_tok;
+    let r = g % per_tok;
+    let head = r / p.half;
+    let i = r % p.half;
+    let pos = rows[2u * t + 1u];
+    let c = table[pos * p.half + i];
+    let s = table[p.n_ctx * p.half + pos * p.half + i];
+    let base = (t * p.heads + head) * p.head_dim;
+    var ia = base + 2u * i;
+    var ib = ia + 1u;
+    if (p.pairing == 1u) { ia = base + i; ib = base + i + p.half; }
+    let a = x[ia];
+    let b = x[ib];
+    x[ia] = a * c - b * s;
+    x[ib] = b * c + a * s;
+}
+"#,
+    )
+}
+
+/// Appends `K` and `V` rows to a layer's cache at each token's (sequence, position). Cache
+/// layout: `[(seq * kv_heads + g) * n_ctx + pos] * head_dim`, f32 or (with `F16`) pairs of
+/// f16 in u32 words.
+pub fn store_kv(f16: bool) -> String {
+    let (ty, body) = if f16 {
+        (
+            "u32",
+            r#"
+    let d2 = r % (p.head_dim / 2u);
+    let g = r / (p.head_dim / 2u);
+    let src = t * p.kv_dim + g * p.head_dim + 2u * d2;
+    let o = (((seq * p.kv_heads + g) * p.n_ctx + pos) * p.head_dim) / 2u + d2;
+    kc[o] = pack2x16float(vec2<f32>(k[src], k[src + 1u]));
+    vc[o] = pack2x16float(vec2<f32>(v[src], v[src + 1u]));
+"#,
+        )
+    } else {
+        (
+            "f32",
+            r#"
+    let d = r % p.head_dim;
+    let g = r / p.head_dim;
+    let src = t * p.kv_dim + g * p.head_dim + d;
+    let o = ((seq * p.kv_heads + g) * p.n_ctx + pos) * p.head_dim + d;
+    kc[o] = k[src];
+    vc[o] = v[src];
+"#,
+        )
+    };
+    let per = if f16 { "p.kv_dim / 2u" } else { "p.kv_dim" };
+    with_common(&format!(
+        r#"
+struct P {{ kv_dim: u32, head_dim: u32, kv_heads: u32, n_ctx: u32 }}
+@group(0) @binding(0) var<storage, read> k: array<f32>;
+@group(0) @binding(1) var<storage, read> v: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kc: array<{ty}>;
+@group(0) @binding(3) var<storage, read_write> vc: array<{ty}>;
+@group(0) @binding(4) var<storage, read> rows: array<u32>;
+@group(0) @binding(5) var<uniform> p: P;
+@group(0) @binding(6) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {{
+    let gi = gid_of(wg, nwg, li.x);
+    let per_tok = {per};
+    if (gi >= step.n_tok * per_tok) {{ return; }}
+    let t = gi / per_tok;
+    let r = gi % per_tok;
+    let seq = rows[2u * t];
+    let pos = rows[2u * t + 1u];
+{body}
+}}
+"#
+    ))
+}
+
+/// Causal GQA attention over a layer's cache, one workgroup per (query head, token): keys in
+/// chunks of 64 with a running max and sum (each of the 64 threads scores one key of a chunk,
+/// then accumulates its 4 output dimensions over the chunk). With `window > 0`, a query at
+/// position `p` sees positions `p - window + 1 ..= p`.
+pub fn attention(f16: bool) -> String {
+    let (ty, kdot, vget) = if f16 {
+        (
+            "u32",
+            r#"
+        let kb = (kv_base + j * p.head_dim) / 2u;
+        for (var d = 0u; d < p.head_dim / 2u; d++) {
+            let kk = unpack2x16float(kc[kb + d]);
+            s += qs[2u * d] * kk.x + qs[2u * d + 1u] * kk.y;
+        }
+"#,
+            r#"
+fn v_at(i: u32) -> f32 {
+    let w = unpack2x16float(vc[i / 2u]);
+    return select(w.x, w.y, (i & 1u) == 1u);
+}
+"#,
+        )
+    } else {
+        (
+            "f32",
+            r#"
+        let kb = kv_base + j * p.head_dim;
+        for (var d = 0u; d < p.head_dim; d++) { s += qs[d] * kc[kb + d]; }
+"#,
+            r#"
+fn v_at(i: u32) -> f32 { return vc[i]; }
+"#,
+        )
+    };
+    with_common(&format!(
+        r#"
+struct P {{ heads: u32, kv_heads: u32, head_dim: u32, n_ctx: u32, window: u32, scale: f32, p0: u32, p1: u32 }}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> kc: array<{ty}>;
+@group(0) @binding(2) var<storage, read> vc: array<{ty}>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> rows: array<u32>;
+@group(0) @binding(5) var<uniform> p: P;
+@group(0) @binding(6) var<uniform> step: Step;
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> sc: array<f32, 64>;
+var<workgroup> red: array<f32, 64>;
+var<workgroup> wpos: u32;
+var<workgroup> wseq: u32;
+{vget}
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: vec3<u32>) {{
+    let head = wg.x;
+    let t = wg.y;
+    if (t >= step.n_tok) {{ return; }}
+    let l = li.x;
+    if (l == 0u) {{ wseq = rows[2u * t]; wpos = rows[2u * t + 1u]; }}
+    let qbase = (t * p.heads + head) * p.head_dim;
+    for (var i = l; i < p.head_dim; i += 64u) {{ qs[i] = q[qbase + i]; }}
+    let pos = workgroupUniformLoad(&wpos);
+    let seq = workgroupUniformLoad(&wseq);
+    let g = head / (p.heads / p.kv_heads);
+    let kv_base = (seq * p.kv_heads + g) * p.n_ctx * p.head_dim;
+    var start = 0u;
+    if (p.window > 0u && pos + 1u > p.window) {{ start = pos + 1u - p.window; }}
+    var m = -3.0e38;
+    var lsum = 0.0;
+    var acc = vec4<f32>(0.0);
+    for (var c0 = start; c0 <= pos; c0 += 64u) {{
+        let j = c0 + l;
+        var s = -3.0e38;
+        if (j <= pos) {{
+            s = 0.0;
+{kdot}
+            s *= p.scale;
+        }}
+        sc[l] = s;
+        red[l] = s;
+        workgroupBarrier();
+        for (var w = 32u; w > 0u; w >>= 1u) {{
+            if (l < w) {{ red[l] = max(red[l], red[l + w]); }}
+            workgroupBarrier();
+        }}
+        let m_new = max(m, red[0]);
+        let alpha = exp(m - m_new);
+        workgroupBarrier();
+        var pj = 0.0;
+        if (j <= pos) {{ pj = exp(s - m_new); }}
+        sc[l] = pj;
+        red[l] = pj;
+        workgroupBarrier();
+        for (var w = 32u; w > 0u; w >>= 1u) {{
+            if (l < w) {{ red[l] += red[l + w]; }}
+            workgroupBarrier();
+        }}
+        lsum = lsum * alpha + red[0];
+        acc *= alpha;
+        let nk = min(64u, pos + 1u - c0);
+        for (var jj = 0u; jj < nk; jj++) {{
+            let pw = sc[jj];
+            let vb = kv_base + (c0 + jj) * p.head_dim;
+            for (var e = 0u; e < 4u; e++) {{
+                let d = l + 64u * e;
+                if (d < p.head_dim) {{ acc[e] += pw * v_at(vb + d); }}
+            }}
+        }}
+        m = m_new;
+        workgroupBarrier();
+    }}
+    for (var e = 0u; e < 4u; e++) {{
+        let d = l + 64u * e;
+        if (d < p.head_dim) {{ out[qbase + d] = acc[e] / lsum; }}
+    }}
+}}
+"#
+    ))
+}
+
+/// `gate = act(gate) * up` over `width` values per token; `act` 0: SiLU, 1: GELU (tanh).
+pub fn gated_act() -> String {
+    with_common(
+        r#"
+struct P { width: u32, act: u32, p0: u32, p1: u32 }
+@group(0) @binding(0) var<storage, read_write> gate: array<f32>;
+@group(0) @binding(1) var<storage, read> up: array<f32>;
+@group(0) @binding(2) var<uniform> p: P;
+@group(0) @binding(3) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_tok * p.width) { return; }
+    let g = gate[i];
+    var a: f32;
+    if (p.act == 0u) {
+        a = g / (1.0 + exp(-g));
+    } else {
+        a = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+    }
+    gate[i] = a * up[i];
+}
+"#,
+    )
+}
+
+/// `x += src * scale` over `width` values per token.
+pub fn add_residual() -> String {
+    with_common(
+        r#"
+struct P { width: u32, scale: f32, p0: u32, p1: u32 }
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+@group(0) @binding(2) var<uniform> p: P;
+@group(0) @binding(3) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_tok * p.width) { return; }
+    x[i] += src[i] * p.scale;
+}
+"#,
+    )
+}
+
+/// `y[t, i] += b[i]` over `width` values per token.
+pub fn add_bias() -> String {
+    with_common(
+        r#"
+struct P { width: u32, p0: u32, p1: u32, p2: u32 }
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<uniform> p: P;
+@group(0) @binding(3) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_tok * p.width) { return; }
+    y[i] += b[i % p.width];
+}
+"#,
+    )
+}
+
+/// `dst[r] = src[out_rows[r]]` for the logit rows (rows of `width` values).
+pub fn gather_rows() -> String {
+    with_common(
+        r#"
+struct P { width: u32, p0: u32, p1: u32, p2: u32 }
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> out_rows: array<u32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_out * p.width) { return; }
+    let r = i / p.width;
+    dst[i] = src[out_rows[r] * p.width + i % p.width];
+}
+"#,
+    )
+}
+
+/// `logits = softcap(logits * scale)` over the logit rows; `cap == 0`: no soft-capping.
+pub fn scale_logits() -> String {
+    with_common(
+        r#"
+struct P { width: u32, scale: f32, cap: f32, p0: u32 }
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<uniform> p: P;
+@group(0) @binding(2) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_out * p.width) { return; }
+    var v = y[i] * p.scale;
+    if (p.cap > 0.0) { v = p.cap * tanh_safe(v / p.cap); }
+    y[i] = v;
+}
+"#,
+    )
+}
+
+/// Workgroups for `total` items of an element-wise kernel (`EW` per workgroup), as a 2-D grid
+/// within the per-dimension limit.
+pub fn grid(total: u32, max_dim: u32) -> (u32, u32) {
+    let wgs = total.div_ceil(EW).max(1);
+    if wgs <= max_dim {
+        (wgs, 1)
+    } else {
+        (max_dim, wgs.div_ceil(max_dim))
+    }
+}
+
+/// Workgroups for `rows` rows of a row kernel (one workgroup per row).
+pub fn row_grid(rows: u32, max_dim: u32) -> (u32, u32) {
+    let rows = rows.max(1);
+    if rows <= max_dim {
+        (rows, 1)
+    } else {
+        (max_dim, rows.div_ceil(max_dim))
+    }
+}
