@@ -607,3 +607,54 @@ fn devices_lists_the_cpu_and_vulkan() {
     let gpu = devices.iter().any(|d| d["gpu"] == true);
     assert_eq!(v["auto"], if gpu { "vulkan" } else { "cpu" }, "{v}");
 }
+
+/// Without a Vulkan driver (the loader pointed at no driver file), `--backend vulkan` fails
+/// with an error saying there is no device and what to do, and `devices` says why; the CPU
+/// still runs.
+#[test]
+fn without_a_vulkan_driver_the_errors_say_so() {
+    let m = fixture("families/llama-tied");
+    let m = m.to_str().unwrap();
+    let no_driver = |args: &[&str]| {
+        flowrt()
+            .args(args)
+            .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+            .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+            .output()
+            .unwrap()
+    };
+    let o = no_driver(&[
+        "run",
+        m,
+        "hi",
+        "--raw",
+        "--max-tokens",
+        "1",
+        "--backend",
+        "vulkan",
+    ]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("no Vulkan device is available") && err.contains("--backend cpu"),
+        "{err}"
+    );
+    let o = no_driver(&["devices"]);
+    let (out, _) = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("no device:") && out.contains("--backend auto picks: cpu"),
+        "{out}"
+    );
+    let o = no_driver(&[
+        "run",
+        m,
+        "hi",
+        "--raw",
+        "--max-tokens",
+        "1",
+        "--backend",
+        "auto",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+}

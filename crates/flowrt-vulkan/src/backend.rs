@@ -847,7 +847,8 @@ impl Backend for VulkanBackend {
                 bytes_per_s: 0.3e9,
                 flops_per_s: 3e9,
                 slack: 10.0,
-                floor: Duration::from_secs(5),
+                // A software driver shares the CPU with everything else on the machine.
+                floor: Duration::from_secs(30),
             }
         } else {
             DeviceRates {
