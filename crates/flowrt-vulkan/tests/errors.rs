@@ -1,0 +1,81 @@
+//! Bad cases on the Vulkan backend are clear errors, never a panic or a silent substitute.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use flowrt_dispatch::{BackendSettings, KvPrecision};
+use flowrt_model::Model;
+use flowrt_testkit::coverage;
+use flowrt_vulkan::{VulkanBackend, VulkanError};
+
+fn no_device() -> Option<String> {
+    match flowrt_vulkan::devices() {
+        Ok(d) if !d.is_empty() => None,
+        Ok(_) => Some("no Vulkan device".into()),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+fn tiny() -> Arc<Model> {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/llama-tied");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cfg = flowrt_model::ModelConfig::from_hf_json(&dir.join("config.json"), &json).unwrap();
+    Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap())
+}
+
+#[test]
+fn bad_settings_and_sizes_are_named() {
+    if let Some(why) = no_device() {
+        coverage::not_run("vulkan errors", "bad settings and sizes", &why);
+        return;
+    }
+    let m = tiny();
+    let base = BackendSettings {
+        n_ctx: 64,
+        n_seq: 1,
+        max_batch: 8,
+        kv: KvPrecision::F32,
+        ..BackendSettings::default()
+    };
+    // A KV cache one binding cannot hold: the error says what and how big.
+    let e = VulkanBackend::new(
+        m.clone(),
+        &BackendSettings {
+            n_seq: 1 << 20,
+            ..base.clone()
+        },
+    )
+    .err()
+    .expect("a cache of 2^20 sequences cannot fit");
+    assert!(matches!(e, VulkanError::OutOfMemory { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("KV cache") && msg.contains("bytes"), "{msg}");
+    // A device index beyond the list.
+    let e = VulkanBackend::new(
+        m.clone(),
+        &BackendSettings {
+            device: Some(99),
+            ..base.clone()
+        },
+    )
+    .err()
+    .expect("device 99 does not exist");
+    assert!(
+        matches!(e, VulkanError::BadDeviceIndex { index: 99, .. }),
+        "{e}"
+    );
+    // A backend option it does not take.
+    let e = VulkanBackend::new(
+        m,
+        &BackendSettings {
+            options: vec![("kernels".into(), "avx2".into())],
+            ..base
+        },
+    )
+    .err()
+    .expect("the vulkan backend takes no options");
+    assert!(e.to_string().contains("`kernels`"), "{e}");
+    coverage::ran("vulkan errors", "bad settings and sizes");
+}
