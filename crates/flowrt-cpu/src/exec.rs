@@ -267,30 +267,6 @@ pub struct CpuBackend {
     pending_spans: Vec<SeqSpan>, // (n_seq)
 }
 
-fn buf_width(m: &Model, b: Buf) -> usize {
-    let c = &m.config;
-    match b {
-        Buf::X | Buf::Xn | Buf::Proj => c.hidden_size,
-        Buf::Q | Buf::Attn => c.q_dim(),
-        Buf::K | Buf::V => c.kv_dim(),
-        Buf::Gate | Buf::Up => c.intermediate_size,
-        Buf::Logits => c.vocab_size,
-    }
-}
-
-const ALL_BUFS: [Buf; 10] = [
-    Buf::X,
-    Buf::Xn,
-    Buf::Q,
-    Buf::K,
-    Buf::V,
-    Buf::Attn,
-    Buf::Proj,
-    Buf::Gate,
-    Buf::Up,
-    Buf::Logits,
-];
-
 impl CpuBackend {
     /// A CPU backend for generic settings (see [`CpuOptions::from_settings`]).
     pub fn from_settings(model: Arc<Model>, s: &BackendSettings) -> Result<Self, BackendError> {
@@ -314,10 +290,10 @@ impl CpuBackend {
         }
         let max_batch = opts.max_batch.max(1);
         let n_ctx = opts.n_ctx.max(1);
-        let bufs = ALL_BUFS.map(|b| {
+        let bufs = Buf::ALL.map(|b| {
             // Logits grow on demand (most batches want one row).
             let rows = if b == Buf::Logits { 1 } else { max_batch };
-            vec![0.0f32; rows * buf_width(&model, b)]
+            vec![0.0f32; rows * b.width(&model.config)]
         });
         let pool = ThreadPool::new(opts.threads);
         let packed = if opts.repack

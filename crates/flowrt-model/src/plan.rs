@@ -31,6 +31,33 @@ pub enum Buf {
     Logits,
 }
 
+impl Buf {
+    /// Every buffer, in `Buf as usize` order.
+    pub const ALL: [Buf; 10] = [
+        Buf::X,
+        Buf::Xn,
+        Buf::Q,
+        Buf::K,
+        Buf::V,
+        Buf::Attn,
+        Buf::Proj,
+        Buf::Gate,
+        Buf::Up,
+        Buf::Logits,
+    ];
+
+    /// Values per token (per logit row for `Logits`).
+    pub fn width(self, c: &ModelConfig) -> usize {
+        match self {
+            Buf::X | Buf::Xn | Buf::Proj => c.hidden_size,
+            Buf::Q | Buf::Attn => c.q_dim(),
+            Buf::K | Buf::V => c.kv_dim(),
+            Buf::Gate | Buf::Up => c.intermediate_size,
+            Buf::Logits => c.vocab_size,
+        }
+    }
+}
+
 /// Which normalisation weight an op uses (of the group's layer, or the final one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormWeight {

@@ -123,30 +123,6 @@ struct Acts {
     gathered: wgpu::Buffer,
 }
 
-fn buf_width(m: &Model, b: Buf) -> usize {
-    let c = &m.config;
-    match b {
-        Buf::X | Buf::Xn | Buf::Proj => c.hidden_size,
-        Buf::Q | Buf::Attn => c.q_dim(),
-        Buf::K | Buf::V => c.kv_dim(),
-        Buf::Gate | Buf::Up => c.intermediate_size,
-        Buf::Logits => c.vocab_size,
-    }
-}
-
-const ALL_BUFS: [Buf; 10] = [
-    Buf::X,
-    Buf::Xn,
-    Buf::Q,
-    Buf::K,
-    Buf::V,
-    Buf::Attn,
-    Buf::Proj,
-    Buf::Gate,
-    Buf::Up,
-    Buf::Logits,
-];
-
 fn f32_bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
@@ -219,9 +195,9 @@ impl VulkanBackend {
         )?;
 
         // Activations.
-        let mut bufs = Vec::with_capacity(ALL_BUFS.len());
-        for b in ALL_BUFS {
-            let bytes = (max_batch * buf_width(&model, b) * 4) as u64;
+        let mut bufs = Vec::with_capacity(Buf::ALL.len());
+        for b in Buf::ALL {
+            let bytes = (max_batch * b.width(&model.config) * 4) as u64;
             bufs.push(gpu.storage(&format!("activations {b:?}"), bytes)?);
         }
         let acts = Acts {
@@ -374,7 +350,7 @@ impl VulkanBackend {
                             }
                         };
                         let p = b.uniform(&[
-                            buf_width(&model, src) as u32,
+                            src.width(&model.config) as u32,
                             1,
                             c.rms_norm_eps.to_bits(),
                             0,
@@ -409,8 +385,8 @@ impl VulkanBackend {
                                 ))
                             }
                         };
-                        let w_in = buf_width(&model, src) as u32;
-                        let w_out = buf_width(&model, dst) as u32;
+                        let w_in = src.width(&model.config) as u32;
+                        let w_out = dst.width(&model.config) as u32;
                         if weight == MatRole::Output {
                             // Only the rows whose logits were asked for.
                             let p = b.uniform(&[w_in, 0, 0, 0])?;

@@ -30,71 +30,65 @@ fn with_common(body: &str) -> String {
     format!("{STEP}{GID}{TANH}{body}")
 }
 
-/// RMSNorm of `rows_per_tok` rows of `width` values per token: `dst = src / rms(src) * w`.
-/// `src` and `dst` are different buffers.
+/// RMSNorm of `rows_per_tok` rows of `width` values per token: `dst = src / rms(src) * w`,
+/// `src` and `dst` different buffers.
 pub fn rms_norm() -> String {
-    with_common(
-        r#"
-struct P { width: u32, rows_per_tok: u32, eps: f32, p0: u32 }
-@group(0) @binding(0) var<storage, read> src: array<f32>;
-@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
-@group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(3) var<uniform> p: P;
-@group(0) @binding(4) var<uniform> step: Step;
-var<workgroup> part: array<f32, 64>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {
-    let row = wg.y * nwg.x + wg.x;
-    if (row >= step.n_tok * p.rows_per_tok) { return; }
-    let base = row * p.width;
-    var ss = 0.0;
-    for (var i = li.x; i < p.width; i += 64u) { let v = src[base + i]; ss += v * v; }
-    part[li.x] = ss;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (li.x < s) { part[li.x] += part[li.x + s]; }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(part[0] / f32(p.width) + p.eps);
-    for (var i = li.x; i < p.width; i += 64u) { dst[base + i] = src[base + i] * inv * w[i]; }
-}
-"#,
-    )
+    rms_norm_kernel(false)
 }
 
 /// RMSNorm in place (QK-norm: each head of `Q` or `K` is a row).
 pub fn rms_norm_inplace() -> String {
-    with_common(
-        r#"
-struct P { width: u32, rows_per_tok: u32, eps: f32, p0: u32 }
+    rms_norm_kernel(true)
+}
+
+fn rms_norm_kernel(inplace: bool) -> String {
+    let (bufs, src, dst) = if inplace {
+        (
+            r#"
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 @group(0) @binding(2) var<uniform> p: P;
-@group(0) @binding(3) var<uniform> step: Step;
+@group(0) @binding(3) var<uniform> step: Step;"#,
+            "x",
+            "x",
+        )
+    } else {
+        (
+            r#"
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;"#,
+            "src",
+            "dst",
+        )
+    };
+    with_common(&format!(
+        r#"
+struct P {{ width: u32, rows_per_tok: u32, eps: f32, p0: u32 }}
+{bufs}
 var<workgroup> part: array<f32, 64>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {
+        @builtin(local_invocation_id) li: vec3<u32>) {{
     let row = wg.y * nwg.x + wg.x;
-    if (row >= step.n_tok * p.rows_per_tok) { return; }
+    if (row >= step.n_tok * p.rows_per_tok) {{ return; }}
     let base = row * p.width;
     var ss = 0.0;
-    for (var i = li.x; i < p.width; i += 64u) { let v = x[base + i]; ss += v * v; }
+    for (var i = li.x; i < p.width; i += 64u) {{ let v = {src}[base + i]; ss += v * v; }}
     part[li.x] = ss;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
-        if (li.x < s) { part[li.x] += part[li.x + s]; }
+    for (var s = 32u; s > 0u; s >>= 1u) {{
+        if (li.x < s) {{ part[li.x] += part[li.x + s]; }}
         workgroupBarrier();
-    }
+    }}
     let inv = 1.0 / sqrt(part[0] / f32(p.width) + p.eps);
-    workgroupBarrier();
-    for (var i = li.x; i < p.width; i += 64u) { x[base + i] = x[base + i] * inv * w[i]; }
-}
-"#,
-    )
+    for (var i = li.x; i < p.width; i += 64u) {{ {dst}[base + i] = {src}[base + i] * inv * w[i]; }}
+}}
+"#
+    ))
 }
 
 /// RoPE in place on `heads` heads of `head_dim` per token, rotating the first `2 * half`
