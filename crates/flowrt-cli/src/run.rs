@@ -1,12 +1,14 @@
 //! `flowrt run`: one answer, or an interactive chat.
 
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use flowrt_engine::{
-    generate, EngineError, FinishReason, GenerateOptions, GenerationStats, LoadedModel, Session,
+    generate, ConstraintSpec, EngineError, FinishReason, GenerateOptions, GenerationStats,
+    LoadedModel, Session,
 };
 use flowrt_sample::SamplerConfig;
 use flowrt_text::ChatMessage;
@@ -58,13 +60,25 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens (up to --max-tokens).
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
+    /// Constrain the answer to this JSON Schema (a file); only a complete, conforming answer
+    /// is printed.
+    #[arg(long = "json-schema", value_name = "FILE", conflicts_with_all = ["json", "stop"])]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the answer to a JSON object (any keys and values).
+    #[arg(long, conflicts_with = "stop")]
+    pub json: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
 
 impl RunArgs {
-    fn generate_options(&self) -> GenerateOptions {
-        GenerateOptions {
+    fn generate_options(&self) -> Result<GenerateOptions> {
+        let constraint = match (&self.json_schema, self.json) {
+            (Some(path), _) => Some(ConstraintSpec::JsonSchema(read_schema(path)?)),
+            (None, true) => Some(ConstraintSpec::JsonObject),
+            (None, false) => None,
+        };
+        Ok(GenerateOptions {
             max_tokens: self.max_tokens,
             sampler: SamplerConfig {
                 temperature: self.temperature,
@@ -78,12 +92,20 @@ impl RunArgs {
             },
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
-        }
+            constraint,
+        })
     }
 }
 
+/// A JSON Schema file, parsed (whether the engine can honour it is checked when it compiles).
+fn read_schema(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the JSON schema {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))
+}
+
 pub fn run(args: RunArgs) -> Result<ExitCode> {
-    let gen = args.generate_options();
+    let gen = args.generate_options()?;
     gen.sampler.validate().context("sampling parameters")?;
     let (model, opts) = load_model(&args.model, &args.engine)?;
     let mut session = Session::new(&model, &opts)?;
@@ -139,6 +161,23 @@ fn answer(
     gen: &GenerateOptions,
 ) -> Result<GenerationStats> {
     let mut out = std::io::stdout().lock();
+    if gen.constraint.is_some() {
+        // Constrained: print the answer only once it is complete (and so conforms).
+        let mut text = String::new();
+        let stats = generate(session, &model.tokenizer, tokens, gen, &mut |t| {
+            text.push_str(t);
+            true
+        })?;
+        if stats.finish != FinishReason::Stop {
+            anyhow::bail!(
+                "the constrained answer was not complete after {} tokens ({}); raise --max-tokens",
+                stats.generated_tokens,
+                finish_name(stats.finish)
+            );
+        }
+        writeln!(out, "{text}")?;
+        return Ok(stats);
+    }
     let mut write_err = None;
     let stats = generate(
         session,
@@ -166,12 +205,7 @@ fn print_stats(s: &GenerationStats) {
     } else {
         0.0
     };
-    let finish = match s.finish {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::ContextFull => "context full",
-        FinishReason::Cancelled => "cancelled",
-    };
+    let finish = finish_name(s.finish);
     eprintln!(
         "[prompt {} tokens ({} reused), prefill {:.1} ms; {} generated, {:.1} tok/s; time to first token {:.1} ms; finish: {finish}; seed {}]",
         s.prompt_tokens,
@@ -182,6 +216,15 @@ fn print_stats(s: &GenerationStats) {
         s.time_to_first_token.as_secs_f64() * 1e3,
         s.seed
     );
+}
+
+fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::ContextFull => "context full",
+        FinishReason::Cancelled => "cancelled",
+    }
 }
 
 /// Interactive multi-turn chat on stdin/stdout. The session keeps its cache between turns;
@@ -261,6 +304,12 @@ fn chat(
                 }
                 if stats.finish == FinishReason::ContextFull {
                     eprintln!("(the context is full: /reset to start over)");
+                }
+                if gen.constraint.is_some() && stats.finish != FinishReason::Stop {
+                    eprintln!(
+                        "(the constrained answer is incomplete: {}; raise --max-tokens)",
+                        finish_name(stats.finish)
+                    );
                 }
             }
             Err(e @ EngineError::PromptTooLong { .. }) => {

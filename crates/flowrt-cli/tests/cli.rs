@@ -658,3 +658,92 @@ fn without_a_vulkan_driver_the_errors_say_so() {
     ]);
     assert!(o.status.success(), "{}", text(&o).1);
 }
+
+/// `flowrt run --json-schema FILE` prints only a complete answer that follows the schema;
+/// `--json` any JSON object; a bad schema file is an error naming the problem.
+#[test]
+fn run_json_schema_prints_conforming_json() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20},
+                           "population": {"type": "integer", "minimum": 0},
+                           "size": {"enum": ["small", "medium", "large"]}},
+            "required": ["city", "population", "size"],
+            "additionalProperties": false}"#,
+    )
+    .unwrap();
+    for seed in ["1", "2"] {
+        let out = ok(&[
+            "run",
+            m,
+            "Describe Paris as JSON.",
+            "--json-schema",
+            schema.to_str().unwrap(),
+            "--temperature",
+            "1",
+            "--seed",
+            seed,
+            "--max-tokens",
+            "200",
+        ]);
+        let v: serde_json::Value =
+            serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
+        let o = v.as_object().unwrap();
+        let mut keys: Vec<_> = o.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["city", "population", "size"], "{out}");
+        assert!(o["city"].as_str().unwrap().chars().count() <= 20, "{out}");
+        assert!(o["population"].as_u64().is_some(), "{out}");
+        assert!(
+            ["small", "medium", "large"].contains(&o["size"].as_str().unwrap()),
+            "{out}"
+        );
+    }
+    let out = ok(&["run", m, "Say hi as JSON.", "--json", "--temperature", "0"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v.is_object(), "{out}");
+
+    // Too few tokens to finish: an error, nothing printed as if complete.
+    let o = flowrt()
+        .args([
+            "run",
+            m,
+            "Describe Paris as JSON.",
+            "--json-schema",
+            schema.to_str().unwrap(),
+            "--max-tokens",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(out.trim().is_empty(), "{out}");
+    assert!(err.contains("not complete after 3 tokens"), "{err}");
+
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"type\": \"object\",").unwrap();
+    fails_with(
+        &["run", m, "hi", "--json-schema", bad.to_str().unwrap()],
+        "bad.json: not valid JSON",
+    );
+    std::fs::write(&bad, r#"{"type": "array", "uniqueItems": true}"#).unwrap();
+    fails_with(
+        &["run", m, "hi", "--json-schema", bad.to_str().unwrap()],
+        "unsupported keyword(s): uniqueItems",
+    );
+    std::fs::write(&bad, r#"{"type": "array", "minItems": "two"}"#).unwrap();
+    fails_with(
+        &["run", m, "hi", "--json-schema", bad.to_str().unwrap()],
+        "invalid JSON schema",
+    );
+    fails_with(
+        &["run", m, "hi", "--json-schema", "/nonexistent/schema.json"],
+        "/nonexistent/schema.json",
+    );
+}

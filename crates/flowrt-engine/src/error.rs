@@ -14,6 +14,8 @@ pub enum EngineError {
     #[error(transparent)]
     Dispatch(#[from] Box<flowrt_dispatch::DispatchError>),
     #[error(transparent)]
+    Constraint(#[from] crate::constraint::ConstraintError),
+    #[error(transparent)]
     Sample(#[from] flowrt_sample::SampleError),
     #[error("the prompt has {prompt_tokens} tokens, which with {reserve} to generate does not fit the context of {n_ctx} tokens (use a shorter prompt or a larger --ctx-len, at most the model's {model_ctx})")]
     PromptTooLong {

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
 use flowrt_text::Tokenizer;
 
+use crate::constraint::{ConstraintSpec, Guide};
 use crate::error::EngineError;
 use crate::session::Session;
 
@@ -18,6 +19,13 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens (benchmarks; random-weight models).
     pub ignore_eos: bool,
+    /// Constrained decoding: every step's logits are masked so the output follows this (JSON
+    /// Schema, any JSON object, regex, Lark grammar). Generation stops with
+    /// [`FinishReason::Stop`] when the constrained output is complete; if `max_tokens` comes
+    /// first the reason stays [`FinishReason::Length`] (the output is then incomplete).
+    /// `stop` strings still apply and can cut a constrained output short (the CLI refuses the
+    /// combination). `None`: unconstrained, exactly as before.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 /// Why generation ended.
@@ -50,6 +58,8 @@ pub struct GenerationStats {
     pub seed: u64,
     /// The generated tokens (stop strings included; EOG excluded).
     pub tokens: Vec<u32>,
+    /// Compiling the constraint (zero without one); not part of prefill or decode time.
+    pub constraint_compile_time: Duration,
 }
 
 /// Generate a continuation of `prompt` (the full sequence, e.g. the whole rendered chat; the
@@ -78,6 +88,25 @@ pub fn generate(
         });
     }
     let mut sampler = Sampler::new(opts.sampler.clone(), session.vocab_size())?;
+    let t_compile = Instant::now();
+    let mut constraint = match &opts.constraint {
+        Some(spec) => Some(Guide::cached(tokenizer, session.vocab_size())?.compile(spec)?),
+        None => None,
+    };
+    let constraint_compile_time = if constraint.is_some() {
+        t_compile.elapsed()
+    } else {
+        Duration::ZERO
+    };
+    // The masked copy of each step's logits (constrained decoding only).
+    let mut masked = vec![
+        0.0f32;
+        if constraint.is_some() {
+            session.vocab_size()
+        } else {
+            0
+        }
+    ];
     for &t in prompt {
         sampler.accept(t);
     }
@@ -94,17 +123,28 @@ pub fn generate(
     let mut finish = FinishReason::Length;
 
     while out_tokens.len() < opts.max_tokens {
-        let tok = sampler.sample(logits)?;
+        let tok = match constraint.as_mut() {
+            Some(c) => {
+                masked.copy_from_slice(logits);
+                c.mask(&mut masked)?;
+                sampler.sample(&masked)?
+            }
+            None => sampler.sample(logits)?,
+        };
         if ttft.is_none() {
             ttft = Some(t0.elapsed());
             t_first = Instant::now();
         }
-        if !opts.ignore_eos && tokenizer.is_eog(tok) {
+        // Under a constraint, end-of-generation is only allowed where the output is complete.
+        if (!opts.ignore_eos || constraint.is_some()) && tokenizer.is_eog(tok) {
             finish = FinishReason::Stop;
             break;
         }
         sampler.accept(tok);
         out_tokens.push(tok);
+        if let Some(c) = constraint.as_mut() {
+            c.accept(tok)?;
+        }
         let piece = decoder.push(tokenizer, tok)?;
         let r = stops.push(piece);
         if !r.emit.is_empty() && !on_text(r.emit) {
@@ -112,6 +152,10 @@ pub fn generate(
             break;
         }
         if r.stopped {
+            finish = FinishReason::Stop;
+            break;
+        }
+        if constraint.as_ref().is_some_and(|c| c.is_finished()) {
             finish = FinishReason::Stop;
             break;
         }
@@ -148,5 +192,6 @@ pub fn generate(
         finish,
         seed: sampler.seed(),
         tokens: out_tokens,
+        constraint_compile_time,
     })
 }

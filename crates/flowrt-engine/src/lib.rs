@@ -1,9 +1,10 @@
 //! Running models: load a model file, hold a session (KV cache and position), prefill and
-//! decode, generate text with sampling and stops, verify logits against a reference, and
-//! benchmark.
+//! decode, generate text with sampling and stops (optionally constrained to a JSON Schema),
+//! verify logits against a reference, and benchmark.
 
 mod bandwidth;
 mod bench;
+mod constraint;
 mod error;
 mod generate;
 mod load;
@@ -16,6 +17,7 @@ pub use bench::{
     bench, bench_parallel, weight_bytes, BackendReport, BenchOptions, BenchReport, ParallelReport,
     Roofline, Stat,
 };
+pub use constraint::{Constraint, ConstraintError, ConstraintSpec, Guide};
 pub use error::EngineError;
 pub use flowrt_backends::{BackendKind, OpenError};
 pub use flowrt_dispatch::KvPrecision;

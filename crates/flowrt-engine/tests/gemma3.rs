@@ -64,6 +64,7 @@ fn gemma3_greedy_continuation_matches_transformers() {
         },
         stop: vec![],
         ignore_eos: false,
+        constraint: None,
     };
     generate(&mut s, &m.tokenizer, &tokens, &gen, &mut |t| {
         text.push_str(t);

@@ -201,6 +201,7 @@ fn prompt_over_the_context_is_a_clear_error() {
         sampler: SamplerConfig::default(),
         stop: vec![],
         ignore_eos: false,
+        constraint: None,
     };
     let e = generate(&mut s, &m.tokenizer, &tokens[..8], &gen, &mut |_| true).unwrap_err();
     assert!(matches!(e, EngineError::PromptTooLong { .. }), "{e}");
@@ -243,6 +244,7 @@ fn run_generate(
         sampler,
         stop,
         ignore_eos: false,
+        constraint: None,
     };
     let stats = generate(&mut s, &m.tokenizer, &tokens, &gen, &mut |t| {
         text.push_str(t);

@@ -141,6 +141,7 @@ fn smollm2_on_vulkan_says_paris() {
             },
             stop: vec![],
             ignore_eos: false,
+            constraint: None,
         },
         &mut |t| {
             text.push_str(t);

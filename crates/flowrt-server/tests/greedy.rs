@@ -38,6 +38,7 @@ fn run_like(prompt: &str, chat: bool, max_tokens: usize) -> String {
         },
         stop: Vec::new(),
         ignore_eos: false,
+        constraint: None,
     };
     generate(&mut session, &model.tokenizer, &tokens, &gen, &mut |t| {
         out.push_str(t);

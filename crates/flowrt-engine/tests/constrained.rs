@@ -1,0 +1,545 @@
+//! Constrained decoding on the real default model: sampled at temperature 1.0 with every
+//! filter off, each answer must be complete JSON that satisfies its schema.
+
+mod common;
+
+use std::time::Instant;
+
+use flowrt_engine::{
+    generate, ConstraintError, ConstraintSpec, EngineError, EngineOptions, FinishReason,
+    GenerateOptions, GenerationStats, Guide, KvPrecision, LoadedModel, Session,
+};
+use flowrt_sample::SamplerConfig;
+use flowrt_text::ChatMessage;
+use serde_json::{json, Value};
+
+fn load() -> LoadedModel {
+    LoadedModel::load(&common::smollm2()).expect("loading SmolLM2")
+}
+
+fn session(m: &LoadedModel) -> Session {
+    Session::new(
+        m,
+        &EngineOptions {
+            threads: 2,
+            n_ctx: Some(512),
+            kv: KvPrecision::F16,
+            max_batch: 64,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn chat_tokens(m: &LoadedModel, prompt: &str) -> Vec<u32> {
+    match &m.template {
+        Some(t) => {
+            let text = t.render(&[ChatMessage::new("user", prompt)], true).unwrap();
+            m.tokenizer.encode(&text, false, true).unwrap()
+        }
+        // The Gemma 3 GGUF carries no template: its turn markup by hand.
+        None => m
+            .tokenizer
+            .encode(
+                &format!("<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n"),
+                true,
+                true,
+            )
+            .unwrap(),
+    }
+}
+
+/// Pure sampling: temperature 1.0, no top-k/top-p/min-p, so only the mask keeps it in shape.
+fn hot(seed: u64) -> SamplerConfig {
+    SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: Some(seed),
+        ..SamplerConfig::default()
+    }
+}
+
+fn run(
+    m: &LoadedModel,
+    s: &mut Session,
+    prompt: &str,
+    spec: Option<ConstraintSpec>,
+    sampler: SamplerConfig,
+    max_tokens: usize,
+    ignore_eos: bool,
+) -> Result<(String, GenerationStats), EngineError> {
+    let tokens = chat_tokens(m, prompt);
+    let gen = GenerateOptions {
+        max_tokens,
+        sampler,
+        stop: vec![],
+        ignore_eos,
+        constraint: spec,
+    };
+    let mut text = String::new();
+    let stats = generate(s, &m.tokenizer, &tokens, &gen, &mut |t| {
+        text.push_str(t);
+        true
+    })?;
+    Ok((text, stats))
+}
+
+/// A JSON Schema checker for the keywords these tests use (type, properties, required,
+/// additionalProperties: false, items, minItems, maxItems, enum, minimum, maximum, minLength,
+/// maxLength). Returns the first violation.
+fn check(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
+    let fail = |what: String| Err(format!("{at}: {what} (value {v})"));
+    if let Some(t) = schema.get("type").and_then(Value::as_str) {
+        let ok = match t {
+            "object" => v.is_object(),
+            "array" => v.is_array(),
+            "string" => v.is_string(),
+            "boolean" => v.is_boolean(),
+            "number" => v.is_number(),
+            "integer" => v.is_i64() || v.is_u64(),
+            "null" => v.is_null(),
+            _ => return fail(format!("checker does not know type {t}")),
+        };
+        if !ok {
+            return fail(format!("not of type {t}"));
+        }
+    }
+    if let Some(e) = schema.get("enum").and_then(Value::as_array) {
+        if !e.contains(v) {
+            return fail(format!("not one of {e:?}"));
+        }
+    }
+    if let Some(x) = v.as_f64() {
+        if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
+            if x < min {
+                return fail(format!("below minimum {min}"));
+            }
+        }
+        if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+            if x > max {
+                return fail(format!("above maximum {max}"));
+            }
+        }
+    }
+    if let Some(s) = v.as_str() {
+        let n = s.chars().count() as u64;
+        if schema
+            .get("minLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n < m)
+        {
+            return fail("shorter than minLength".into());
+        }
+        if schema
+            .get("maxLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n > m)
+        {
+            return fail("longer than maxLength".into());
+        }
+    }
+    if let Some(a) = v.as_array() {
+        let n = a.len() as u64;
+        if schema
+            .get("minItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n < m)
+        {
+            return fail("fewer items than minItems".into());
+        }
+        if schema
+            .get("maxItems")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| n > m)
+        {
+            return fail("more items than maxItems".into());
+        }
+        if let Some(items) = schema.get("items") {
+            for (i, x) in a.iter().enumerate() {
+                check(items, x, &format!("{at}[{i}]"))?;
+            }
+        }
+    }
+    if let Some(o) = v.as_object() {
+        let props = schema.get("properties").and_then(Value::as_object);
+        if let Some(req) = schema.get("required").and_then(Value::as_array) {
+            for k in req.iter().filter_map(Value::as_str) {
+                if !o.contains_key(k) {
+                    return fail(format!("missing required {k}"));
+                }
+            }
+        }
+        for (k, x) in o {
+            match props.and_then(|p| p.get(k)) {
+                Some(sub) => check(sub, x, &format!("{at}.{k}"))?,
+                None => {
+                    if schema.get("additionalProperties") == Some(&Value::Bool(false)) {
+                        return fail(format!("property {k} not allowed"));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The shapes: nested objects, arrays with minItems, enums, bounded numbers, required,
+/// additionalProperties false, a top-level array, and any JSON object.
+fn shapes() -> Vec<(&'static str, &'static str, Option<Value>)> {
+    vec![
+        (
+            "nested object",
+            "Describe a person as JSON with name, age and address.",
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 20},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "address": {
+                        "type": "object",
+                        "properties": {
+                            "city": {"type": "string", "maxLength": 20},
+                            "zip": {"type": "string", "maxLength": 10}
+                        },
+                        "required": ["city"],
+                        "additionalProperties": false
+                    }
+                },
+                "required": ["name", "age", "address"],
+                "additionalProperties": false
+            })),
+        ),
+        (
+            "array with minItems",
+            "List some tags for a blog post about cooking, as JSON.",
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "tags": {
+                        "type": "array",
+                        "items": {"type": "string", "minLength": 1, "maxLength": 12},
+                        "minItems": 2,
+                        "maxItems": 4
+                    }
+                },
+                "required": ["tags"],
+                "additionalProperties": false
+            })),
+        ),
+        (
+            "enum and bounded number",
+            "Rate the colour of the sky as JSON.",
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "color": {"enum": ["red", "green", "blue"]},
+                    "score": {"type": "number", "minimum": 0, "maximum": 1},
+                    "ok": {"type": "boolean"}
+                },
+                "required": ["color", "score", "ok"],
+                "additionalProperties": false
+            })),
+        ),
+        (
+            "top-level array of objects",
+            "Give a few points as JSON.",
+            Some(json!({
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer", "minimum": -5, "maximum": 5}},
+                    "required": ["x"],
+                    "additionalProperties": false
+                },
+                "minItems": 1,
+                "maxItems": 3
+            })),
+        ),
+        ("any JSON object", "Say hello as JSON.", None),
+    ]
+}
+
+const SEEDS: u64 = 20;
+
+#[test]
+fn sampled_answers_follow_their_schema() {
+    let m = load();
+    let mut s = session(&m);
+    let (mut stops, mut lengths) = (0, 0);
+    for (name, prompt, schema) in shapes() {
+        let spec = match &schema {
+            Some(v) => ConstraintSpec::JsonSchema(v.clone()),
+            None => ConstraintSpec::JsonObject,
+        };
+        for seed in 0..SEEDS {
+            let (text, stats) = run(
+                &m,
+                &mut s,
+                prompt,
+                Some(spec.clone()),
+                hot(seed),
+                200,
+                false,
+            )
+            .unwrap_or_else(|e| panic!("{name}, seed {seed}: {e}"));
+            if stats.finish == FinishReason::Length {
+                // Incomplete by construction: counted, not validated.
+                lengths += 1;
+                eprintln!("{name}, seed {seed}: hit max_tokens: {text}");
+                continue;
+            }
+            assert_eq!(stats.finish, FinishReason::Stop, "{name}, seed {seed}");
+            stops += 1;
+            let v: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{name}, seed {seed}: not JSON ({e}): {text}"));
+            match &schema {
+                Some(sch) => check(sch, &v, "$")
+                    .unwrap_or_else(|e| panic!("{name}, seed {seed}: {e}; output {text}")),
+                None => assert!(v.is_object(), "{name}, seed {seed}: {text}"),
+            }
+            eprintln!("{name}, seed {seed}: {text}");
+        }
+    }
+    eprintln!("constrained answers: {stops} complete (finish stop), {lengths} hit max_tokens");
+    // Nearly all must complete; a Length finish is never presented as complete.
+    assert!(
+        lengths * 10 <= stops,
+        "{lengths} of {} hit max_tokens",
+        stops + lengths
+    );
+}
+
+#[test]
+fn max_tokens_first_is_length_not_stop() {
+    let m = load();
+    let mut s = session(&m);
+    let (name, prompt, schema) = shapes().remove(0);
+    let (text, stats) = run(
+        &m,
+        &mut s,
+        prompt,
+        Some(ConstraintSpec::JsonSchema(schema.unwrap())),
+        hot(1),
+        4,
+        false,
+    )
+    .unwrap();
+    assert_eq!(stats.finish, FinishReason::Length, "{name}: {text}");
+    assert_eq!(stats.generated_tokens, 4);
+    assert!(serde_json::from_str::<Value>(&text).is_err(), "{text}");
+}
+
+#[test]
+fn greedy_unconstrained_is_unchanged_by_the_option() {
+    // The same greedy run twice, once through a session that also ran a constrained answer:
+    // a constraint on one generation leaves the next unconstrained one as it was.
+    let m = load();
+    let greedy = SamplerConfig {
+        temperature: 0.0,
+        ..SamplerConfig::default()
+    };
+    let mut s1 = session(&m);
+    let (a, _) = run(
+        &m,
+        &mut s1,
+        "Name a colour.",
+        None,
+        greedy.clone(),
+        16,
+        false,
+    )
+    .unwrap();
+    let mut s2 = session(&m);
+    run(
+        &m,
+        &mut s2,
+        "Name a colour.",
+        Some(ConstraintSpec::JsonObject),
+        greedy.clone(),
+        16,
+        false,
+    )
+    .unwrap();
+    let (b, _) = run(&m, &mut s2, "Name a colour.", None, greedy, 16, false).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn malformed_and_unsupported_schemas_are_typed_errors() {
+    let m = load();
+    let guide = Guide::new(&m.tokenizer, m.tokenizer.vocab_size()).unwrap();
+    // A keyword of the wrong type.
+    let e = guide
+        .compile(&ConstraintSpec::JsonSchema(
+            json!({"type": "array", "minItems": "two"}),
+        ))
+        .unwrap_err();
+    assert!(matches!(e, ConstraintError::InvalidSchema(_)), "{e:?}");
+    // Not a schema at all.
+    let e = guide
+        .compile(&ConstraintSpec::JsonSchema(json!([1, 2])))
+        .unwrap_err();
+    assert!(matches!(e, ConstraintError::InvalidSchema(_)), "{e:?}");
+    // A keyword the engine cannot enforce is named, never ignored.
+    let e = guide
+        .compile(&ConstraintSpec::JsonSchema(json!({
+            "type": "array",
+            "items": {"type": "integer"},
+            "uniqueItems": true
+        })))
+        .unwrap_err();
+    match &e {
+        ConstraintError::UnsupportedKeyword { keywords } => {
+            assert_eq!(keywords, &["uniqueItems".to_string()], "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("uniqueItems"), "{e}");
+    // Through generate: the typed error, before any token.
+    let mut s = session(&m);
+    let err = run(
+        &m,
+        &mut s,
+        "hi",
+        Some(ConstraintSpec::JsonSchema(json!({"type": "nonsense"}))),
+        hot(0),
+        8,
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Constraint(ConstraintError::InvalidSchema(_))
+        ),
+        "{err:?}"
+    );
+    // A bad regular expression.
+    let e = guide
+        .compile(&ConstraintSpec::Regex("(unclosed".into()))
+        .unwrap_err();
+    assert!(matches!(e, ConstraintError::InvalidGrammar { .. }), "{e:?}");
+}
+
+#[test]
+fn regex_constraint_holds() {
+    let m = load();
+    let mut s = session(&m);
+    for seed in 0..3 {
+        let (text, stats) = run(
+            &m,
+            &mut s,
+            "What year is it?",
+            Some(ConstraintSpec::Regex("[0-9]{4}-[0-9]{2}".into())),
+            hot(seed),
+            32,
+            false,
+        )
+        .unwrap();
+        assert_eq!(stats.finish, FinishReason::Stop, "{text}");
+        assert_eq!(text.len(), 7, "{text}");
+        assert!(
+            text.as_bytes()[4] == b'-' && text.chars().filter(char::is_ascii_digit).count() == 6
+        );
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Decode tok/s with a JSON-schema constraint against without, same seed and token count,
+/// interleaved runs, medians. `cargo test --profile ci -p flowrt-engine --test constrained
+/// -- --ignored --nocapture constraint_overhead`.
+#[test]
+#[ignore = "a measurement; run by hand"]
+fn constraint_overhead() {
+    let m = load();
+    let mut s = session(&m);
+    let n = 128;
+    // Long enough never to complete within n tokens.
+    let schema = json!({
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"type": "string"}, "minItems": 200}},
+        "required": ["items"],
+        "additionalProperties": false
+    });
+    let t0 = Instant::now();
+    let guide = Guide::new(&m.tokenizer, s.vocab_size()).unwrap();
+    let guide_time = t0.elapsed();
+    let c = guide
+        .compile(&ConstraintSpec::JsonSchema(schema.clone()))
+        .unwrap();
+    eprintln!(
+        "token environment built in {:.1} ms (once per vocabulary); schema compiled in {:.2} ms",
+        guide_time.as_secs_f64() * 1e3,
+        c.compile_time.as_secs_f64() * 1e3
+    );
+    let prompt = "List many fruits as JSON.";
+    let tok_s =
+        |st: &GenerationStats| (st.generated_tokens - 1) as f64 / st.decode_time.as_secs_f64();
+    let (mut plain, mut constrained, mut compile) = (vec![], vec![], vec![]);
+    // One warm-up of each.
+    for warm in [true, false, false, false, false, false, false] {
+        s.reset();
+        let (_, a) = run(&m, &mut s, prompt, None, hot(3), n, true).unwrap();
+        s.reset();
+        let (_, b) = run(
+            &m,
+            &mut s,
+            prompt,
+            Some(ConstraintSpec::JsonSchema(schema.clone())),
+            hot(3),
+            n,
+            false,
+        )
+        .unwrap();
+        assert_eq!((a.generated_tokens, b.generated_tokens), (n, n));
+        if !warm {
+            plain.push(tok_s(&a));
+            constrained.push(tok_s(&b));
+            compile.push(b.constraint_compile_time.as_secs_f64() * 1e3);
+        }
+    }
+    let (p, c) = (median(plain.clone()), median(constrained.clone()));
+    eprintln!("unconstrained tok/s: {plain:.1?} median {p:.1}");
+    eprintln!("constrained   tok/s: {constrained:.1?} median {c:.1}");
+    eprintln!(
+        "ratio {:.1} %; constraint compile (in generate, cached environment) median {:.2} ms",
+        100.0 * c / p,
+        median(compile)
+    );
+}
+
+/// The same on Gemma 3 (a SentencePiece vocabulary with byte-fallback tokens, 262k ids).
+#[test]
+fn gemma3_sampled_answers_follow_their_schema() {
+    let m = LoadedModel::load(&common::gemma3()).expect("loading Gemma 3");
+    let mut s = session(&m);
+    let (name, prompt, schema) = shapes().remove(2);
+    let schema = schema.unwrap();
+    for seed in 0..3 {
+        let (text, stats) = run(
+            &m,
+            &mut s,
+            prompt,
+            Some(ConstraintSpec::JsonSchema(schema.clone())),
+            hot(seed),
+            200,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            stats.finish,
+            FinishReason::Stop,
+            "{name}, seed {seed}: {text}"
+        );
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{name}, seed {seed}: not JSON ({e}): {text}"));
+        check(&schema, &v, "$").unwrap_or_else(|e| panic!("{name}, seed {seed}: {e}; {text}"));
+        eprintln!("gemma3 {name}, seed {seed}: {text}");
+    }
+}
