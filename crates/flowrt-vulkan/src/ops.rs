@@ -305,73 +305,80 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
     ))
 }
 
-/// `gate = act(gate) * up` over `width` values per token; `act` 0: SiLU, 1: GELU (tanh).
-pub fn gated_act() -> String {
-    with_common(
+/// An element-wise kernel: one thread per item `i < count`, `buffers` (`name: access`, at
+/// bindings 0, 1, ...) then the uniforms `p` (struct `P { fields }`) and `step`.
+fn elementwise(fields: &str, buffers: &[(&str, &str)], count: &str, body: &str) -> String {
+    let mut decls = String::new();
+    for (k, (name, access)) in buffers.iter().enumerate() {
+        decls.push_str(&format!(
+            "@group(0) @binding({k}) var<storage, {access}> {name}: array<f32>;\n"
+        ));
+    }
+    let n = buffers.len();
+    with_common(&format!(
         r#"
-struct P { width: u32, act: u32, p0: u32, p1: u32 }
-@group(0) @binding(0) var<storage, read_write> gate: array<f32>;
-@group(0) @binding(1) var<storage, read> up: array<f32>;
-@group(0) @binding(2) var<uniform> p: P;
-@group(0) @binding(3) var<uniform> step: Step;
+struct P {{ {fields} }}
+{decls}@group(0) @binding({n}) var<uniform> p: P;
+@group(0) @binding({}) var<uniform> step: Step;
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {
+        @builtin(local_invocation_id) li: vec3<u32>) {{
     let i = gid_of(wg, nwg, li.x);
-    if (i >= step.n_tok * p.width) { return; }
-    let g = gate[i];
+    if (i >= {count}) {{ return; }}
+{body}
+}}
+"#,
+        n + 1
+    ))
+}
+
+/// `gate = act(gate) * up` over `width` values per token; `act` 0: SiLU, 1: GELU (tanh).
+pub fn gated_act() -> String {
+    elementwise(
+        "width: u32, act: u32, p0: u32, p1: u32",
+        &[("gate", "read_write"), ("up", "read")],
+        "step.n_tok * p.width",
+        r#"    let g = gate[i];
     var a: f32;
     if (p.act == 0u) {
         a = g / (1.0 + exp(-g));
     } else {
         a = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g)));
     }
-    gate[i] = a * up[i];
-}
-"#,
+    gate[i] = a * up[i];"#,
     )
 }
 
 /// `x += src * scale` over `width` values per token.
 pub fn add_residual() -> String {
-    with_common(
-        r#"
-struct P { width: u32, scale: f32, p0: u32, p1: u32 }
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
-@group(0) @binding(2) var<uniform> p: P;
-@group(0) @binding(3) var<uniform> step: Step;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {
-    let i = gid_of(wg, nwg, li.x);
-    if (i >= step.n_tok * p.width) { return; }
-    x[i] += src[i] * p.scale;
-}
-"#,
+    elementwise(
+        "width: u32, scale: f32, p0: u32, p1: u32",
+        &[("x", "read_write"), ("src", "read")],
+        "step.n_tok * p.width",
+        "    x[i] += src[i] * p.scale;",
     )
 }
 
 /// `y[t, i] += b[i]` over `width` values per token.
 pub fn add_bias() -> String {
-    with_common(
-        r#"
-struct P { width: u32, p0: u32, p1: u32, p2: u32 }
-@group(0) @binding(0) var<storage, read_write> y: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<uniform> p: P;
-@group(0) @binding(3) var<uniform> step: Step;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {
-    let i = gid_of(wg, nwg, li.x);
-    if (i >= step.n_tok * p.width) { return; }
-    y[i] += b[i % p.width];
+    elementwise(
+        "width: u32, p0: u32, p1: u32, p2: u32",
+        &[("y", "read_write"), ("b", "read")],
+        "step.n_tok * p.width",
+        "    y[i] += b[i % p.width];",
+    )
 }
-"#,
+
+/// `logits = softcap(logits * scale)` over the logit rows; `cap == 0`: no soft-capping.
+pub fn scale_logits() -> String {
+    elementwise(
+        "width: u32, scale: f32, cap: f32, p0: u32",
+        &[("y", "read_write")],
+        "step.n_out * p.width",
+        r#"    var v = y[i] * p.scale;
+    if (p.cap > 0.0) { v = p.cap * tanh_safe(v / p.cap); }
+    y[i] = v;"#,
     )
 }
 
@@ -393,28 +400,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     if (i >= step.n_out * p.width) { return; }
     let r = i / p.width;
     dst[i] = src[out_rows[r] * p.width + i % p.width];
-}
-"#,
-    )
-}
-
-/// `logits = softcap(logits * scale)` over the logit rows; `cap == 0`: no soft-capping.
-pub fn scale_logits() -> String {
-    with_common(
-        r#"
-struct P { width: u32, scale: f32, cap: f32, p0: u32 }
-@group(0) @binding(0) var<storage, read_write> y: array<f32>;
-@group(0) @binding(1) var<uniform> p: P;
-@group(0) @binding(2) var<uniform> step: Step;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {
-    let i = gid_of(wg, nwg, li.x);
-    if (i >= step.n_out * p.width) { return; }
-    var v = y[i] * p.scale;
-    if (p.cap > 0.0) { v = p.cap * tanh_safe(v / p.cap); }
-    y[i] = v;
 }
 "#,
     )
