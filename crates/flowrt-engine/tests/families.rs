@@ -7,7 +7,7 @@ mod common;
 
 use flowrt_engine::{verify, EngineOptions, KvPrecision, LoadedModel, Session, VerifyReport};
 use flowrt_kernels::Kernels;
-use flowrt_testkit::golden::{self, Bounds};
+use flowrt_testkit::golden;
 
 fn run(case: &str, kv: KvPrecision, max_batch: usize, kernels: &'static Kernels) -> VerifyReport {
     let dir = common::fixture(&format!("families/{case}"));
@@ -26,43 +26,16 @@ fn run(case: &str, kv: KvPrecision, max_batch: usize, kernels: &'static Kernels)
     verify(&mut s, &dir.join("ref.safetensors")).unwrap_or_else(|e| panic!("{case}: {e}"))
 }
 
-/// Every fixture compares 101 positions (scripts/make_family_fixtures.py's prompts).
-const POSITIONS: usize = 101;
-
-/// f32 weights and f32 KV cache: flowrt computes what transformers computes, up to summation
-/// order. Measured (worst family, default and scalar tables alike): mean KL 8.5e-13
-/// (llama3-rope), max KL 5.5e-12 (qwen2), max |logit err| 7.4e-6 (llama3-rope). The mutations
-/// docs/testing.md lists move the best-hidden family by 1000x or more: RMSNorm epsilon x10
-/// gives mean KL >= 9e-10 (qwen3), RoPE base x1.01 >= 8.9e-10 (qwen2), attention scale
-/// x(1 + 1e-3) >= 7.7e-9 (llama-42l).
-const F32_KV: Bounds = Bounds {
-    positions: POSITIONS,
-    min_top1: 1.0,
-    max_mean_kl: 5e-12,
-    max_max_kl: 3e-11,
-    max_abs_logit_err: 2.5e-5,
-};
-
-/// f16 KV cache: keys and values rounded to f16. Measured (worst family): mean KL 2.4e-7, max
-/// KL 9.6e-7, max |logit err| 4.1e-3 (all llama-42l).
-const F16_KV: Bounds = Bounds {
-    positions: POSITIONS,
-    min_top1: 1.0,
-    max_mean_kl: 6e-7,
-    max_max_kl: 3e-6,
-    max_abs_logit_err: 1e-2,
-};
-
 /// Each family on each path: f32 KV on the default table in 256- and 7-token batches, f32 KV
 /// on the scalar reference table, and f16 KV.
 fn check(case: &str) {
     let best = Kernels::detect();
     let scalar = Kernels::scalar();
     for (kv, batch, kernels, bounds) in [
-        (KvPrecision::F32, 256, best, F32_KV),
-        (KvPrecision::F32, 7, best, F32_KV),
-        (KvPrecision::F32, 256, scalar, F32_KV),
-        (KvPrecision::F16, 256, best, F16_KV),
+        (KvPrecision::F32, 256, best, common::FAMILY_F32_KV),
+        (KvPrecision::F32, 7, best, common::FAMILY_F32_KV),
+        (KvPrecision::F32, 256, scalar, common::FAMILY_F32_KV),
+        (KvPrecision::F16, 256, best, common::FAMILY_F16_KV),
     ] {
         let r = run(case, kv, batch, kernels);
         golden::check(

@@ -5,6 +5,7 @@
 
 mod common;
 
+use flowrt_dispatch::DispatchOptions;
 use flowrt_engine::{
     generate, verify, BackendKind, BatchSession, EngineOptions, GenerateOptions, KvPrecision,
     LoadedModel, Session,
@@ -15,15 +16,15 @@ use flowrt_testkit::golden::{self, Bounds};
 
 const SUITE: &str = "vulkan models";
 
-/// Why this machine cannot run the Vulkan tests, if it cannot.
+/// Whether this machine cannot run the Vulkan tests (then says NOT RUN and why).
 fn no_device(what: &str) -> bool {
-    let why = match flowrt_vulkan::devices() {
-        Ok(d) if !d.is_empty() => return false,
-        Ok(_) => "no Vulkan device".to_string(),
-        Err(e) => e.to_string(),
-    };
-    coverage::not_run(SUITE, what, &why);
-    true
+    match flowrt_vulkan::unavailable() {
+        Some(why) => {
+            coverage::not_run(SUITE, what, &why);
+            true
+        }
+        None => false,
+    }
 }
 
 fn opts(kv: KvPrecision, max_batch: usize, n_ctx: Option<usize>) -> EngineOptions {
@@ -34,6 +35,56 @@ fn opts(kv: KvPrecision, max_batch: usize, n_ctx: Option<usize>) -> EngineOption
         n_ctx,
         ..EngineOptions::default()
     }
+}
+
+/// Every tiny family fixture (f32 weights) against transformers, within the CPU's bounds: f32
+/// KV in 256-token batches at the default depth and in 7-token batches at one layer per
+/// runlist, and f16 KV.
+#[test]
+fn families_on_vulkan_match_transformers() {
+    let cases = [
+        "llama-tied",
+        "llama-untied",
+        "llama-42l",
+        "llama3-rope",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "minicpm",
+    ];
+    if no_device("family fixtures") {
+        return;
+    }
+    for case in cases {
+        let dir = common::fixture(&format!("families/{case}"));
+        let m = LoadedModel::load(&dir).unwrap_or_else(|e| panic!("loading {case}: {e}"));
+        for (kv, batch, depth, bounds) in [
+            (KvPrecision::F32, 256, None, common::FAMILY_F32_KV),
+            (KvPrecision::F32, 7, Some(1), common::FAMILY_F32_KV),
+            (KvPrecision::F16, 256, None, common::FAMILY_F16_KV),
+        ] {
+            let o = EngineOptions {
+                dispatch: DispatchOptions {
+                    max_runlist_layers: depth,
+                    ..DispatchOptions::default()
+                },
+                ..opts(kv, batch, Some(m.model_ctx().min(512)))
+            };
+            let mut s = Session::new(&m, &o).unwrap();
+            let r = verify(&mut s, &dir.join("ref.safetensors"))
+                .unwrap_or_else(|e| panic!("{case}: {e}"));
+            golden::check(
+                &format!("vulkan {case} kv={kv} batch={batch} depth={depth:?}"),
+                &common::agreement(&r),
+                &bounds,
+            );
+        }
+    }
+    coverage::ran(
+        SUITE,
+        "family fixtures (f32 and f16 KV, depth 1 and default)",
+    );
 }
 
 /// SmolLM2-135M Q4_1 against transformers on the dequantised weights (212 positions). The

@@ -953,7 +953,15 @@ impl Backend for VulkanBackend {
         if p.logit_rows > 0 {
             let vocab = self.model.config.vocab_size;
             let len = (p.logit_rows * vocab * 4) as u64;
-            map_read(&self.gpu, &self.readback, len, deadline, &mut self.logits)
+            let limit = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_secs(1));
+            let logits = &mut self.logits;
+            self.gpu
+                .map_read(&self.readback, len, limit, |b| {
+                    logits.clear();
+                    logits.extend_from_slice(bytemuck::cast_slice(b));
+                })
                 .map_err(|e| fault(e.to_string()))?;
             self.n_logit_rows = p.logit_rows;
         } else if p.groups.end == self.n_groups {
@@ -993,43 +1001,4 @@ impl Backend for VulkanBackend {
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
-}
-
-/// Read the first `len` bytes (f32 values) of a readback buffer whose copy was part of a
-/// completed submission into `out`.
-fn map_read(
-    gpu: &Gpu,
-    buf: &wgpu::Buffer,
-    len: u64,
-    deadline: Instant,
-    out: &mut Vec<f32>,
-) -> Result<(), VulkanError> {
-    let len4 = len.next_multiple_of(4);
-    let slot = Arc::new(std::sync::Mutex::new(None));
-    let s2 = slot.clone();
-    buf.map_async(wgpu::MapMode::Read, 0..len4, move |r| {
-        if let Ok(mut s) = s2.lock() {
-            *s = Some(r);
-        }
-    });
-    let limit = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_secs(1));
-    gpu.wait(None, limit)
-        .map_err(|e| VulkanError::Device(format!("mapping the logits: {e:?}")))?;
-    let r = slot.lock().ok().and_then(|mut s| s.take());
-    match r {
-        Some(Ok(())) => {}
-        Some(Err(e)) => return Err(VulkanError::Device(format!("mapping the logits: {e}"))),
-        None => return Err(VulkanError::Device("the logits were not mapped".into())),
-    }
-    {
-        let view = buf
-            .get_mapped_range(0..len4)
-            .map_err(|e| VulkanError::Device(format!("mapping the logits: {e}")))?;
-        out.clear();
-        out.extend_from_slice(bytemuck::cast_slice(&view[..len as usize]));
-    }
-    buf.unmap();
-    Ok(())
 }

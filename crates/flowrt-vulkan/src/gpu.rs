@@ -358,18 +358,33 @@ impl Gpu {
         len: u64,
         timeout: Duration,
     ) -> Result<Vec<u8>, VulkanError> {
-        let len4 = len.next_multiple_of(4);
         let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(src, offset, dst, 0, Some(len4));
-        let idx = self.queue.submit([enc.finish()]);
+        enc.copy_buffer_to_buffer(src, offset, dst, 0, Some(len.next_multiple_of(4)));
+        self.queue.submit([enc.finish()]);
+        let mut out = Vec::new();
+        self.map_read(dst, len, timeout, |b| out.extend_from_slice(b))?;
+        self.check()?;
+        Ok(out)
+    }
+
+    /// Map the first `len` bytes of readback buffer `buf` (its copy already submitted), wait up
+    /// to `timeout`, hand them to `take` and unmap.
+    pub fn map_read(
+        &self,
+        buf: &wgpu::Buffer,
+        len: u64,
+        timeout: Duration,
+        take: impl FnOnce(&[u8]),
+    ) -> Result<(), VulkanError> {
+        let len4 = len.next_multiple_of(4);
         let slot = Arc::new(Mutex::new(None));
         let s2 = slot.clone();
-        dst.map_async(wgpu::MapMode::Read, 0..len4, move |r| {
+        buf.map_async(wgpu::MapMode::Read, 0..len4, move |r| {
             if let Ok(mut s) = s2.lock() {
                 *s = Some(r);
             }
         });
-        self.wait(Some(idx), timeout).map_err(|e| match e {
+        self.wait(None, timeout).map_err(|e| match e {
             WaitError::Timeout => {
                 VulkanError::Device(format!("reading results took longer than {timeout:?}"))
             }
@@ -381,15 +396,24 @@ impl Gpu {
             Some(Err(e)) => return Err(VulkanError::Device(format!("mapping results: {e}"))),
             None => return Err(VulkanError::Device("results were not mapped".into())),
         }
-        let out = {
-            let view = dst
+        {
+            let view = buf
                 .get_mapped_range(0..len4)
                 .map_err(|e| VulkanError::Device(format!("mapping results: {e}")))?;
-            view[..len as usize].to_vec()
-        };
-        dst.unmap();
-        self.check()?;
-        Ok(out)
+            take(&view[..len as usize]);
+        }
+        buf.unmap();
+        Ok(())
+    }
+}
+
+/// Why this machine has no Vulkan device to run on (`None`: it has one). Tests use it to say
+/// NOT RUN and why.
+pub fn unavailable() -> Option<String> {
+    match devices() {
+        Ok(d) if !d.is_empty() => None,
+        Ok(_) => Some("no Vulkan device".into()),
+        Err(e) => Some(e.to_string()),
     }
 }
 

@@ -44,4 +44,4 @@ pub mod quant;
 
 pub use backend::VulkanBackend;
 pub use error::VulkanError;
-pub use gpu::{devices, DeviceDesc, Gpu};
+pub use gpu::{devices, unavailable, DeviceDesc, Gpu};

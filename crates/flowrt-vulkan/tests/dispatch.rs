@@ -31,14 +31,6 @@ const KV_HEADS: u32 = 2;
 const HEAD_DIM: u64 = 128;
 const VOCAB: u64 = 512;
 
-fn no_device() -> Option<String> {
-    match flowrt_vulkan::devices() {
-        Ok(d) if !d.is_empty() => None,
-        Ok(_) => Some("no Vulkan device".into()),
-        Err(e) => Some(e.to_string()),
-    }
-}
-
 /// Random Q4_1 blocks (scale 1/64, minimum -1/8: values in [-0.125, 0.11]).
 fn q4_1(rng: &mut rand_chacha::ChaCha8Rng, rows: u64, cols: u64) -> Vec<u8> {
     let blocks = (rows * cols / 32) as usize;
@@ -180,7 +172,7 @@ fn decode_time(model: &Arc<Model>, depth: usize) -> Duration {
 
 #[test]
 fn minicpm5_thread_monolithic_decode_misses_its_deadline_and_21_layer_runlists_recover() {
-    if let Some(why) = no_device() {
+    if let Some(why) = flowrt_vulkan::unavailable() {
         coverage::not_run(
             "vulkan dispatch",
             "42-layer decode on a real queue: monolithic misses, 21+21 recovers",
@@ -260,7 +252,7 @@ fn minicpm5_thread_monolithic_decode_misses_its_deadline_and_21_layer_runlists_r
 
 #[test]
 fn one_layer_runlists_give_the_same_logits_as_the_default_depth() {
-    if let Some(why) = no_device() {
+    if let Some(why) = flowrt_vulkan::unavailable() {
         coverage::not_run("vulkan dispatch", "depth 1 equals default depth", &why);
         return;
     }

@@ -8,14 +8,6 @@ use flowrt_model::Model;
 use flowrt_testkit::coverage;
 use flowrt_vulkan::{VulkanBackend, VulkanError};
 
-fn no_device() -> Option<String> {
-    match flowrt_vulkan::devices() {
-        Ok(d) if !d.is_empty() => None,
-        Ok(_) => Some("no Vulkan device".into()),
-        Err(e) => Some(e.to_string()),
-    }
-}
-
 fn tiny() -> Arc<Model> {
     let dir =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/llama-tied");
@@ -27,7 +19,7 @@ fn tiny() -> Arc<Model> {
 
 #[test]
 fn bad_settings_and_sizes_are_named() {
-    if let Some(why) = no_device() {
+    if let Some(why) = flowrt_vulkan::unavailable() {
         coverage::not_run("vulkan errors", "bad settings and sizes", &why);
         return;
     }
