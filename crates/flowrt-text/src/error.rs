@@ -100,6 +100,15 @@ pub enum TextError {
     #[error("chat template does not compile: {0}")]
     TemplateSyntax(minijinja::Error),
 
+    /// Thinking was requested from a model whose template and vocabulary have no reasoning
+    /// block.
+    #[error("this model does not support thinking: its chat template and vocabulary have no <think> reasoning block")]
+    ThinkingUnsupported,
+
+    /// A message, tool list or template variable cannot be given to a template.
+    #[error("chat template input: {what}: {message}")]
+    TemplateInput { what: &'static str, message: String },
+
     /// Rendering failed; this includes `raise_exception(...)` called by the template and
     /// running out of fuel.
     #[error("chat template failed: {0}")]

@@ -9,6 +9,9 @@
 //! - [`ChatTemplate`]: `tokenizer.chat_template` rendered with minijinja the way HF
 //!   transformers renders it with jinja2.
 //!
+//! - [`tools`]: tool-call formats (detection from the template, parsing, streaming) and the
+//!   prompt for templates without tool support; [`reasoning`]: `<think>` separation.
+//!
 //! Tests compare against HF goldens made by `scripts/make_text_goldens.py` and
 //! `scripts/make_hf_tokenizer_fixtures.py`.
 
@@ -16,10 +19,14 @@ mod chat;
 mod error;
 mod gguf_read;
 pub mod hf;
+pub mod reasoning;
 mod tokenizer;
+pub mod tools;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, RenderOptions, ToolCall};
 pub use error::TextError;
+pub use reasoning::{ReasoningFormat, ReasoningSplitter};
 pub use tokenizer::{supported_pre_tokenizers, TokenStreamDecoder, Tokenizer, VocabKind};
+pub use tools::{parse_tool_calls, ParsedCall, ToolFormat, ToolParse, ToolStreamParser};
 pub use vocab::{token_type, GgufVocab};

@@ -6,29 +6,134 @@
 //! `json.dumps` (non-ASCII kept, `indent`), Python string/dict methods (`.strip()`,
 //! `.startswith()`, `.items()`, ...), and Python's printing of `True`/`False`/`None`. Work is
 //! bounded by minijinja's fuel.
+//!
+//! [`ChatTemplate::render_with`] also gives the template `tools` and extra variables, as
+//! `apply_chat_template(messages, tools=..., **kwargs)` does; messages carry tool calls, tool
+//! results and reasoning ([`ChatMessage`]). Tested against transformers on real model templates
+//! (`tests/fixtures/text/tool_templates.json`). One known difference: `{% for x in none %}`
+//! loops zero times here where jinja2 raises (Hermes 2 Pro's template without tools).
 
 mod pyfmt;
 
 use minijinja::value::Kwargs;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::{GgufVocab, TextError};
 
-/// One chat message as templates see it (`message['role']`, `message['content']`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// One chat message as templates see it: a dict with `role` and, when present, `content`,
+/// `reasoning_content`, `tool_calls`, `tool_call_id` and `name`.
+///
+/// Fields that are `None` are left out of the dict, as transformers drops `None`-valued keys
+/// before rendering, so `message.tool_calls is defined` and `'content' in message` behave as
+/// they do there. When `reasoning_content` is set the template also sees it as `thinking`
+/// (transformers adds that alias for templates that read it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
+    /// A message with a role and text content and nothing else.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         Self {
             role: role.into(),
-            content: content.into(),
+            content: Some(content.into()),
+            ..Default::default()
         }
     }
+
+    /// The content text, `""` when there is none.
+    pub fn text(&self) -> &str {
+        self.content.as_deref().unwrap_or("")
+    }
+
+    /// The dict a template sees (see the type's documentation).
+    fn template_value(&self) -> Result<Value, TextError> {
+        let json = serde_json::to_value(self).map_err(|e| TextError::TemplateInput {
+            what: "message",
+            message: e.to_string(),
+        })?;
+        let serde_json::Value::Object(fields) = json else {
+            return Err(TextError::TemplateInput {
+                what: "message",
+                message: "not an object".into(),
+            });
+        };
+        let mut map = serde_json::Map::new();
+        if let Some(r) = &self.reasoning_content {
+            map.insert("thinking".into(), serde_json::Value::String(r.clone()));
+        }
+        map.extend(fields);
+        Ok(Value::from_serialize(&map))
+    }
+}
+
+/// A tool call of an assistant message, as OpenAI's API and HF templates write it:
+/// `{"id": ..., "type": "function", "function": {"name": ..., "arguments": {...}}}`.
+/// `arguments` is a JSON value (an object for templates that `tojson` it); OpenAI's wire form
+/// carries it as a JSON string, which the server parses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+impl ToolCall {
+    /// A `"function"` call.
+    pub fn function(
+        id: Option<String>,
+        name: impl Into<String>,
+        arguments: serde_json::Value,
+    ) -> Self {
+        Self {
+            id,
+            kind: function_kind(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments,
+            },
+        }
+    }
+}
+
+/// The function part of a [`ToolCall`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+/// What one render gets besides the messages (see [`ChatTemplate::render_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RenderOptions<'a> {
+    /// Open the assistant's turn at the end.
+    pub add_generation_prompt: bool,
+    /// OpenAI tool definitions (`{"type": "function", "function": {"name", "description",
+    /// "parameters"}}`), given to the template as `tools`; `None` gives it `tools = none`.
+    pub tools: Option<&'a [serde_json::Value]>,
+    /// Extra top-level template variables (`enable_thinking`, `reasoning_effort`,
+    /// `date_string`, ...). They override `bos_token`/`eos_token` as in transformers.
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Instructions one render may execute. A long chat with a tool-heavy template takes well
@@ -106,21 +211,65 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.render_with(
+            messages,
+            &RenderOptions {
+                add_generation_prompt,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Render a conversation with tools and extra template variables, as transformers'
+    /// `apply_chat_template(messages, tools=tools, add_generation_prompt=..., **kwargs,
+    /// tokenize=False)` does.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions<'_>,
+    ) -> Result<String, TextError> {
         let tmpl = self
             .env
             .get_template(NAME)
             .map_err(TextError::TemplateRender)?;
-        let ctx = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos,
-            eos_token => &self.eos,
-            tools => Value::from(()),
-            documents => Value::from(()),
-        };
-        tmpl.render(ctx).map_err(TextError::TemplateRender)
+        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
+        ctx.insert("bos_token".into(), Value::from(self.bos.as_str()));
+        ctx.insert("eos_token".into(), Value::from(self.eos.as_str()));
+        for (k, v) in opts.kwargs.into_iter().flatten() {
+            if RESERVED.contains(&k.as_str()) {
+                return Err(TextError::TemplateInput {
+                    what: "template variable",
+                    message: format!(
+                        "{k:?} is set by the renderer and cannot be passed as a kwarg"
+                    ),
+                });
+            }
+            ctx.insert(k.clone(), Value::from_serialize(v));
+        }
+        let msgs = messages
+            .iter()
+            .map(ChatMessage::template_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        ctx.insert("messages".into(), Value::from(msgs));
+        ctx.insert(
+            "tools".into(),
+            match opts.tools {
+                Some(t) => Value::from_serialize(t),
+                None => Value::from(()),
+            },
+        );
+        ctx.insert("documents".into(), Value::from(()));
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::from(opts.add_generation_prompt),
+        );
+        tmpl.render(Value::from(ctx))
+            .map_err(TextError::TemplateRender)
     }
 }
+
+/// Variables the renderer sets itself (transformers refuses them as kwargs too).
+const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
 
 /// `strftime_now(fmt)`: local time formatted with C strftime codes.
 fn strftime_now(fmt: String) -> Result<Value, Error> {
