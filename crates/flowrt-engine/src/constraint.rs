@@ -8,9 +8,7 @@
 //!   [`Constraint::mask`] on the logits before sampling and [`Constraint::accept`] with the
 //!   token sampled.
 
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowrt_text::Tokenizer;
@@ -62,7 +60,8 @@ fn default_json_options() -> serde_json::Value {
 }
 
 /// The token environment and parser factory for one vocabulary. Build with [`Guide::new`]
-/// (or [`Guide::cached`]) and compile any number of constraints from it.
+/// (a [`crate::LoadedModel`] keeps one: [`crate::LoadedModel::guide`]) and compile any number
+/// of constraints from it.
 #[derive(Clone)]
 pub struct Guide {
     factory: Arc<ParserFactory>,
@@ -148,41 +147,6 @@ impl Guide {
             n_logits,
             build_time: t0.elapsed(),
         })
-    }
-
-    /// [`Guide::new`], kept for the life of the process per vocabulary (keyed by a hash of
-    /// every token's bytes, the end-of-generation ids and `n_logits`), so repeated generations
-    /// with one model build it once.
-    pub fn cached(tokenizer: &Tokenizer, n_logits: usize) -> Result<Guide, ConstraintError> {
-        static CACHE: Mutex<Option<HashMap<u64, Guide>>> = Mutex::new(None);
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        n_logits.hash(&mut h);
-        tokenizer.eog_ids().hash(&mut h);
-        tokenizer.eos().hash(&mut h);
-        for id in 0..tokenizer.vocab_size() as u32 {
-            tokenizer.is_special(id).hash(&mut h);
-            tokenizer
-                .token_to_piece(id)
-                .unwrap_or_default()
-                .hash(&mut h);
-            tokenizer.id_to_token(id).hash(&mut h);
-        }
-        let key = h.finish();
-        if let Some(g) = CACHE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .get(&key)
-        {
-            return Ok(g.clone());
-        }
-        let g = Guide::new(tokenizer, n_logits)?;
-        CACHE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .insert(key, g.clone());
-        Ok(g)
     }
 
     /// The logits per step this guide masks.
@@ -331,4 +295,19 @@ impl Constraint {
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
     }
+
+    /// The logits per step this constraint masks.
+    pub fn n_logits(&self) -> usize {
+        self.n_logits
+    }
 }
+
+/// A compiled constraint moves to the thread that decodes its sequence (the server compiles
+/// on a blocking task and hands it to the model's scheduler thread); a guide is shared by every
+/// thread that serves the model.
+const _: () = {
+    const fn send<T: Send>() {}
+    const fn send_sync<T: Send + Sync>() {}
+    send::<Constraint>();
+    send_sync::<Guide>();
+};

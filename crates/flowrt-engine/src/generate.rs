@@ -2,11 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
+use flowrt_sample::SamplerConfig;
 use flowrt_text::Tokenizer;
 
-use crate::constraint::{ConstraintSpec, Guide};
+use crate::constraint::ConstraintSpec;
 use crate::error::EngineError;
+use crate::generation::{Generation, GenerationSettings};
 use crate::session::Session;
 
 /// How to generate.
@@ -58,13 +59,22 @@ pub struct GenerationStats {
     pub seed: u64,
     /// The generated tokens (stop strings included; EOG excluded).
     pub tokens: Vec<u32>,
-    /// Compiling the constraint (zero without one); not part of prefill or decode time.
+    /// Compiling the constraint (zero without one; [`crate::Constraint::compile_time`]); not
+    /// part of prefill or decode time. The model's token environment, built once on the first
+    /// constrained generation ([`crate::Guide::build_time`]), is not counted.
     pub constraint_compile_time: Duration,
 }
 
 /// Generate a continuation of `prompt` (the full sequence, e.g. the whole rendered chat; the
 /// session reuses its cache for the common prefix). `on_text` receives text as it is produced
-/// and returns `false` to cancel.
+/// and returns `false` to cancel. `tokenizer` is the model's (the one of the [`LoadedModel`]
+/// the session was made from): a constraint is compiled from the model's token environment,
+/// built from it on first use ([`LoadedModel::guide`]).
+///
+/// The steps are [`Generation`]'s, the same the server's scheduler runs.
+///
+/// [`LoadedModel`]: crate::LoadedModel
+/// [`LoadedModel::guide`]: crate::LoadedModel::guide
 pub fn generate(
     session: &mut Session,
     tokenizer: &Tokenizer,
@@ -87,32 +97,22 @@ pub fn generate(
             model_ctx: session.model_ctx(),
         });
     }
-    let mut sampler = Sampler::new(opts.sampler.clone(), session.vocab_size())?;
-    let t_compile = Instant::now();
-    let mut constraint = match &opts.constraint {
-        Some(spec) => Some(Guide::cached(tokenizer, session.vocab_size())?.compile(spec)?),
+    let constraint = match &opts.constraint {
+        Some(spec) => Some(session.guide(tokenizer)?.compile(spec)?),
         None => None,
     };
-    let constraint_compile_time = if constraint.is_some() {
-        t_compile.elapsed()
-    } else {
-        Duration::ZERO
+    let constraint_compile_time = constraint
+        .as_ref()
+        .map_or(Duration::ZERO, |c| c.compile_time);
+    let settings = GenerationSettings {
+        sampler: opts.sampler.clone(),
+        stop: opts.stop.clone(),
+        max_tokens: opts.max_tokens,
+        ignore_eos: opts.ignore_eos,
+        n_ctx: session.n_ctx(),
+        n_logits: session.vocab_size(),
     };
-    // The masked copy of each step's logits (constrained decoding only).
-    let mut masked = vec![
-        0.0f32;
-        if constraint.is_some() {
-            session.vocab_size()
-        } else {
-            0
-        }
-    ];
-    for &t in prompt {
-        sampler.accept(t);
-    }
-    let mut decoder = tokenizer.stream_decoder(true);
-    let mut stops = StopMatcher::new(opts.stop.clone());
-    let mut out_tokens = Vec::with_capacity(opts.max_tokens.min(session.n_ctx()));
+    let mut gen = Generation::new(tokenizer, prompt, settings, constraint)?;
 
     let t0 = Instant::now();
     let reused = session.common_prefix(prompt);
@@ -120,62 +120,28 @@ pub fn generate(
     let prefill_time = t0.elapsed();
     let mut ttft = None;
     let mut t_first = t0;
-    let mut finish = FinishReason::Length;
-
-    while out_tokens.len() < opts.max_tokens {
-        let tok = match constraint.as_mut() {
-            Some(c) => {
-                masked.copy_from_slice(logits);
-                c.mask(&mut masked)?;
-                sampler.sample(&masked)?
-            }
-            None => sampler.sample(logits)?,
-        };
+    // Set at once when max_tokens is 0.
+    let mut finish = gen.finish_reason();
+    while finish.is_none() {
+        let step = gen.step(tokenizer, logits)?;
         if ttft.is_none() {
             ttft = Some(t0.elapsed());
             t_first = Instant::now();
         }
-        // Under a constraint, end-of-generation is only allowed where the output is complete.
-        if (!opts.ignore_eos || constraint.is_some()) && tokenizer.is_eog(tok) {
-            finish = FinishReason::Stop;
+        let (tok, done) = (step.token, step.finish);
+        if !step.text.is_empty() && !on_text(step.text) {
+            gen.cancel();
+            finish = gen.finish_reason();
             break;
         }
-        sampler.accept(tok);
-        out_tokens.push(tok);
-        if let Some(c) = constraint.as_mut() {
-            c.accept(tok)?;
+        finish = done;
+        if finish.is_none() {
+            logits = session.feed(&[tok])?;
         }
-        let piece = decoder.push(tokenizer, tok)?;
-        let r = stops.push(piece);
-        if !r.emit.is_empty() && !on_text(r.emit) {
-            finish = FinishReason::Cancelled;
-            break;
-        }
-        if r.stopped {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if constraint.as_ref().is_some_and(|c| c.is_finished()) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if out_tokens.len() == opts.max_tokens {
-            break;
-        }
-        if session.n_past() + 1 > session.n_ctx() {
-            finish = FinishReason::ContextFull;
-            break;
-        }
-        logits = session.feed(&[tok])?;
     }
-    // Text held back because it might have begun a stop string is the answer's after all.
-    if !stops.is_stopped() && finish != FinishReason::Cancelled {
-        let tail = decoder.finish();
-        let mut rest = stops.push(tail).emit.to_string();
-        rest.push_str(stops.finish().emit);
-        if !rest.is_empty() {
-            on_text(&rest);
-        }
+    let rest = gen.flush();
+    if !rest.is_empty() {
+        on_text(&rest);
     }
     let decode_time = if ttft.is_some() {
         t_first.elapsed()
@@ -185,13 +151,13 @@ pub fn generate(
     Ok(GenerationStats {
         prompt_tokens: prompt.len(),
         reused_tokens: reused,
-        generated_tokens: out_tokens.len(),
+        generated_tokens: gen.tokens().len(),
         prefill_time,
         time_to_first_token: ttft.unwrap_or(prefill_time),
         decode_time,
-        finish,
-        seed: sampler.seed(),
-        tokens: out_tokens,
+        finish: finish.unwrap_or(FinishReason::Length),
+        seed: gen.seed(),
+        tokens: gen.take_tokens(),
         constraint_compile_time,
     })
 }

@@ -7,9 +7,11 @@ mod bench;
 mod constraint;
 mod error;
 mod generate;
+mod generation;
 mod load;
 mod proc_mem;
 mod session;
+pub mod tools;
 mod verify;
 
 pub use bandwidth::{measure_read_bandwidth, BandwidthOptions, BandwidthReport};
@@ -23,7 +25,12 @@ pub use flowrt_backends::{BackendKind, OpenError};
 pub use flowrt_dispatch::KvPrecision;
 pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
+pub use generation::{Generation, GenerationSettings, Step};
 pub use load::{EngineOptions, LoadedModel};
 pub use proc_mem::{parse_proc_status, ProcMemory};
 pub use session::{BatchSession, Session};
+pub use tools::{
+    check_tools, tool_call_constraint, tool_call_constraint_with, ToolChoice, ToolDef,
+    ToolGrammarError, ToolMarkers,
+};
 pub use verify::{verify, PromptReport, VerifyReport};

@@ -1,7 +1,7 @@
 //! Loading a model file into something sessions can run.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use flowrt_backends::BackendKind;
@@ -10,6 +10,7 @@ use flowrt_gguf::GgufFile;
 use flowrt_model::{LoadOptions, Model, ModelConfig, ModelError, Plan};
 use flowrt_text::{ChatTemplate, GgufVocab, Tokenizer};
 
+use crate::constraint::{ConstraintError, Guide};
 use crate::error::EngineError;
 
 /// How to run a model: settings every backend understands, and the chosen backend's own
@@ -83,6 +84,37 @@ pub struct LoadedModel {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub load_time: Duration,
+    /// The constrained-decoding token environment, built on first use (see
+    /// [`LoadedModel::guide`]); shared with the model's sessions.
+    guide: Arc<GuideCell>,
+}
+
+/// A [`Guide`] built at most once (a failed build is not kept: the next use tries again).
+#[derive(Default)]
+pub(crate) struct GuideCell {
+    guide: OnceLock<Guide>,
+    /// Held while building, so concurrent first uses build it once.
+    building: Mutex<()>,
+}
+
+impl GuideCell {
+    /// The guide for `tokenizer` and `n_logits`, built by the first call. Later calls return
+    /// that guide whatever they pass: the cell belongs to one model.
+    pub(crate) fn get(
+        &self,
+        tokenizer: &Tokenizer,
+        n_logits: usize,
+    ) -> Result<&Guide, ConstraintError> {
+        if let Some(g) = self.guide.get() {
+            return Ok(g);
+        }
+        let _building = self.building.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = self.guide.get() {
+            return Ok(g);
+        }
+        let g = Guide::new(tokenizer, n_logits)?;
+        Ok(self.guide.get_or_init(|| g))
+    }
 }
 
 /// Largest `config.json` read (real ones are a few KB).
@@ -123,6 +155,7 @@ impl LoadedModel {
             tokenizer,
             template,
             load_time: t0.elapsed(),
+            guide: Arc::default(),
         })
     }
 
@@ -152,6 +185,19 @@ impl LoadedModel {
         let model = Model::from_hf_dir(dir, config, *opts)?;
         let text = flowrt_text::hf::load_dir(dir)?;
         Ok((model, text.tokenizer, text.template))
+    }
+
+    /// The constrained-decoding token environment of this model's tokenizer and logits,
+    /// built on the first call (tens to hundreds of milliseconds, by vocabulary size) and kept
+    /// with the model: compile each request's constraint from it.
+    pub fn guide(&self) -> Result<&Guide, ConstraintError> {
+        self.guide
+            .get(&self.tokenizer, self.model.config.vocab_size)
+    }
+
+    /// The cell [`LoadedModel::guide`] reads, for sessions to share.
+    pub(crate) fn guide_cell(&self) -> Arc<GuideCell> {
+        self.guide.clone()
     }
 
     /// The model's trained context length.

@@ -12,8 +12,11 @@ use flowrt_dispatch::{
 };
 use flowrt_model::Plan;
 
+use flowrt_text::Tokenizer;
+
+use crate::constraint::{ConstraintError, Guide};
 use crate::error::EngineError;
-use crate::load::{EngineOptions, LoadedModel};
+use crate::load::{EngineOptions, GuideCell, LoadedModel};
 
 /// Several sequences over one model and one device. A step appends tokens to any subset of
 /// the slots; it either completes for all of them or changes none (the dispatcher's steps are
@@ -223,6 +226,8 @@ impl BatchSession {
 /// the cache holds. The sequence advances only when a whole step succeeded.
 pub struct Session {
     inner: BatchSession,
+    /// The model's constrained-decoding token environment (see [`LoadedModel::guide`]).
+    guide: Arc<GuideCell>,
 }
 
 impl Session {
@@ -230,6 +235,7 @@ impl Session {
     pub fn new(model: &LoadedModel, opts: &EngineOptions) -> Result<Session, EngineError> {
         Ok(Session {
             inner: BatchSession::new(model, opts, 1)?,
+            guide: model.guide_cell(),
         })
     }
 
@@ -241,6 +247,7 @@ impl Session {
     ) -> Result<Session, EngineError> {
         Ok(Session {
             inner: BatchSession::with_backend(model, opts, backend)?,
+            guide: model.guide_cell(),
         })
     }
 
@@ -278,6 +285,12 @@ impl Session {
     }
     pub fn model_ctx(&self) -> usize {
         self.inner.model_ctx()
+    }
+
+    /// The model's constrained-decoding token environment ([`LoadedModel::guide`]), built from
+    /// `tokenizer` (the model's) by its first use through the model or any of its sessions.
+    pub(crate) fn guide(&self, tokenizer: &Tokenizer) -> Result<&Guide, ConstraintError> {
+        self.guide.get(tokenizer, self.vocab_size())
     }
 
     /// Forget everything (the cache is overwritten as new tokens arrive).

@@ -1,5 +1,6 @@
 //! What the OpenAI and Ollama routes share: sampling parameters, prompt tokenization, the
-//! context check, submitting a job, and collecting or streaming its events.
+//! context check, compiling a constraint, submitting a job, and collecting or streaming its
+//! events.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use flowrt_engine::FinishReason;
+use flowrt_engine::{ConstraintError, ConstraintSpec, FinishReason};
 use flowrt_sample::{SampleError, SamplerConfig};
 use flowrt_text::ChatMessage;
 use futures_util::StreamExt;
@@ -159,6 +160,17 @@ pub struct GenRequest {
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// Constrained decoding (`None`: unconstrained).
+    pub constraint: Option<ConstraintRequest>,
+}
+
+/// A request's constraint and the parameter it came from.
+#[derive(Clone, Debug)]
+pub struct ConstraintRequest {
+    pub spec: ConstraintSpec,
+    /// The request parameter that gave it (e.g. `response_format`), named by a 400 when the
+    /// schema or grammar is bad.
+    pub param: &'static str,
 }
 
 /// A submitted job: its events, and the model that runs it.
@@ -222,6 +234,23 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
             .with_param(req.max_tokens_param))
         }
     };
+    // Compiled before queueing, off the async workers (the first compile for a model also
+    // builds its token environment), so a bad schema is this request's 400.
+    let constraint = match req.constraint {
+        None => None,
+        Some(c) => {
+            let model = runner.model.clone();
+            let compiled = tokio::task::spawn_blocking(move || {
+                model
+                    .guide()
+                    .and_then(|g| g.compile(&c.spec))
+                    .map_err(|e| constraint_error(c.param, e))
+            })
+            .await
+            .map_err(|e| ApiError::internal("compiling the constraint", &e))??;
+            Some(compiled)
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     runner.scheduler.submit(Job {
         prompt: tokens.clone(),
@@ -230,6 +259,7 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         stop: req.stop,
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
+        constraint,
         events: tx,
     })?;
     Ok(Started {
@@ -238,6 +268,20 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         events: rx,
         prompt_tokens: tokens,
     })
+}
+
+/// A constraint that does not compile is the request's error, naming `param`; a failure
+/// inside the constraint library is the server's.
+fn constraint_error(param: &str, e: ConstraintError) -> ApiError {
+    match e {
+        ConstraintError::Runtime(_) => ApiError::internal("compiling the constraint", &e),
+        ConstraintError::UnsupportedKeyword { .. }
+        | ConstraintError::InvalidSchema(_)
+        | ConstraintError::InvalidGrammar { .. }
+        | ConstraintError::Vocabulary(_) => {
+            ApiError::invalid_param(param, format!("`{param}`: {}", clip(&e.to_string(), 600)))
+        }
+    }
 }
 
 fn tokenize(
@@ -395,4 +439,105 @@ pub fn new_id(prefix: &str) -> String {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     format!("{prefix}-{t:x}{n:04x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ModelSpec, ServerConfig};
+    use flowrt_engine::EngineOptions;
+
+    fn state() -> AppState {
+        let path = std::path::PathBuf::from(
+            std::env::var_os("FLOWRT_SMOLLM2_GGUF").expect("FLOWRT_SMOLLM2_GGUF is set"),
+        );
+        let size = std::fs::metadata(&path).unwrap().len();
+        let spec = ModelSpec::new("smollm2:135m", path, "ab".repeat(32), size, "test").unwrap();
+        AppState::new(
+            vec![spec],
+            ServerConfig {
+                engine: EngineOptions {
+                    threads: 2,
+                    n_ctx: Some(256),
+                    ..EngineOptions::default()
+                },
+                parallel: 2,
+                queue: 4,
+                ..ServerConfig::default()
+            },
+        )
+    }
+
+    fn request(spec: ConstraintSpec, max_tokens: u64) -> GenRequest {
+        GenRequest {
+            prompt: PromptInput::Chat(vec![ChatMessage::new("user", "Say hi as JSON.")]),
+            max_tokens: Some(max_tokens),
+            max_tokens_param: "max_tokens",
+            clamp_max_tokens: false,
+            sampler: SamplerConfig {
+                temperature: 1.0,
+                seed: Some(3),
+                ..SamplerConfig::default()
+            },
+            stop: Vec::new(),
+            logprobs: None,
+            ignore_eos: false,
+            constraint: Some(ConstraintRequest {
+                spec,
+                param: "response_format",
+            }),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_constraint_is_compiled_before_queueing_and_a_bad_one_is_a_400_naming_its_param() {
+        let state = state();
+        for (spec, needle) in [
+            (
+                ConstraintSpec::JsonSchema(serde_json::json!({"type": "nonsense"})),
+                "invalid JSON schema",
+            ),
+            (
+                ConstraintSpec::JsonSchema(serde_json::json!({
+                    "type": "array", "uniqueItems": true
+                })),
+                "uniqueItems",
+            ),
+            (
+                ConstraintSpec::Regex("(unclosed".into()),
+                "regular expression",
+            ),
+        ] {
+            let e = match start(&state, "smollm2:135m", request(spec, 8)).await {
+                Ok(_) => panic!("a bad constraint was queued"),
+                Err(e) => e,
+            };
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{e:?}");
+            assert_eq!(e.param.as_deref(), Some("response_format"), "{e:?}");
+            assert!(e.message.contains(needle), "{e:?}");
+        }
+        let mut started = start(
+            &state,
+            "smollm2:135m",
+            request(ConstraintSpec::JsonObject, 200),
+        )
+        .await
+        .unwrap();
+        let c = collect(&mut started).await.unwrap();
+        assert_eq!(c.summary.finish, FinishReason::Stop, "{}", c.text);
+        let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
+        assert!(v.is_object(), "{}", c.text);
+        assert!(c.summary.constraint_compile_time > std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn only_a_failure_inside_the_constraint_library_is_the_servers() {
+        let e = constraint_error("tools", ConstraintError::Runtime("boom".into()));
+        assert_eq!(e.kind, ErrorKind::Internal);
+        let e = constraint_error("tools", ConstraintError::Vocabulary("no EOG".into()));
+        assert_eq!(
+            (e.kind, e.param.as_deref()),
+            (ErrorKind::InvalidRequest, Some("tools"))
+        );
+    }
 }

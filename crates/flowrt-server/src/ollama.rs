@@ -580,6 +580,7 @@ async fn run(
             stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
             logprobs: None,
             ignore_eos: false,
+            constraint: None,
         },
     )
     .await?;

@@ -424,6 +424,7 @@ pub async fn chat_completions(
             stop,
             logprobs,
             ignore_eos: c.ignore_eos.unwrap_or(false),
+            constraint: None,
         },
     )
     .await?;
@@ -587,6 +588,7 @@ pub async fn completions(
             stop,
             logprobs,
             ignore_eos: c.ignore_eos.unwrap_or(false),
+            constraint: None,
         },
     )
     .await?;

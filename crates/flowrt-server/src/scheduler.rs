@@ -8,16 +8,21 @@
 //! new sequence's prompt is fed whole or, when the engine's batch is full, in chunks over
 //! several steps (chunked prefill), and it samples its first token at the step that feeds the
 //! last chunk. Its time to first token runs from admission over all those steps.
-//! Sampling, stop strings and streaming text follow [`flowrt_engine::generate`] exactly, so a
-//! greedy answer through the server equals `flowrt run`'s.
+//! Each sequence's sampling, constraint, stop strings and streaming text are a
+//! [`flowrt_engine::Generation`], the state machine [`flowrt_engine::generate`] runs too, so a
+//! greedy answer through the server equals `flowrt run`'s. Every sequence of a batch has its
+//! own constraint (or none); it masks a copy of that sequence's logits, and logprobs are
+//! computed from the raw, unmasked ones.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flowrt_engine::{EngineError, FinishReason, LoadedModel};
-use flowrt_sample::{Sampler, SamplerConfig, StopMatcher};
-use flowrt_text::{TokenStreamDecoder, Tokenizer};
+use flowrt_engine::{
+    Constraint, EngineError, FinishReason, Generation, GenerationSettings, LoadedModel,
+};
+use flowrt_sample::SamplerConfig;
+use flowrt_text::Tokenizer;
 use tokio::sync::mpsc;
 
 use crate::engine::{Fed, SlotWork, StepEngine};
@@ -36,8 +41,14 @@ pub struct Job {
     pub stop: Vec<String>,
     /// `Some(k)`: report each generated token's logprob and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
-    /// Keep generating past end-of-generation tokens (benchmarks' fixed-length output).
+    /// Keep generating past end-of-generation tokens (benchmarks' fixed-length output;
+    /// ignored under a constraint, whose end-of-generation means complete).
     pub ignore_eos: bool,
+    /// Constrained decoding: compiled from the model's [`LoadedModel::guide`] before the job
+    /// is queued (a bad schema is the request's error, not the scheduler's). The job ends with
+    /// [`FinishReason::Stop`] when the output is complete, [`FinishReason::Length`] when
+    /// `max_tokens` comes first (the output is then incomplete).
+    pub constraint: Option<Constraint>,
     /// Where the answer goes. Dropping the receiver cancels the sequence within a step.
     pub events: mpsc::UnboundedSender<Event>,
 }
@@ -82,6 +93,8 @@ pub struct Summary {
     pub decode_time: Duration,
     /// The generated token ids (EOG excluded).
     pub tokens: Vec<u32>,
+    /// Compiling the job's constraint ([`Constraint::compile_time`]; zero without one).
+    pub constraint_compile_time: Duration,
 }
 
 /// Settings of one model's scheduler.
@@ -183,10 +196,7 @@ struct Seq {
     /// Tokens to feed at the next step: the uncached prompt (less what earlier steps fed of
     /// it), then the last sampled token.
     pending: Vec<u32>,
-    sampler: Sampler,
-    decoder: TokenStreamDecoder,
-    stops: StopMatcher,
-    out: Vec<u32>,
+    gen: Generation,
     /// Logprobs not yet sent with text.
     logprobs: Vec<TokenLogprob>,
     reused: usize,
@@ -240,7 +250,7 @@ impl Actor {
         tracing::debug!(model = %self.model_id, "scheduler stopped");
     }
 
-    fn admit(&mut self, job: Job, enqueued: Instant) {
+    fn admit(&mut self, mut job: Job, enqueued: Instant) {
         self.counts.queued.fetch_sub(1, Ordering::SeqCst);
         if job.events.is_closed() {
             self.record(&job, 0, "cancelled", None, None);
@@ -257,9 +267,21 @@ impl Actor {
             )));
             return;
         }
-        let vocab = self.model.model.config.vocab_size;
-        let mut sampler = match Sampler::new(job.sampler.clone(), vocab) {
-            Ok(s) => s,
+        let settings = GenerationSettings {
+            sampler: job.sampler.clone(),
+            stop: job.stop.clone(),
+            max_tokens: job.max_tokens,
+            ignore_eos: job.ignore_eos,
+            n_ctx,
+            n_logits: self.model.model.config.vocab_size,
+        };
+        let gen = match Generation::new(
+            &self.model.tokenizer,
+            &job.prompt,
+            settings,
+            job.constraint.take(),
+        ) {
+            Ok(g) => g,
             Err(e) => {
                 let _ = job
                     .events
@@ -267,9 +289,6 @@ impl Actor {
                 return;
             }
         };
-        for &t in &job.prompt {
-            sampler.accept(t);
-        }
         // Prefer the free slot whose cache shares the longest prefix with this prompt.
         let (pos, reused) = self
             .free
@@ -283,11 +302,8 @@ impl Actor {
         self.counts.active.fetch_add(1, Ordering::SeqCst);
         self.active.push(Seq {
             pending: job.prompt[reused..].to_vec(),
-            stops: StopMatcher::new(job.stop.clone()),
-            decoder: self.model.tokenizer.stream_decoder(true),
-            out: Vec::with_capacity(job.max_tokens.min(n_ctx)),
+            gen,
             logprobs: Vec::new(),
-            sampler,
             slot,
             reused,
             queue_time: enqueued.elapsed(),
@@ -303,8 +319,9 @@ impl Actor {
             if self.active[i].job.events.is_closed() {
                 let seq = self.active.swap_remove(i);
                 self.release(&seq);
-                self.record(&seq.job, seq.out.len(), "cancelled", None, None);
-                tracing::info!(model = %self.model_id, generated = seq.out.len(), "client went away; sequence cancelled");
+                let generated = seq.gen.tokens().len();
+                self.record(&seq.job, generated, "cancelled", None, None);
+                tracing::info!(model = %self.model_id, generated, "client went away; sequence cancelled");
             } else {
                 i += 1;
             }
@@ -333,14 +350,13 @@ impl Actor {
                 tokens: p,
             })
             .collect();
-        let n_ctx = self.engine.n_ctx();
         let tokenizer = &self.model.tokenizer;
         let active = &mut self.active;
         // An item the engine did not report on keeps all its tokens pending.
         let mut outcomes: Vec<Outcome> = (0..active.len()).map(|_| Outcome::Fed(0)).collect();
         self.engine.step(&work, &mut |i, fed| {
             outcomes[i] = match fed {
-                Ok(Fed::All(logits)) => advance(&mut active[i], logits, tokenizer, n_ctx),
+                Ok(Fed::All(logits)) => advance(&mut active[i], logits, tokenizer),
                 Ok(Fed::Part(n)) => Outcome::Fed(n),
                 Err(e) => Outcome::Failed(engine_error(e)),
             };
@@ -364,7 +380,7 @@ impl Actor {
                     let seq = self.active.swap_remove(i);
                     self.release(&seq);
                     self.engine.truncate(seq.slot, 0);
-                    self.record(&seq.job, seq.out.len(), "error", None, None);
+                    self.record(&seq.job, seq.gen.tokens().len(), "error", None, None);
                     let _ = seq.job.events.send(Event::Failed(e));
                 }
             }
@@ -372,22 +388,13 @@ impl Actor {
     }
 
     fn finish(&mut self, mut seq: Seq, finish: FinishReason) {
-        // Text held back because it might have begun a stop string is the answer's after all.
-        if !seq.stops.is_stopped() {
-            let tail = seq.decoder.finish().to_string();
-            let mut rest = seq.stops.push(&tail).emit.to_string();
-            rest.push_str(seq.stops.finish().emit);
-            if !rest.is_empty() || !seq.logprobs.is_empty() {
-                let logprobs = std::mem::take(&mut seq.logprobs);
-                let _ = seq.job.events.send(Event::Text {
-                    text: rest,
-                    logprobs,
-                });
-            }
-        } else if !seq.logprobs.is_empty() {
+        // Text held back because it might have begun a stop string is the answer's after all
+        // (none after a stop string); logprobs not yet sent go with it.
+        let rest = seq.gen.flush();
+        if !rest.is_empty() || !seq.logprobs.is_empty() {
             let logprobs = std::mem::take(&mut seq.logprobs);
             let _ = seq.job.events.send(Event::Text {
-                text: String::new(),
+                text: rest,
                 logprobs,
             });
         }
@@ -396,8 +403,9 @@ impl Actor {
         let prefill_time = first - seq.admitted;
         let decode_time = now - first;
         let ttft = seq.queue_time + prefill_time;
-        let tps = (seq.out.len() > 1 && decode_time > Duration::ZERO)
-            .then(|| (seq.out.len() - 1) as f64 / decode_time.as_secs_f64());
+        let generated = seq.gen.tokens().len();
+        let tps = (generated > 1 && decode_time > Duration::ZERO)
+            .then(|| (generated - 1) as f64 / decode_time.as_secs_f64());
         let label = match finish {
             FinishReason::Stop => "stop",
             FinishReason::Length | FinishReason::ContextFull => "length",
@@ -405,7 +413,7 @@ impl Actor {
         };
         self.record(
             &seq.job,
-            seq.out.len(),
+            generated,
             label,
             seq.first_token.map(|_| ttft.as_secs_f64()),
             tps,
@@ -413,13 +421,17 @@ impl Actor {
         let summary = Summary {
             prompt_tokens: seq.job.prompt.len(),
             reused_tokens: seq.reused,
-            completion_tokens: seq.out.len(),
+            completion_tokens: generated,
             finish,
-            seed: seq.sampler.seed(),
+            seed: seq.gen.seed(),
             queue_time: seq.queue_time,
             prefill_time,
             decode_time,
-            tokens: std::mem::take(&mut seq.out),
+            tokens: seq.gen.take_tokens(),
+            constraint_compile_time: seq
+                .gen
+                .constraint()
+                .map_or(Duration::ZERO, |c| c.compile_time),
         };
         let _ = seq.job.events.send(Event::Done(summary));
     }
@@ -451,47 +463,36 @@ fn engine_error(e: EngineError) -> ApiError {
 }
 
 /// Sample the next token of `seq` from `logits` and stream what it completes.
-fn advance(seq: &mut Seq, logits: &[f32], tokenizer: &Tokenizer, n_ctx: usize) -> Outcome {
-    let tok = match seq.sampler.sample(logits) {
-        Ok(t) => t,
-        Err(e) => return Outcome::Failed(ApiError::internal("sampling", &e)),
+fn advance(seq: &mut Seq, logits: &[f32], tokenizer: &Tokenizer) -> Outcome {
+    let step = match seq.gen.step(tokenizer, logits) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(ApiError::internal("generating a token", &e)),
     };
     if seq.first_token.is_none() {
         seq.first_token = Some(Instant::now());
     }
-    if !seq.job.ignore_eos && tokenizer.is_eog(tok) {
-        return Outcome::Finished(FinishReason::Stop);
+    let (tok, finish) = (step.token, step.finish);
+    if step.accepted {
+        if let Some(k) = seq.job.logprobs {
+            // From the raw logits: what the model thinks, not what a constraint allowed.
+            seq.logprobs.push(token_logprob(tokenizer, logits, tok, k));
+        }
     }
-    if let Some(k) = seq.job.logprobs {
-        seq.logprobs.push(token_logprob(tokenizer, logits, tok, k));
-    }
-    seq.sampler.accept(tok);
-    seq.out.push(tok);
-    let piece = match seq.decoder.push(tokenizer, tok) {
-        Ok(p) => p,
-        Err(e) => return Outcome::Failed(ApiError::internal("decoding a token", &e)),
-    };
-    let r = seq.stops.push(piece);
-    let stopped = r.stopped;
-    if !r.emit.is_empty() {
-        let text = r.emit.to_string();
+    if !step.text.is_empty() {
+        let text = step.text.to_string();
         let logprobs = std::mem::take(&mut seq.logprobs);
         if seq.job.events.send(Event::Text { text, logprobs }).is_err() {
+            seq.gen.cancel();
             return Outcome::Finished(FinishReason::Cancelled);
         }
     }
-    if stopped {
-        return Outcome::Finished(FinishReason::Stop);
+    match finish {
+        Some(reason) => Outcome::Finished(reason),
+        None => {
+            seq.pending.push(tok);
+            Outcome::Continue
+        }
     }
-    if seq.out.len() >= seq.job.max_tokens {
-        return Outcome::Finished(FinishReason::Length);
-    }
-    // The cache holds prompt + out - 1 tokens; feeding `tok` needs one more position.
-    if seq.job.prompt.len() + seq.out.len() > n_ctx {
-        return Outcome::Finished(FinishReason::ContextFull);
-    }
-    seq.pending.push(tok);
-    Outcome::Continue
 }
 
 /// The log-probability of `tok` and the `k` most likely tokens under `logits`.

@@ -101,6 +101,7 @@ fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> mpsc::UnboundedRe
         stop: Vec::new(),
         logprobs: None,
         ignore_eos: true,
+        constraint: None,
         events: tx,
     })
     .unwrap();
