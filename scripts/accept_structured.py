@@ -314,20 +314,27 @@ def main():
             }
         cases.append((f"schema: {name}", body, lambda r, schema=schema: check_structured(r, schema)))
 
-    def tools_body(choice):
+    def tools_body(choice, parallel=False):
         return lambda seed: {
             "messages": [{"role": "user", "content": TOOL_PROMPT}],
             "tools": TOOLS,
             "tool_choice": choice,
+            "parallel_tool_calls": parallel,
         }
 
     cases.append(("tools: required", tools_body("required"), lambda r: check_tool_calls(r, TOOLS)))
     named = [t for t in TOOLS if t["function"]["name"] == "book_trip"]
-    cases.append((
-        "tools: named book_trip",
-        tools_body({"type": "function", "function": {"name": "book_trip"}}),
-        lambda r: check_tool_calls(r, named),
-    ))
+    book = {"type": "function", "function": {"name": "book_trip"}}
+    cases.append(("tools: named book_trip", tools_body(book), lambda r: check_tool_calls(r, named)))
+    # With parallel calls allowed, a small model sampled at temperature 1.0 may keep adding
+    # calls until max_tokens: such answers end with finish_reason "length" and are never
+    # presented as calls. These rows are reported (valid among all seeds, and how many ran
+    # out of tokens) but do not decide the exit status.
+    informational = {"tools: required, parallel", "tools: named book_trip, parallel"}
+    cases.append(("tools: required, parallel", tools_body("required", True),
+                  lambda r: check_tool_calls(r, TOOLS)))
+    cases.append(("tools: named book_trip, parallel", tools_body(book, True),
+                  lambda r: check_tool_calls(r, named)))
 
     rows, all_ok = [], True
     for name, body, check in cases:
@@ -344,7 +351,8 @@ def main():
             else:
                 failures.append(f"seed {seed}: {why}")
         rows.append((name, ok, args.seeds, time.time() - t0))
-        all_ok &= ok == args.seeds
+        if name not in informational:
+            all_ok &= ok == args.seeds
         print(f"{name}: {ok}/{args.seeds} valid", flush=True)
         for f in failures[:5]:
             print(f"    {f}", flush=True)
@@ -355,8 +363,10 @@ def main():
     print()
     print(f"{'case':<{width}}  {'valid':>9}  {'rate':>7}  {'time':>7}")
     for name, ok, n, secs in rows:
-        print(f"{name:<{width}}  {ok:>4}/{n:<4}  {100 * ok / n:>6.1f}%  {secs:>6.1f}s")
-    total_ok, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        note = "  (informational)" if name in informational else ""
+        print(f"{name:<{width}}  {ok:>4}/{n:<4}  {100 * ok / n:>6.1f}%  {secs:>6.1f}s{note}")
+    gated = [r for r in rows if r[0] not in informational]
+    total_ok, total = sum(r[1] for r in gated), sum(r[2] for r in gated)
     print(f"{'total':<{width}}  {total_ok:>4}/{total:<4}  {100 * total_ok / total:>6.1f}%")
     sys.exit(0 if all_ok else 1)
 

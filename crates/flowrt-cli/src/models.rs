@@ -343,6 +343,8 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
             "vocab_size": d.vocab_size,
             "chat_template": template_present,
             "chat_template_first_line": template_line,
+            "tool_call_format": model.tool_format.name(),
+            "reasoning_format": model.reasoning.name(),
             "format": format.as_str(),
             "path": path.display().to_string(),
             "size_bytes": size,
@@ -396,6 +398,26 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
                 (Some(l), _) => format!("yes: {l}"),
                 (None, true) => "yes".into(),
                 (None, false) => "none".into(),
+            },
+        ),
+        (
+            "tool calls",
+            format!(
+                "{}{}",
+                model.tool_format.name(),
+                if model.tool_format == flowrt_text::ToolFormat::Generic {
+                    " (the template has no tool support: flowrt lists the tools in a system message and constrains a JSON answer)"
+                } else {
+                    " (the template renders tools; calls are parsed in this format)"
+                }
+            ),
+        ),
+        (
+            "reasoning",
+            if model.reasoning.supports_thinking() {
+                "think (<think>...</think> is split off as reasoning_content / thinking)".into()
+            } else {
+                "none (requests to think are refused)".into()
             },
         ),
         ("format", format.as_str().into()),

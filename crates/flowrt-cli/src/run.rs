@@ -62,21 +62,33 @@ pub struct RunArgs {
     pub ignore_eos: bool,
     /// Constrain the answer to this JSON Schema (a file); only a complete, conforming answer
     /// is printed.
-    #[arg(long = "json-schema", value_name = "FILE", conflicts_with_all = ["json", "stop"])]
+    #[arg(long = "json-schema", value_name = "FILE", conflicts_with_all = ["json", "stop", "grammar", "regex"])]
     pub json_schema: Option<PathBuf>,
     /// Constrain the answer to a JSON object (any keys and values).
-    #[arg(long, conflicts_with = "stop")]
+    #[arg(long, conflicts_with_all = ["stop", "grammar", "regex"])]
     pub json: bool,
+    /// Constrain the answer to a grammar in llguidance's Lark dialect (a file; `start` is
+    /// the whole answer; `%json { schema }` embeds a JSON Schema).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["stop", "regex"])]
+    pub grammar: Option<PathBuf>,
+    /// Constrain the answer to match this regular expression (the whole answer).
+    #[arg(long, value_name = "REGEX", conflicts_with = "stop")]
+    pub regex: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
 
 impl RunArgs {
     fn generate_options(&self) -> Result<GenerateOptions> {
-        let constraint = match (&self.json_schema, self.json) {
-            (Some(path), _) => Some(ConstraintSpec::JsonSchema(read_schema(path)?)),
-            (None, true) => Some(ConstraintSpec::JsonObject),
-            (None, false) => None,
+        let constraint = match (&self.json_schema, self.json, &self.grammar, &self.regex) {
+            (Some(path), ..) => Some(ConstraintSpec::JsonSchema(read_schema(path)?)),
+            (None, true, ..) => Some(ConstraintSpec::JsonObject),
+            (None, false, Some(path), _) => Some(ConstraintSpec::Lark(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the grammar {}", path.display()))?,
+            )),
+            (None, false, None, Some(re)) => Some(ConstraintSpec::Regex(re.clone())),
+            (None, false, None, None) => None,
         };
         Ok(GenerateOptions {
             max_tokens: self.max_tokens,

@@ -747,3 +747,60 @@ fn run_json_schema_prints_conforming_json() {
         "/nonexistent/schema.json",
     );
 }
+
+#[test]
+fn run_grammar_and_regex_print_conforming_answers() {
+    let m = model();
+    let m = m.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let grammar = dir.path().join("answer.lark");
+    std::fs::write(
+        &grammar,
+        "start: \"Answer: \" color \" \" NUMBER\ncolor: \"red\" | \"green\" | \"blue\"\nNUMBER: /[1-9][0-9]?/\n",
+    )
+    .unwrap();
+    for seed in ["1", "2", "3"] {
+        let out = ok(&[
+            "run",
+            m,
+            "Pick a color and a number.",
+            "--grammar",
+            grammar.to_str().unwrap(),
+            "--temperature",
+            "1",
+            "--seed",
+            seed,
+        ]);
+        let line = out.trim();
+        let rest = line
+            .strip_prefix("Answer: ")
+            .unwrap_or_else(|| panic!("{line:?}"));
+        let (color, n) = rest.split_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        assert!(["red", "green", "blue"].contains(&color), "{line:?}");
+        let n: u32 = n.parse().unwrap_or_else(|_| panic!("{line:?}"));
+        assert!((1..100).contains(&n), "{line:?}");
+    }
+    let out = ok(&[
+        "run",
+        m,
+        "What year did the war end?",
+        "--regex",
+        "19[0-9]{2}",
+        "--temperature",
+        "1",
+        "--seed",
+        "4",
+    ]);
+    let y = out.trim();
+    assert!(
+        y.len() == 4 && y.starts_with("19") && y.parse::<u32>().is_ok(),
+        "{y:?}"
+    );
+
+    std::fs::write(&grammar, "start: \"a\" missing_rule\n").unwrap();
+    fails_with(
+        &["run", m, "hi", "--grammar", grammar.to_str().unwrap()],
+        "invalid",
+    );
+    fails_with(&["run", m, "hi", "--regex", "(unclosed"], "invalid");
+}

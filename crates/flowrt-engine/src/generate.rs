@@ -111,6 +111,7 @@ pub fn generate(
         ignore_eos: opts.ignore_eos,
         n_ctx: session.n_ctx(),
         n_logits: session.vocab_size(),
+        keep_special: false,
     };
     let mut gen = Generation::new(tokenizer, prompt, settings, constraint)?;
 

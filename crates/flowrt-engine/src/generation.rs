@@ -36,6 +36,10 @@ pub struct GenerationSettings {
     pub n_ctx: usize,
     /// Logits per step (the model's vocabulary rows).
     pub n_logits: usize,
+    /// Write special (control) tokens into the text, e.g. a tool-call marker such as
+    /// `[TOOL_CALLS]` or `<|python_tag|>` that a parser must see; otherwise they are skipped.
+    /// End-of-generation tokens never reach the text either way.
+    pub keep_special: bool,
 }
 
 /// What one [`Generation::step`] did.
@@ -107,6 +111,7 @@ impl Generation {
             ignore_eos,
             n_ctx,
             n_logits,
+            keep_special,
         } = settings;
         let mut sampler = Sampler::new(sampler, n_logits)?;
         if let Some(c) = &constraint {
@@ -129,7 +134,7 @@ impl Generation {
             sampler,
             constraint,
             masked,
-            decoder: tokenizer.stream_decoder(true),
+            decoder: tokenizer.stream_decoder(!keep_special),
             stops: StopMatcher::new(stop),
             out: Vec::with_capacity(max_tokens.min(n_ctx)),
             max_tokens,

@@ -8,7 +8,7 @@ use flowrt_backends::BackendKind;
 use flowrt_dispatch::{BackendSettings, DispatchOptions, KvPrecision};
 use flowrt_gguf::GgufFile;
 use flowrt_model::{LoadOptions, Model, ModelConfig, ModelError, Plan};
-use flowrt_text::{ChatTemplate, GgufVocab, Tokenizer};
+use flowrt_text::{ChatTemplate, GgufVocab, ReasoningFormat, Tokenizer, ToolFormat};
 
 use crate::constraint::{ConstraintError, Guide};
 use crate::error::EngineError;
@@ -83,6 +83,10 @@ pub struct LoadedModel {
     pub plan: Arc<Plan>,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
+    /// How the model writes tool calls (from its template and vocabulary).
+    pub tool_format: ToolFormat,
+    /// How the model marks its reasoning (from its template and vocabulary).
+    pub reasoning: ReasoningFormat,
     pub load_time: Duration,
     /// The constrained-decoding token environment, built on first use (see
     /// [`LoadedModel::guide`]); shared with the model's sessions.
@@ -148,12 +152,18 @@ impl LoadedModel {
         };
         let model = Arc::new(model);
         let plan = Arc::new(Plan::new(&model.config));
+        let source = template.as_ref().map(ChatTemplate::source);
+        let texts = || (0..tokenizer.vocab_size() as u32).filter_map(|i| tokenizer.id_to_token(i));
+        let tool_format = ToolFormat::detect(source, texts());
+        let reasoning = ReasoningFormat::detect(source, texts());
         Ok(LoadedModel {
             path: path.to_path_buf(),
             model,
             plan,
             tokenizer,
             template,
+            tool_format,
+            reasoning,
             load_time: t0.elapsed(),
             guide: Arc::default(),
         })

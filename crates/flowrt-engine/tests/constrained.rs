@@ -577,6 +577,7 @@ fn run_batched(m: &LoadedModel, cases: &[BatchCase], max_tokens: usize) -> Vec<P
                 ignore_eos: false,
                 n_ctx: b.n_ctx(),
                 n_logits: vocab,
+                keep_special: false,
             };
             Generation::new(&m.tokenizer, &c.prompt, settings, constraint).unwrap()
         })

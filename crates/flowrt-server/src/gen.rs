@@ -10,11 +10,11 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use flowrt_engine::{ConstraintError, ConstraintSpec, FinishReason};
 use flowrt_sample::{SampleError, SamplerConfig};
-use flowrt_text::ChatMessage;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::agent::{plan_chat, ChatInput, OutputShape};
 use crate::error::{clip, ApiError, ErrorKind};
 use crate::models::Runner;
 use crate::scheduler::{Event, Job, Summary, TokenLogprob};
@@ -22,8 +22,9 @@ use crate::AppState;
 
 /// The prompt of a request, before tokenization.
 pub enum PromptInput {
-    /// Rendered with the model's chat template (generation prompt added).
-    Chat(Vec<ChatMessage>),
+    /// Rendered with the model's chat template (generation prompt added), with tools and
+    /// reasoning switches.
+    Chat(ChatInput),
     /// Plain text; `add_special` adds BOS as `flowrt run --raw` does.
     Text { text: String, add_special: bool },
     /// Token ids as given.
@@ -176,6 +177,8 @@ pub struct ConstraintRequest {
 /// A submitted job: its events, and the model that runs it.
 pub struct Started {
     pub runner: Arc<Runner>,
+    /// How to read the answer (tool calls, reasoning); default for non-chat prompts.
+    pub shape: OutputShape,
     pub events: mpsc::UnboundedReceiver<Event>,
     pub prompt_tokens: Vec<u32>,
     _guard: UseGuard,
@@ -202,9 +205,21 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
     let model_arc = runner.model.clone();
     let prompt = req.prompt;
     let name = runner.spec.id.clone();
-    let tokens = tokio::task::spawn_blocking(move || tokenize(&model_arc, prompt, &name))
+    let (tokens, plan) = tokio::task::spawn_blocking(move || tokenize(&model_arc, prompt, &name))
         .await
         .map_err(|e| ApiError::internal("tokenizing the prompt", &e))??;
+    let (shape, keep_special, tool_constraint) = match plan {
+        Some(p) => (p.shape, p.keep_special, p.tool_constraint),
+        None => (OutputShape::default(), false, None),
+    };
+    let req_constraint = match (req.constraint, tool_constraint) {
+        (Some(c), _) => Some(c),
+        (None, Some(spec)) => Some(ConstraintRequest {
+            spec,
+            param: "tools",
+        }),
+        (None, None) => None,
+    };
     let n = tokens.len();
     let n_ctx = runner.n_ctx;
     let id = &runner.spec.id;
@@ -236,7 +251,7 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
     };
     // Compiled before queueing, off the async workers (the first compile for a model also
     // builds its token environment), so a bad schema is this request's 400.
-    let constraint = match req.constraint {
+    let constraint = match req_constraint {
         None => None,
         Some(c) => {
             let model = runner.model.clone();
@@ -260,9 +275,11 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         logprobs: req.logprobs,
         ignore_eos: req.ignore_eos,
         constraint,
+        keep_special,
         events: tx,
     })?;
     Ok(Started {
+        shape,
         _guard: UseGuard(runner.clone()),
         runner,
         events: rx,
@@ -284,11 +301,14 @@ fn constraint_error(param: &str, e: ConstraintError) -> ApiError {
     }
 }
 
+/// The prompt's tokens, and for a chat the rest of its plan (constraint, answer shape).
+type Tokenized = (Vec<u32>, Option<crate::agent::ChatPlan>);
+
 fn tokenize(
     model: &flowrt_engine::LoadedModel,
     prompt: PromptInput,
     name: &str,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<Tokenized, ApiError> {
     let enc_err = |e: flowrt_text::TextError| {
         ApiError::invalid_param(
             "prompt",
@@ -299,27 +319,19 @@ fn tokenize(
         )
     };
     match prompt {
-        PromptInput::Chat(messages) => {
-            let template = model.template.as_ref().ok_or_else(|| {
-                ApiError::invalid_param(
-                    "messages",
-                    format!("model `{name}` has no chat template; use /v1/completions (or /api/generate with raw) for plain completion"),
-                )
-            })?;
-            let text = template.render(&messages, true).map_err(|e| {
-                ApiError::invalid_param(
-                    "messages",
-                    format!(
-                        "the model's chat template rejected these messages: {}",
-                        clip(&e.to_string(), 400)
-                    ),
-                )
-            })?;
-            model.tokenizer.encode(&text, false, true).map_err(enc_err)
+        PromptInput::Chat(input) => {
+            let mut plan = plan_chat(model, input, name)?;
+            let text = std::mem::take(&mut plan.text);
+            let ids = model
+                .tokenizer
+                .encode(&text, false, true)
+                .map_err(enc_err)?;
+            Ok((ids, Some(plan)))
         }
         PromptInput::Text { text, add_special } => model
             .tokenizer
             .encode(&text, add_special, true)
+            .map(|ids| (ids, None))
             .map_err(enc_err),
         PromptInput::Tokens(ids) => {
             let vocab = model.model.config.vocab_size;
@@ -329,7 +341,7 @@ fn tokenize(
                     format!("token id {bad} is outside the vocabulary of {vocab} tokens"),
                 ));
             }
-            Ok(ids)
+            Ok((ids, None))
         }
     }
 }
@@ -470,7 +482,10 @@ mod tests {
 
     fn request(spec: ConstraintSpec, max_tokens: u64) -> GenRequest {
         GenRequest {
-            prompt: PromptInput::Chat(vec![ChatMessage::new("user", "Say hi as JSON.")]),
+            prompt: PromptInput::Chat(ChatInput::plain(vec![flowrt_text::ChatMessage::new(
+                "user",
+                "Say hi as JSON.",
+            )])),
             max_tokens: Some(max_tokens),
             max_tokens_param: "max_tokens",
             clamp_max_tokens: false,

@@ -17,6 +17,8 @@
 //!   the batch size, long prompts fed in chunks over several steps);
 //! - `openai`, `ollama`: the routes; [`error`]: the one error type; [`metrics`]: Prometheus.
 
+#[doc(hidden)]
+pub mod agent;
 pub mod details;
 pub mod engine;
 pub mod error;

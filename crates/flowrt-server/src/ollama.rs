@@ -8,11 +8,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowrt_sample::SamplerConfig;
-use flowrt_text::ChatMessage;
+use flowrt_text::{ChatMessage, FunctionCall, ToolCall};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::agent::{self, ChatInput, Shaped, Shaper};
 use crate::error::{clip, ApiError, OllamaError};
 use crate::extract::ApiJson;
 use crate::gen::{
@@ -259,9 +260,18 @@ fn keep_alive(v: &Option<Value>) -> Result<Option<Option<Duration>>, ApiError> {
 #[derive(Deserialize)]
 pub struct OMessage {
     role: String,
+    #[serde(default)]
     content: String,
     #[serde(default)]
     images: Option<Value>,
+    /// An assistant turn's calls: `[{"function": {"name", "arguments": {...}}}]`.
+    #[serde(default)]
+    tool_calls: Option<Value>,
+    /// A `tool` message's function.
+    #[serde(default)]
+    tool_name: Option<String>,
+    #[serde(default)]
+    thinking: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -279,6 +289,8 @@ pub struct ChatRequest {
     keep_alive: Option<Value>,
     #[serde(default)]
     tools: Option<Value>,
+    #[serde(default)]
+    think: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -306,6 +318,8 @@ pub struct GenerateRequest {
     context: Option<Value>,
     #[serde(default)]
     images: Option<Value>,
+    #[serde(default)]
+    think: Option<Value>,
 }
 
 fn set(v: &Option<Value>) -> bool {
@@ -315,6 +329,92 @@ fn set(v: &Option<Value>) -> bool {
         Some(Value::Array(a)) => !a.is_empty(),
         Some(_) => true,
     }
+}
+
+/// `think`: `true`/`false`, or an effort (`"low"`, `"medium"`, `"high"`) given to the
+/// template as `reasoning_effort`.
+fn parse_think(
+    v: Option<&Value>,
+    kwargs: &mut serde_json::Map<String, Value>,
+) -> Result<Option<(bool, &'static str)>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some((*b, "think"))),
+        Some(Value::String(e)) if matches!(e.as_str(), "low" | "medium" | "high") => {
+            kwargs.insert("reasoning_effort".into(), Value::from(e.as_str()));
+            Ok(Some((true, "think")))
+        }
+        Some(other) => Err(ApiError::invalid_param(
+            "think",
+            format!(
+                "`think` must be true, false, \"low\", \"medium\" or \"high\", got {}",
+                clip(&other.to_string(), 40)
+            ),
+        )),
+    }
+}
+
+/// An assistant message's `tool_calls` as Ollama sends them (arguments as an object).
+fn in_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError> {
+    let list = v.as_array().ok_or_else(|| {
+        ApiError::invalid_param(format!("messages[{i}].tool_calls"), "must be a list")
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let p = |f: &str| format!("messages[{i}].tool_calls[{j}].function{f}");
+            let f = c
+                .get("function")
+                .ok_or_else(|| ApiError::invalid_param(p(""), "a tool call needs a `function`"))?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid_param(p(".name"), "a tool call needs a function `name`")
+            })?;
+            let arguments = match f.get("arguments") {
+                None | Some(Value::Null) => json!({}),
+                Some(o @ Value::Object(_)) => o.clone(),
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        p(".arguments"),
+                        "`arguments` must be an object",
+                    ))
+                }
+            };
+            Ok(ToolCall {
+                id: c.get("id").and_then(Value::as_str).map(str::to_string),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: name.to_string(),
+                    arguments,
+                },
+            })
+        })
+        .collect()
+}
+
+/// The answer part of an Ollama object: `message` (chat: `content`, `thinking`,
+/// `tool_calls`) or `response` and `thinking` (generate).
+fn answer_fields(chat: bool, a: &Shaped) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    if chat {
+        let mut msg = json!({ "role": "assistant", "content": a.content });
+        if !a.reasoning.is_empty() {
+            msg["thinking"] = json!(a.reasoning);
+        }
+        if !a.calls.is_empty() {
+            msg["tool_calls"] = json!(a
+                .calls
+                .iter()
+                .map(|c| json!({ "function": { "name": c.name, "arguments": c.arguments } }))
+                .collect::<Vec<_>>());
+        }
+        m.insert("message".into(), msg);
+    } else {
+        m.insert("response".into(), json!(a.content));
+        if !a.reasoning.is_empty() {
+            m.insert("thinking".into(), json!(a.reasoning));
+        }
+    }
+    m
 }
 
 fn unsupported(param: &str, what: &str) -> ApiError {
@@ -383,14 +483,6 @@ async fn respond(
     load: Duration,
 ) -> OResult<Response> {
     let model = started.runner.spec.id.clone();
-    let piece = move |text: &str| -> Value {
-        if chat {
-            json!({ "role": "assistant", "content": text })
-        } else {
-            json!(text)
-        }
-    };
-    let key = if chat { "message" } else { "response" };
     let context = move |s: &Summary, prompt: &[u32]| -> Value {
         if chat {
             Value::Null
@@ -398,12 +490,16 @@ async fn respond(
             json!(prompt.iter().chain(&s.tokens).collect::<Vec<_>>())
         }
     };
+    let mut shaper = Shaper::new(started.shape);
     if !stream {
         let out = collect(&mut started).await?;
+        let mut shaped = Shaped::default();
+        shaped.add(shaper.push(&out.text));
+        shaped.add(shaper.finish());
         let mut v = serde_json::Map::new();
         v.insert("model".into(), json!(model));
         v.insert("created_at".into(), json!(now()));
-        v.insert(key.into(), piece(&out.text));
+        v.extend(answer_fields(chat, &shaped));
         v.insert("done".into(), json!(true));
         v.extend(stats_json(&out.summary, t0.elapsed(), load));
         if !chat {
@@ -417,26 +513,38 @@ async fn respond(
     let (tx, rx) = mpsc::channel(64);
     let prompt = started.prompt_tokens.clone();
     let line = |v: Value| format!("{v}\n");
+    let frame = move |shaped: &Shaped, done: bool| {
+        let mut v = serde_json::Map::new();
+        v.insert("model".into(), json!(model));
+        v.insert("created_at".into(), json!(now()));
+        v.extend(answer_fields(chat, shaped));
+        v.insert("done".into(), json!(done));
+        v
+    };
+    let empty = |s: &Shaped| s.content.is_empty() && s.reasoning.is_empty() && s.calls.is_empty();
     spawn_stream(started, tx, move |ev| match ev {
         Event::Text { text, .. } => {
-            let mut v = serde_json::Map::new();
-            v.insert("model".into(), json!(model));
-            v.insert("created_at".into(), json!(now()));
-            v.insert(key.into(), piece(&text));
-            v.insert("done".into(), json!(false));
-            (vec![line(Value::Object(v))], false)
+            let mut shaped = Shaped::default();
+            shaped.add(shaper.push(&text));
+            if empty(&shaped) {
+                return (Vec::new(), false);
+            }
+            (vec![line(Value::Object(frame(&shaped, false)))], false)
         }
         Event::Done(s) => {
-            let mut v = serde_json::Map::new();
-            v.insert("model".into(), json!(model));
-            v.insert("created_at".into(), json!(now()));
-            v.insert(key.into(), piece(""));
-            v.insert("done".into(), json!(true));
+            let mut out = Vec::new();
+            let mut rest = Shaped::default();
+            rest.add(shaper.finish());
+            if !empty(&rest) {
+                out.push(line(Value::Object(frame(&rest, false))));
+            }
+            let mut v = frame(&Shaped::default(), true);
             v.extend(stats_json(&s, t0.elapsed(), load));
             if !chat {
                 v.insert("context".into(), context(&s, &prompt));
             }
-            (vec![line(Value::Object(v))], true)
+            out.push(line(Value::Object(v)));
+            (out, true)
         }
         Event::Failed(e) => (vec![line(json!({ "error": e.message }))], true),
     });
@@ -451,12 +559,10 @@ pub async fn chat(
     if req.model.is_empty() {
         return Err(ApiError::invalid_param("model", "`model` is required").into());
     }
-    if set(&req.tools) {
-        return Err(unsupported("tools", "tool calling").into());
-    }
-    if set(&req.format) {
-        return Err(unsupported("format", "structured output (`format`)").into());
-    }
+    let structured = agent::ollama_format(req.format.as_ref())?;
+    let tools = agent::parse_tools(req.tools.as_ref())?;
+    let mut kwargs = serde_json::Map::new();
+    let think = parse_think(req.think.as_ref(), &mut kwargs)?;
     let ka = keep_alive(&req.keep_alive)?;
     if req.messages.is_empty() {
         return load_only(&state, &req.model, ka, true).await;
@@ -473,13 +579,31 @@ pub async fn chat(
                 ));
             }
             match m.role.as_str() {
-                "system" | "user" | "assistant" => {
-                    Ok(ChatMessage::new(m.role.clone(), m.content.clone()))
+                "system" | "user" | "assistant" | "tool" => {
+                    let mut msg = ChatMessage::new(m.role.clone(), m.content.clone());
+                    if m.role == "assistant" {
+                        if let Some(tc) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+                            let calls = in_tool_calls(i, tc)?;
+                            if !calls.is_empty() {
+                                msg.tool_calls = Some(calls);
+                            }
+                        }
+                        msg.reasoning_content = m.thinking.clone().filter(|t| !t.is_empty());
+                    } else if set(&m.tool_calls) {
+                        return Err(ApiError::invalid_param(
+                            format!("messages[{i}].tool_calls"),
+                            "only assistant messages carry `tool_calls`",
+                        ));
+                    }
+                    if m.role == "tool" {
+                        msg.name = m.tool_name.clone();
+                    }
+                    Ok(msg)
                 }
                 other => Err(ApiError::invalid_param(
                     format!("messages[{i}].role"),
                     format!(
-                        "unknown role `{}` (use system, user or assistant)",
+                        "unknown role `{}` (use system, user, assistant or tool)",
                         clip(other, 40)
                     ),
                 )),
@@ -488,10 +612,20 @@ pub async fn chat(
         .collect::<Result<Vec<_>, _>>()?;
     let opts = req.options.unwrap_or_default();
     let stream = req.stream != Some(false);
+    let input = ChatInput {
+        messages,
+        tools,
+        choice: flowrt_engine::tools::ToolChoice::Auto,
+        parallel: true,
+        think,
+        kwargs,
+        structured: structured.is_some().then_some("format"),
+    };
     run(
         &state,
         &req.model,
-        PromptInput::Chat(messages),
+        PromptInput::Chat(input),
+        structured,
         &opts,
         ka,
         stream,
@@ -509,9 +643,9 @@ pub async fn generate(
     if req.model.is_empty() {
         return Err(ApiError::invalid_param("model", "`model` is required").into());
     }
-    if set(&req.format) {
-        return Err(unsupported("format", "structured output (`format`)").into());
-    }
+    let structured = agent::ollama_format(req.format.as_ref())?;
+    let mut kwargs = serde_json::Map::new();
+    let think = parse_think(req.think.as_ref(), &mut kwargs)?;
     if set(&req.images) {
         return Err(unsupported("images", "image input").into());
     }
@@ -530,6 +664,9 @@ pub async fn generate(
         return load_only(&state, &req.model, ka, false).await;
     }
     let input = if req.raw == Some(true) {
+        if think.is_some() {
+            return Err(unsupported("think", "`think` with `raw` (no template to switch)").into());
+        }
         PromptInput::Text {
             text: prompt,
             add_special: true,
@@ -540,11 +677,18 @@ pub async fn generate(
             messages.push(ChatMessage::new("system", s));
         }
         messages.push(ChatMessage::new("user", prompt));
-        PromptInput::Chat(messages)
+        let mut input = ChatInput::plain(messages);
+        input.think = think;
+        input.kwargs = kwargs;
+        input.structured = structured.is_some().then_some("format");
+        PromptInput::Chat(input)
     };
     let opts = req.options.unwrap_or_default();
     let stream = req.stream != Some(false);
-    run(&state, &req.model, input, &opts, ka, stream, false, t0).await
+    run(
+        &state, &req.model, input, structured, &opts, ka, stream, false, t0,
+    )
+    .await
 }
 
 /// Generate for `/api/chat` (`chat`) or `/api/generate` with Ollama's options, apply the
@@ -555,6 +699,7 @@ async fn run(
     state: &AppState,
     model: &str,
     prompt: PromptInput,
+    structured: Option<flowrt_engine::ConstraintSpec>,
     opts: &Options,
     ka: Option<Option<Duration>>,
     stream: bool,
@@ -580,7 +725,10 @@ async fn run(
             stop: parse_stop(opts.stop.as_ref(), "options.stop")?,
             logprobs: None,
             ignore_eos: false,
-            constraint: None,
+            constraint: structured.map(|spec| crate::gen::ConstraintRequest {
+                spec,
+                param: "format",
+            }),
         },
     )
     .await?;

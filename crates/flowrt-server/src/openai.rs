@@ -4,20 +4,22 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flowrt_sample::SamplerConfig;
-use flowrt_text::ChatMessage;
+use flowrt_text::{ChatMessage, FunctionCall, ToolCall};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::agent::{self, ChatInput, Piece, Shaped, Shaper};
 use crate::error::{clip, ApiError};
 use crate::extract::ApiJson;
 use crate::gen::{
     collect, finish_reason, new_id, parse_stop, spawn_stream, start, stream_response, unix_now,
-    GenRequest, PromptInput, SamplingParams,
+    ConstraintRequest, GenRequest, PromptInput, SamplingParams,
 };
 use crate::models::{ModelSpec, ModelState};
 use crate::scheduler::{Event, Summary, TokenLogprob, MAX_TOP_LOGPROBS};
 use crate::AppState;
+use flowrt_engine::FinishReason;
 
 /// OpenAI's defaults: temperature 1, top-p 1, no top-k / min-p, no penalties.
 fn openai_defaults() -> SamplerConfig {
@@ -95,6 +97,12 @@ pub struct InMessage {
     content: Option<Value>,
     #[serde(default)]
     tool_calls: Option<Value>,
+    #[serde(default)]
+    tool_call_id: Option<Value>,
+    #[serde(default)]
+    name: Option<Value>,
+    #[serde(default)]
+    reasoning_content: Option<Value>,
 }
 
 /// Request fields both completion routes share.
@@ -151,7 +159,18 @@ pub struct ChatRequest {
     #[serde(default)]
     functions: Option<Value>,
     #[serde(default)]
+    function_call: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default)]
     response_format: Option<Value>,
+    /// vLLM / llama-server extension: extra chat template variables (`enable_thinking`, ...).
+    #[serde(default)]
+    chat_template_kwargs: Option<Value>,
+    #[serde(default)]
+    reasoning_effort: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -259,10 +278,7 @@ fn message_text(i: usize, m: &InMessage) -> Result<String, ApiError> {
             }
             Ok(out.join("\n"))
         }
-        None | Some(Value::Null) if present(&m.tool_calls) => Err(ApiError::invalid_param(
-            format!("messages[{i}].tool_calls"),
-            "tool calls are not supported",
-        )),
+        None | Some(Value::Null) if present(&m.tool_calls) => Ok(String::new()),
         None | Some(Value::Null) => {
             Err(ApiError::invalid_param(param, "a message needs `content`"))
         }
@@ -273,7 +289,73 @@ fn message_text(i: usize, m: &InMessage) -> Result<String, ApiError> {
     }
 }
 
-/// Check roles and contents; `developer` is a system message.
+/// An optional string field of message `i`.
+fn opt_str(v: &Option<Value>, param: impl FnOnce() -> String) -> Result<Option<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid_param(param(), "must be a string")),
+    }
+}
+
+/// An assistant message's `tool_calls`: `[{"id", "type": "function", "function": {"name",
+/// "arguments": "<JSON object as a string>"}}]`; the arguments go to the template as an object.
+fn in_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError> {
+    let list = v.as_array().ok_or_else(|| {
+        ApiError::invalid_param(
+            format!("messages[{i}].tool_calls"),
+            "`tool_calls` must be a list",
+        )
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let p = |f: &str| format!("messages[{i}].tool_calls[{j}]{f}");
+            let f = c.get("function").ok_or_else(|| {
+                ApiError::invalid_param(p(".function"), "a tool call needs a `function`")
+            })?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid_param(p(".function.name"), "a tool call needs a function `name`")
+            })?;
+            let arguments = match f.get("arguments") {
+                None | Some(Value::Null) => json!({}),
+                Some(Value::String(a)) => {
+                    let v: Value = serde_json::from_str(a).map_err(|e| {
+                        ApiError::invalid_param(
+                            p(".function.arguments"),
+                            format!("`arguments` is not valid JSON: {e}"),
+                        )
+                    })?;
+                    if !v.is_object() {
+                        return Err(ApiError::invalid_param(
+                            p(".function.arguments"),
+                            "`arguments` must be a JSON object",
+                        ));
+                    }
+                    v
+                }
+                Some(o @ Value::Object(_)) => o.clone(),
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        p(".function.arguments"),
+                        "`arguments` must be a JSON object as a string",
+                    ))
+                }
+            };
+            Ok(ToolCall {
+                id: c.get("id").and_then(Value::as_str).map(str::to_string),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: name.to_string(),
+                    arguments,
+                },
+            })
+        })
+        .collect()
+}
+
+/// Check roles and contents; `developer` is a system message. Assistant messages may carry
+/// `tool_calls` (and `reasoning_content`); `tool` messages carry a call's result.
 pub fn chat_messages(messages: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid_param(
@@ -289,25 +371,117 @@ pub fn chat_messages(messages: &[InMessage]) -> Result<Vec<ChatMessage>, ApiErro
                 "system" | "developer" => "system",
                 "user" => "user",
                 "assistant" => "assistant",
-                "tool" | "function" => {
+                "tool" => "tool",
+                "function" => {
                     return Err(ApiError::invalid_param(
                         format!("messages[{i}].role"),
-                        "tool and function messages are not supported",
+                        "legacy `function` messages are not supported: send results as `tool` messages with a `tool_call_id`",
                     ))
                 }
                 other => {
                     return Err(ApiError::invalid_param(
                         format!("messages[{i}].role"),
                         format!(
-                            "unknown role `{}` (use system, user or assistant)",
+                            "unknown role `{}` (use system, user, assistant or tool)",
                             clip(other, 40)
                         ),
                     ))
                 }
             };
-            Ok(ChatMessage::new(role, message_text(i, m)?))
+            if role != "assistant" && present(&m.tool_calls) {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].tool_calls"),
+                    "only assistant messages carry `tool_calls`",
+                ));
+            }
+            let mut msg = ChatMessage::new(role, message_text(i, m)?);
+            if role == "assistant" {
+                if let Some(tc) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+                    let calls = in_tool_calls(i, tc)?;
+                    if !calls.is_empty() {
+                        msg.tool_calls = Some(calls);
+                    }
+                }
+                msg.reasoning_content = opt_str(&m.reasoning_content, || {
+                    format!("messages[{i}].reasoning_content")
+                })?;
+            }
+            if role == "tool" {
+                msg.tool_call_id =
+                    opt_str(&m.tool_call_id, || format!("messages[{i}].tool_call_id"))?;
+            }
+            msg.name = opt_str(&m.name, || format!("messages[{i}].name"))?;
+            Ok(msg)
         })
         .collect()
+}
+
+/// `chat_template_kwargs` and `reasoning_effort`: template variables, and whether they ask
+/// for thinking (`enable_thinking`, or an effort other than `none`).
+fn reasoning_switches(
+    req: &ChatRequest,
+) -> Result<(serde_json::Map<String, Value>, crate::agent::Think), ApiError> {
+    let mut kwargs = match &req.chat_template_kwargs {
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "chat_template_kwargs",
+                "`chat_template_kwargs` must be an object",
+            ))
+        }
+    };
+    let mut think = None;
+    match kwargs.get("enable_thinking") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(b)) => think = Some((*b, "chat_template_kwargs.enable_thinking")),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "chat_template_kwargs.enable_thinking",
+                "`enable_thinking` must be a boolean",
+            ))
+        }
+    }
+    kwargs.remove("enable_thinking");
+    match &req.reasoning_effort {
+        None | Some(Value::Null) => {}
+        Some(Value::String(e)) => {
+            let e = e.as_str();
+            if !matches!(e, "none" | "minimal" | "low" | "medium" | "high") {
+                return Err(ApiError::invalid_param(
+                    "reasoning_effort",
+                    format!(
+                        "unknown `reasoning_effort` `{}` (use none, minimal, low, medium or high)",
+                        clip(e, 40)
+                    ),
+                ));
+            }
+            kwargs.insert("reasoning_effort".into(), Value::from(e));
+            if think.is_none() {
+                think = Some((e != "none", "reasoning_effort"));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "reasoning_effort",
+                "`reasoning_effort` must be a string",
+            ))
+        }
+    }
+    Ok((kwargs, think))
+}
+
+/// A tool call as OpenAI returns it (`arguments` a JSON string); `index` for stream deltas.
+fn out_tool_call(c: &flowrt_text::ParsedCall, id: &str, index: Option<usize>) -> Value {
+    let mut v = json!({
+        "id": id,
+        "type": "function",
+        "function": { "name": c.name, "arguments": c.arguments.to_string() },
+    });
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
 }
 
 fn usage_json(s: &Summary) -> Value {
@@ -374,21 +548,16 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let c = &req.common;
     c.check()?;
-    if present(&req.tools) || present(&req.functions) {
+    if present(&req.functions) || present(&req.function_call) {
         return Err(ApiError::invalid_param(
-            "tools",
-            "tools and function calling are not supported",
+            "functions",
+            "legacy `functions` / `function_call` are not supported: use `tools` and `tool_choice`",
         ));
     }
-    if let Some(rf) = &req.response_format {
-        let ty = rf.get("type").and_then(Value::as_str);
-        if !rf.is_null() && ty != Some("text") {
-            return Err(ApiError::invalid_param(
-                "response_format",
-                "only `{\"type\": \"text\"}` is supported as `response_format`",
-            ));
-        }
-    }
+    let structured = agent::response_format(req.response_format.as_ref())?;
+    let tools = agent::parse_tools(req.tools.as_ref())?;
+    let choice = agent::parse_tool_choice(req.tool_choice.as_ref(), &tools)?;
+    let (kwargs, think) = reasoning_switches(&req)?;
     let logprobs = match (req.logprobs.unwrap_or(false), req.top_logprobs) {
         (_, Some(k)) if k as usize > MAX_TOP_LOGPROBS => {
             return Err(ApiError::invalid_param(
@@ -412,11 +581,20 @@ pub async fn chat_completions(
     let messages = chat_messages(&req.messages)?;
     let sampler = c.sampling().to_config(&openai_defaults())?;
     let stop = parse_stop(c.stop.as_ref(), "stop")?;
+    let input = ChatInput {
+        messages,
+        tools,
+        choice,
+        parallel: req.parallel_tool_calls.unwrap_or(true),
+        think,
+        kwargs,
+        structured: structured.is_some().then_some("response_format"),
+    };
     let mut started = start(
         &state,
         &c.model,
         GenRequest {
-            prompt: PromptInput::Chat(messages),
+            prompt: PromptInput::Chat(input),
             max_tokens,
             max_tokens_param: max_param,
             clamp_max_tokens: false,
@@ -424,7 +602,10 @@ pub async fn chat_completions(
             stop,
             logprobs,
             ignore_eos: c.ignore_eos.unwrap_or(false),
-            constraint: None,
+            constraint: structured.map(|spec| ConstraintRequest {
+                spec,
+                param: "response_format",
+            }),
         },
     )
     .await?;
@@ -432,8 +613,37 @@ pub async fn chat_completions(
     let created = unix_now();
     let model = started.runner.spec.id.clone();
     let fp = fingerprint(&started.runner.spec.sha256);
+    let shape = started.shape;
+    // A finished answer with calls ends in `tool_calls`; one cut short keeps `length`.
+    let finish_of = move |f: FinishReason, calls: usize| {
+        if calls > 0 && f == FinishReason::Stop {
+            "tool_calls"
+        } else {
+            finish_reason(f)
+        }
+    };
     if c.stream != Some(true) {
         let out = collect(&mut started).await?;
+        let mut shaper = Shaper::new(shape);
+        let mut shaped = Shaped::default();
+        shaped.add(shaper.push(&out.text));
+        shaped.add(shaper.finish());
+        let mut message =
+            json!({ "role": "assistant", "content": shaped.content, "refusal": null });
+        if !shaped.calls.is_empty() {
+            let calls: Vec<Value> = shaped
+                .calls
+                .iter()
+                .map(|c| out_tool_call(c, &agent::call_id(shape.tools), None))
+                .collect();
+            message["tool_calls"] = json!(calls);
+            if shaped.content.is_empty() {
+                message["content"] = Value::Null;
+            }
+        }
+        if !shaped.reasoning.is_empty() {
+            message["reasoning_content"] = json!(shaped.reasoning);
+        }
         let body = json!({
             "id": id,
             "object": "chat.completion",
@@ -442,9 +652,9 @@ pub async fn chat_completions(
             "system_fingerprint": fp,
             "choices": [{
                 "index": 0,
-                "message": { "role": "assistant", "content": out.text, "refusal": null },
+                "message": message,
                 "logprobs": if logprobs.is_some() { chat_logprobs(&out.logprobs) } else { Value::Null },
-                "finish_reason": finish_reason(out.summary.finish),
+                "finish_reason": finish_of(out.summary.finish, shaped.calls.len()),
             }],
             "usage": usage_json(&out.summary),
         });
@@ -469,27 +679,69 @@ pub async fn chat_completions(
         Value::Null,
     ));
     let _ = tx.try_send(first);
+    let mut shaper = Shaper::new(shape);
+    // Logprobs of tokens whose text is still held back (a possible tool-call marker).
+    let mut held: Vec<TokenLogprob> = Vec::new();
+    // Frames for the pieces of an answer; logprobs ride on the first content frame.
+    let piece_chunk = chunk.clone();
+    let frames = move |pieces: Vec<Piece>, held: &mut Vec<TokenLogprob>, shaper: &Shaper| {
+        let chunk = &piece_chunk;
+        let calls_before = shaper.calls()
+            - pieces
+                .iter()
+                .filter(|p| matches!(p, Piece::Call(_)))
+                .count();
+        let mut k = calls_before;
+        let mut out = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Reasoning(r) => out.push(sse(&chunk(
+                    json!({ "reasoning_content": r }),
+                    Value::Null,
+                    Value::Null,
+                ))),
+                Piece::Content(t) => {
+                    let lp = if logprobs.is_some() {
+                        chat_logprobs(&std::mem::take(held))
+                    } else {
+                        Value::Null
+                    };
+                    out.push(sse(&chunk(json!({ "content": t }), lp, Value::Null)));
+                }
+                Piece::Call(c) => {
+                    let call = out_tool_call(&c, &agent::call_id(shape.tools), Some(k));
+                    k += 1;
+                    out.push(sse(&chunk(
+                        json!({ "tool_calls": [call] }),
+                        Value::Null,
+                        Value::Null,
+                    )));
+                }
+            }
+        }
+        out
+    };
     spawn_stream(started, tx, move |ev| match ev {
         Event::Text {
             text,
             logprobs: lps,
         } => {
-            let lp = if logprobs.is_some() {
-                chat_logprobs(&lps)
-            } else {
-                Value::Null
-            };
-            (
-                vec![sse(&chunk(json!({ "content": text }), lp, Value::Null))],
-                false,
-            )
+            held.extend(lps);
+            let pieces = shaper.push(&text);
+            (frames(pieces, &mut held, &shaper), false)
         }
         Event::Done(s) => {
-            let mut out = vec![sse(&chunk(
+            let pieces = shaper.finish();
+            let mut out = frames(pieces, &mut held, &shaper);
+            if logprobs.is_some() && !held.is_empty() {
+                let lp = chat_logprobs(&std::mem::take(&mut held));
+                out.push(sse(&chunk(json!({}), lp, Value::Null)));
+            }
+            out.push(sse(&chunk(
                 json!({}),
                 Value::Null,
-                json!(finish_reason(s.finish)),
-            ))];
+                json!(finish_of(s.finish, shaper.calls())),
+            )));
             if include_usage {
                 let mut u = chunk(json!({}), Value::Null, Value::Null);
                 u["choices"] = json!([]);

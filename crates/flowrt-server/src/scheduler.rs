@@ -49,6 +49,8 @@ pub struct Job {
     /// [`FinishReason::Stop`] when the output is complete, [`FinishReason::Length`] when
     /// `max_tokens` comes first (the output is then incomplete).
     pub constraint: Option<Constraint>,
+    /// Write special tokens into the text (tool-call markers the answer's parser reads).
+    pub keep_special: bool,
     /// Where the answer goes. Dropping the receiver cancels the sequence within a step.
     pub events: mpsc::UnboundedSender<Event>,
 }
@@ -274,6 +276,7 @@ impl Actor {
             ignore_eos: job.ignore_eos,
             n_ctx,
             n_logits: self.model.model.config.vocab_size,
+            keep_special: job.keep_special,
         };
         let gen = match Generation::new(
             &self.model.tokenizer,

@@ -102,6 +102,7 @@ fn submit(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> mpsc::UnboundedRe
         logprobs: None,
         ignore_eos: true,
         constraint: None,
+        keep_special: false,
         events: tx,
     })
     .unwrap();

@@ -71,6 +71,7 @@ fn submit(
         logprobs: Some(2),
         ignore_eos: false,
         constraint: spec.map(|s| model.guide().unwrap().compile(s).unwrap()),
+        keep_special: false,
         events: tx,
     })
     .unwrap();

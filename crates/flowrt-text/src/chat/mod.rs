@@ -144,6 +144,7 @@ const NAME: &str = "chat_template";
 
 /// A compiled chat template.
 pub struct ChatTemplate {
+    source: String,
     env: Environment<'static>,
     bos: String,
     eos: String,
@@ -185,9 +186,15 @@ impl ChatTemplate {
             .map_err(TextError::TemplateSyntax)?;
         Ok(Self {
             env,
+            source: source.to_string(),
             bos: bos.to_string(),
             eos: eos.to_string(),
         })
+    }
+
+    /// The Jinja source the template was compiled from.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The model's own template, or `None` when the GGUF has none (there is no silent
