@@ -350,7 +350,8 @@ def main():
                 ok += 1
             else:
                 failures.append(f"seed {seed}: {why}")
-        rows.append((name, ok, args.seeds, time.time() - t0))
+        cut = sum("finish_reason 'length'" in f for f in failures)
+        rows.append((name, ok, args.seeds, time.time() - t0, cut))
         if name not in informational:
             all_ok &= ok == args.seeds
         print(f"{name}: {ok}/{args.seeds} valid", flush=True)
@@ -361,10 +362,10 @@ def main():
 
     width = max(len(r[0]) for r in rows)
     print()
-    print(f"{'case':<{width}}  {'valid':>9}  {'rate':>7}  {'time':>7}")
-    for name, ok, n, secs in rows:
+    print(f"{'case':<{width}}  {'valid':>9}  {'rate':>7}  {'time':>7}  {'cut by max_tokens':>17}  invalid")
+    for name, ok, n, secs, cut in rows:
         note = "  (informational)" if name in informational else ""
-        print(f"{name:<{width}}  {ok:>4}/{n:<4}  {100 * ok / n:>6.1f}%  {secs:>6.1f}s{note}")
+        print(f"{name:<{width}}  {ok:>4}/{n:<4}  {100 * ok / n:>6.1f}%  {secs:>6.1f}s  {cut:>17}  {n - ok - cut:>7}{note}")
     gated = [r for r in rows if r[0] not in informational]
     total_ok, total = sum(r[1] for r in gated), sum(r[2] for r in gated)
     print(f"{'total':<{width}}  {total_ok:>4}/{total:<4}  {100 * total_ok / total:>6.1f}%")

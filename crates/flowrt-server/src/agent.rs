@@ -370,13 +370,17 @@ pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<Ch
     if let (Some(sp), true) = (input.structured, tools_active) {
         return Err(ApiError::invalid_param(
             sp,
-            "structured output cannot be combined with `tools` unless `tool_choice` is `none`",
+            "structured output cannot be combined with tools the model may call yet (OpenAI API: set `tool_choice` to `none`)",
         ));
     }
     let format = model.tool_format;
     let native = format.template_renders_tools();
     let messages = if native {
-        input.messages.clone()
+        let mut m = input.messages.clone();
+        if format == ToolFormat::Mistral {
+            mistral_ids(&mut m);
+        }
+        m
     } else if tools_active {
         generic_messages(&input.messages, &input.tools.template)
     } else {
@@ -438,10 +442,21 @@ pub enum Piece {
 }
 
 /// Reads an answer as it streams: reasoning split off first, then tool calls out of the rest.
+///
+/// Tool calls are presented only for a complete answer: from the first call on, everything is
+/// held until [`Shaper::finish`]; an answer cut short (`max_tokens`, context) gives its held
+/// text back as content, so a call is never presented from an incomplete answer.
 #[derive(Debug)]
 pub struct Shaper {
     reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolStreamParser>,
+    /// The content-side text given to the tool parser, as generated.
+    raw: String,
+    /// Bytes of content released before the first call (a prefix of `raw`, less the
+    /// whitespace the parser drops before a call).
+    released: usize,
+    /// Pieces from the first call on, held until the answer is complete.
+    held: Option<Vec<Piece>>,
     calls: usize,
 }
 
@@ -450,34 +465,44 @@ impl Shaper {
         Shaper {
             reasoning: shape.reasoning.map(ReasoningSplitter::new),
             tools: shape.tools.map(ToolStreamParser::new),
+            raw: String::new(),
+            released: 0,
+            held: None,
             calls: 0,
         }
     }
 
-    /// How many tool calls the answer made so far.
+    /// How many tool calls the answer released so far.
     pub fn calls(&self) -> usize {
         self.calls
     }
 
-    fn content(&mut self, text: String, out: &mut Vec<Piece>) {
-        match &mut self.tools {
-            Some(p) => {
-                for d in p.push(&text) {
-                    out.push(self.tool_piece(d));
-                }
+    /// Release `p`, or hold it once a call has been seen.
+    fn gate(&mut self, p: Piece, out: &mut Vec<Piece>) {
+        if let Some(held) = &mut self.held {
+            held.push(p);
+            return;
+        }
+        match p {
+            Piece::Call(_) => self.held = Some(vec![p]),
+            Piece::Content(ref c) => {
+                self.released += c.len();
+                out.push(p);
             }
-            None if !text.is_empty() => out.push(Piece::Content(text)),
-            None => {}
+            Piece::Reasoning(_) => out.push(p),
         }
     }
 
-    fn tool_piece(&mut self, d: ToolDelta) -> Piece {
-        match d {
-            ToolDelta::Content(s) => Piece::Content(s),
-            ToolDelta::Call(c) => {
-                self.calls += 1;
-                Piece::Call(c)
+    fn content(&mut self, text: String, out: &mut Vec<Piece>) {
+        let Some(p) = &mut self.tools else {
+            if !text.is_empty() {
+                out.push(Piece::Content(text));
             }
+            return;
+        };
+        self.raw.push_str(&text);
+        for d in p.push(&text) {
+            self.gate(tool_piece(d), out);
         }
     }
 
@@ -504,8 +529,10 @@ impl Shaper {
         out
     }
 
-    /// The answer is over: what was held back. A call the answer did not finish is content.
-    pub fn finish(&mut self) -> Vec<Piece> {
+    /// The answer is over (`complete`: it ended by itself, not by a limit): what was held
+    /// back. Calls are released only for a complete answer; otherwise the text from the
+    /// first call on is content. A call the answer did not finish is content either way.
+    pub fn finish(&mut self, complete: bool) -> Vec<Piece> {
         let mut out = Vec::new();
         if let Some(r) = self.reasoning.as_mut() {
             let d = r.finish();
@@ -517,11 +544,25 @@ impl Shaper {
                 tracing::debug!(error = %e, "the answer holds text that is not a complete tool call");
             }
             for d in rest {
-                let piece = self.tool_piece(d);
-                out.push(piece);
+                self.gate(tool_piece(d), &mut out);
+            }
+        }
+        if let Some(held) = self.held.take() {
+            if complete {
+                self.calls += held.iter().filter(|p| matches!(p, Piece::Call(_))).count();
+                out.extend(held);
+            } else if let Some(rest) = self.raw.get(self.released..).filter(|r| !r.is_empty()) {
+                out.push(Piece::Content(rest.to_string()));
             }
         }
         out
+    }
+}
+
+fn tool_piece(d: ToolDelta) -> Piece {
+    match d {
+        ToolDelta::Content(s) => Piece::Content(s),
+        ToolDelta::Call(c) => Piece::Call(c),
     }
 }
 
@@ -545,20 +586,51 @@ impl Shaped {
     }
 }
 
+/// 9 letters and digits derived from `seed` (FNV-1a), the id shape Mistral's templates check.
+fn alnum9(seed: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let digits = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    (0..9)
+        .map(|i| digits[((h >> (i * 6)) % 62) as usize] as char)
+        .collect()
+}
+
+/// A call id as a Mistral template takes it: kept when it is 9 letters and digits, else
+/// mapped (the same way for the call and for the result that answers it).
+fn mistral_id(id: &str) -> String {
+    if id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        id.to_string()
+    } else {
+        alnum9(id)
+    }
+}
+
+/// Call ids of earlier turns in the shape Mistral's templates check (clients send
+/// `call_...` ids from other servers).
+fn mistral_ids(messages: &mut [ChatMessage]) {
+    for m in messages {
+        if let Some(calls) = &mut m.tool_calls {
+            for c in calls {
+                if let Some(id) = &mut c.id {
+                    *id = mistral_id(id);
+                }
+            }
+        }
+        if let Some(id) = &mut m.tool_call_id {
+            *id = mistral_id(id);
+        }
+    }
+}
+
 /// A new tool-call id: 9 letters and digits for Mistral (its templates check the length),
 /// `call_` and a unique suffix otherwise.
 pub fn call_id(format: Option<ToolFormat>) -> String {
     let id = crate::gen::new_id("call").replace('-', "_");
     if format == Some(ToolFormat::Mistral) {
-        // The unique tail of the id (time and counter), in base 36, last 9 digits.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in id.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-        let digits = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-        (0..9)
-            .map(|i| digits[((h >> (i * 6)) % 62) as usize] as char)
-            .collect()
+        alnum9(&id)
     } else {
         id
     }

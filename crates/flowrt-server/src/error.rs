@@ -180,6 +180,23 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl ApiError {
+    /// The message as Ollama's `{"error": "..."}` carries it: with no `param` field there,
+    /// a 400 whose message does not name its field says it first (`` `think`: ... ``).
+    pub fn ollama_message(&self) -> String {
+        match &self.param {
+            Some(p)
+                if self.kind == ErrorKind::InvalidRequest
+                    && !self.message.contains(&format!("`{p}`"))
+                    && !(p.contains('[') && self.message.contains(p.as_str())) =>
+            {
+                format!("`{p}`: {}", self.message)
+            }
+            _ => self.message.clone(),
+        }
+    }
+}
+
 /// [`ApiError`] as Ollama answers errors: `{"error": "message"}`, same status codes.
 #[derive(Debug)]
 pub struct OllamaError(pub ApiError);
@@ -193,7 +210,11 @@ impl From<ApiError> for OllamaError {
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
         let e = self.0;
-        let resp = (e.status(), axum::Json(json!({ "error": e.message }))).into_response();
+        let resp = (
+            e.status(),
+            axum::Json(json!({ "error": e.ollama_message() })),
+        )
+            .into_response();
         e.with_headers(resp)
     }
 }

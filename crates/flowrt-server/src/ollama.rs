@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, SecondsFormat, Utc};
+use flowrt_engine::FinishReason;
 use flowrt_sample::SamplerConfig;
 use flowrt_text::{ChatMessage, FunctionCall, ToolCall};
 use serde::Deserialize;
@@ -495,7 +496,7 @@ async fn respond(
         let out = collect(&mut started).await?;
         let mut shaped = Shaped::default();
         shaped.add(shaper.push(&out.text));
-        shaped.add(shaper.finish());
+        shaped.add(shaper.finish(out.summary.finish == FinishReason::Stop));
         let mut v = serde_json::Map::new();
         v.insert("model".into(), json!(model));
         v.insert("created_at".into(), json!(now()));
@@ -534,7 +535,7 @@ async fn respond(
         Event::Done(s) => {
             let mut out = Vec::new();
             let mut rest = Shaped::default();
-            rest.add(shaper.finish());
+            rest.add(shaper.finish(s.finish == FinishReason::Stop));
             if !empty(&rest) {
                 out.push(line(Value::Object(frame(&rest, false))));
             }

@@ -407,13 +407,44 @@ pub fn chat_messages(messages: &[InMessage]) -> Result<Vec<ChatMessage>, ApiErro
                 })?;
             }
             if role == "tool" {
-                msg.tool_call_id =
-                    opt_str(&m.tool_call_id, || format!("messages[{i}].tool_call_id"))?;
+                let id = opt_str(&m.tool_call_id, || format!("messages[{i}].tool_call_id"))?;
+                if id.as_deref().is_none_or(str::is_empty) {
+                    return Err(ApiError::invalid_param(
+                        format!("messages[{i}].tool_call_id"),
+                        "a `tool` message needs the `tool_call_id` of the call it answers",
+                    ));
+                }
+                msg.tool_call_id = id;
             }
             msg.name = opt_str(&m.name, || format!("messages[{i}].name"))?;
             Ok(msg)
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(check_tool_results)
+}
+
+/// Every `tool` message answers a call of an earlier assistant message (by `tool_call_id`),
+/// as OpenAI requires.
+fn check_tool_results(messages: Vec<ChatMessage>) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut ids: Vec<&str> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(calls) = &m.tool_calls {
+            ids.extend(calls.iter().filter_map(|c| c.id.as_deref()));
+        }
+        if m.role == "tool" {
+            let id = m.tool_call_id.as_deref().unwrap_or("");
+            if !ids.contains(&id) {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].tool_call_id"),
+                    format!(
+                        "`tool_call_id` `{}` does not name a call of an earlier assistant message",
+                        clip(id, 80)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(messages)
 }
 
 /// `chat_template_kwargs` and `reasoning_effort`: template variables, and whether they ask
@@ -627,7 +658,7 @@ pub async fn chat_completions(
         let mut shaper = Shaper::new(shape);
         let mut shaped = Shaped::default();
         shaped.add(shaper.push(&out.text));
-        shaped.add(shaper.finish());
+        shaped.add(shaper.finish(out.summary.finish == FinishReason::Stop));
         let mut message =
             json!({ "role": "assistant", "content": shaped.content, "refusal": null });
         if !shaped.calls.is_empty() {
@@ -731,7 +762,7 @@ pub async fn chat_completions(
             (frames(pieces, &mut held, &shaper), false)
         }
         Event::Done(s) => {
-            let pieces = shaper.finish();
+            let pieces = shaper.finish(s.finish == FinishReason::Stop);
             let mut out = frames(pieces, &mut held, &shaper);
             if logprobs.is_some() && !held.is_empty() {
                 let lp = chat_logprobs(&std::mem::take(&mut held));
