@@ -25,14 +25,27 @@ pub fn pip_download(
     let py = python.to_string_lossy().into_owned();
 
     // A quick probe first, so "no python" and "no pip" get their own messages.
-    let probe = Command::new(python)
-        .args(["-m", "pip", "--version"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| StoreError::PythonMissing {
-            python: py.clone(),
-            source,
-        })?;
+    // "Text file busy" is transient (the interpreter file is still open for writing
+    // somewhere, e.g. being installed, or held by a process forked meanwhile): retry briefly.
+    let mut tries = 0;
+    let probe = loop {
+        match Command::new(python)
+            .args(["-m", "pip", "--version"])
+            .stdin(Stdio::null())
+            .output()
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 40 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            r => {
+                break r.map_err(|source| StoreError::PythonMissing {
+                    python: py.clone(),
+                    source,
+                })?
+            }
+        }
+    };
     if !probe.status.success() {
         let detail = String::from_utf8_lossy(&probe.stderr).trim().to_string();
         let detail = if detail.is_empty() {
