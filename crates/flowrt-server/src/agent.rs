@@ -9,9 +9,10 @@ use flowrt_text::reasoning::{prompt_ends_in_reasoning, template_reads_enable_thi
 use flowrt_text::reasoning::{ReasoningDelta, ReasoningSplitter};
 use flowrt_text::tools::{generic_messages, ToolDelta};
 use flowrt_text::{
-    ChatMessage, ParsedCall, ReasoningFormat, RenderOptions, ToolFormat, ToolStreamParser,
+    ChatMessage, FunctionCall, ParsedCall, ReasoningFormat, RenderOptions, ToolCall, ToolFormat,
+    ToolStreamParser,
 };
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::error::{clip, ApiError};
 
@@ -88,6 +89,63 @@ pub fn ollama_format(v: Option<&Value>) -> Result<Option<ConstraintSpec>, ApiErr
             ),
         )),
     }
+}
+
+/// An assistant message's `tool_calls`: `[{"id", "type": "function", "function": {"name",
+/// "arguments": "<JSON object as a string>"}}]` (OpenAI), or with `arguments` an object (Ollama);
+/// the arguments go to the template as an object.
+pub fn in_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError> {
+    let list = v.as_array().ok_or_else(|| {
+        ApiError::invalid_param(
+            format!("messages[{i}].tool_calls"),
+            "`tool_calls` must be a list",
+        )
+    })?;
+    list.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let p = |f: &str| format!("messages[{i}].tool_calls[{j}]{f}");
+            let f = c.get("function").ok_or_else(|| {
+                ApiError::invalid_param(p(".function"), "a tool call needs a `function`")
+            })?;
+            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::invalid_param(p(".function.name"), "a tool call needs a function `name`")
+            })?;
+            let arguments = match f.get("arguments") {
+                None | Some(Value::Null) => json!({}),
+                Some(Value::String(a)) => {
+                    let v: Value = serde_json::from_str(a).map_err(|e| {
+                        ApiError::invalid_param(
+                            p(".function.arguments"),
+                            format!("`arguments` is not valid JSON: {e}"),
+                        )
+                    })?;
+                    if !v.is_object() {
+                        return Err(ApiError::invalid_param(
+                            p(".function.arguments"),
+                            "`arguments` must be a JSON object",
+                        ));
+                    }
+                    v
+                }
+                Some(o @ Value::Object(_)) => o.clone(),
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        p(".function.arguments"),
+                        "`arguments` must be a JSON object as a string",
+                    ))
+                }
+            };
+            Ok(ToolCall {
+                id: c.get("id").and_then(Value::as_str).map(str::to_string),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: name.to_string(),
+                    arguments,
+                },
+            })
+        })
+        .collect()
 }
 
 /// Tools as a request gives them: the definitions the constraint and parser use, and the list

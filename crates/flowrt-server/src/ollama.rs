@@ -9,7 +9,7 @@ use axum::Json;
 use chrono::{DateTime, SecondsFormat, Utc};
 use flowrt_engine::FinishReason;
 use flowrt_sample::SamplerConfig;
-use flowrt_text::{ChatMessage, FunctionCall, ToolCall};
+use flowrt_text::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -355,43 +355,6 @@ fn parse_think(
     }
 }
 
-/// An assistant message's `tool_calls` as Ollama sends them (arguments as an object).
-fn in_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError> {
-    let list = v.as_array().ok_or_else(|| {
-        ApiError::invalid_param(format!("messages[{i}].tool_calls"), "must be a list")
-    })?;
-    list.iter()
-        .enumerate()
-        .map(|(j, c)| {
-            let p = |f: &str| format!("messages[{i}].tool_calls[{j}].function{f}");
-            let f = c
-                .get("function")
-                .ok_or_else(|| ApiError::invalid_param(p(""), "a tool call needs a `function`"))?;
-            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid_param(p(".name"), "a tool call needs a function `name`")
-            })?;
-            let arguments = match f.get("arguments") {
-                None | Some(Value::Null) => json!({}),
-                Some(o @ Value::Object(_)) => o.clone(),
-                Some(_) => {
-                    return Err(ApiError::invalid_param(
-                        p(".arguments"),
-                        "`arguments` must be an object",
-                    ))
-                }
-            };
-            Ok(ToolCall {
-                id: c.get("id").and_then(Value::as_str).map(str::to_string),
-                kind: "function".into(),
-                function: FunctionCall {
-                    name: name.to_string(),
-                    arguments,
-                },
-            })
-        })
-        .collect()
-}
-
 /// The answer part of an Ollama object: `message` (chat: `content`, `thinking`,
 /// `tool_calls`) or `response` and `thinking` (generate).
 fn answer_fields(chat: bool, a: &Shaped) -> serde_json::Map<String, Value> {
@@ -584,7 +547,7 @@ pub async fn chat(
                     let mut msg = ChatMessage::new(m.role.clone(), m.content.clone());
                     if m.role == "assistant" {
                         if let Some(tc) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
-                            let calls = in_tool_calls(i, tc)?;
+                            let calls = agent::in_tool_calls(i, tc)?;
                             if !calls.is_empty() {
                                 msg.tool_calls = Some(calls);
                             }

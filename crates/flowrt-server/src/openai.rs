@@ -4,7 +4,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use flowrt_sample::SamplerConfig;
-use flowrt_text::{ChatMessage, FunctionCall, ToolCall};
+use flowrt_text::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -298,62 +298,6 @@ fn opt_str(v: &Option<Value>, param: impl FnOnce() -> String) -> Result<Option<S
     }
 }
 
-/// An assistant message's `tool_calls`: `[{"id", "type": "function", "function": {"name",
-/// "arguments": "<JSON object as a string>"}}]`; the arguments go to the template as an object.
-fn in_tool_calls(i: usize, v: &Value) -> Result<Vec<ToolCall>, ApiError> {
-    let list = v.as_array().ok_or_else(|| {
-        ApiError::invalid_param(
-            format!("messages[{i}].tool_calls"),
-            "`tool_calls` must be a list",
-        )
-    })?;
-    list.iter()
-        .enumerate()
-        .map(|(j, c)| {
-            let p = |f: &str| format!("messages[{i}].tool_calls[{j}]{f}");
-            let f = c.get("function").ok_or_else(|| {
-                ApiError::invalid_param(p(".function"), "a tool call needs a `function`")
-            })?;
-            let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
-                ApiError::invalid_param(p(".function.name"), "a tool call needs a function `name`")
-            })?;
-            let arguments = match f.get("arguments") {
-                None | Some(Value::Null) => json!({}),
-                Some(Value::String(a)) => {
-                    let v: Value = serde_json::from_str(a).map_err(|e| {
-                        ApiError::invalid_param(
-                            p(".function.arguments"),
-                            format!("`arguments` is not valid JSON: {e}"),
-                        )
-                    })?;
-                    if !v.is_object() {
-                        return Err(ApiError::invalid_param(
-                            p(".function.arguments"),
-                            "`arguments` must be a JSON object",
-                        ));
-                    }
-                    v
-                }
-                Some(o @ Value::Object(_)) => o.clone(),
-                Some(_) => {
-                    return Err(ApiError::invalid_param(
-                        p(".function.arguments"),
-                        "`arguments` must be a JSON object as a string",
-                    ))
-                }
-            };
-            Ok(ToolCall {
-                id: c.get("id").and_then(Value::as_str).map(str::to_string),
-                kind: "function".into(),
-                function: FunctionCall {
-                    name: name.to_string(),
-                    arguments,
-                },
-            })
-        })
-        .collect()
-}
-
 /// Check roles and contents; `developer` is a system message. Assistant messages may carry
 /// `tool_calls` (and `reasoning_content`); `tool` messages carry a call's result.
 pub fn chat_messages(messages: &[InMessage]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -397,7 +341,7 @@ pub fn chat_messages(messages: &[InMessage]) -> Result<Vec<ChatMessage>, ApiErro
             let mut msg = ChatMessage::new(role, message_text(i, m)?);
             if role == "assistant" {
                 if let Some(tc) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
-                    let calls = in_tool_calls(i, tc)?;
+                    let calls = agent::in_tool_calls(i, tc)?;
                     if !calls.is_empty() {
                         msg.tool_calls = Some(calls);
                     }

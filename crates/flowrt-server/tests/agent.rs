@@ -432,17 +432,20 @@ async fn bad_ollama_agent_fields_are_400s_naming_the_field() {
             ollama_400(&r, field);
         }
     }
-    // Malformed call arguments in an assistant turn.
-    let b = json!({
-        "model": MODEL, "stream": false, "options": {"num_predict": 4},
-        "messages": [
-            {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}
-        ]
-    });
-    let r = post(&app, "/api/chat", &b).await;
-    ollama_400(&r, "messages[1].tool_calls[0].function.arguments");
+    // Malformed call arguments in an assistant turn (neither an object nor a JSON object
+    // in a string).
+    for args in [json!(5), json!("{\"city\": "), json!("[1, 2]")] {
+        let b = json!({
+            "model": MODEL, "stream": false, "options": {"num_predict": 4},
+            "messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"function": {"name": "get_weather", "arguments": args}}]}
+            ]
+        });
+        let r = post(&app, "/api/chat", &b).await;
+        ollama_400(&r, "messages[1].tool_calls[0].function.arguments");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
