@@ -3,7 +3,10 @@
 mod bench;
 mod common;
 mod devices;
+mod diff;
+mod lint;
 mod models;
+mod pack;
 mod plan;
 mod run;
 mod serve;
@@ -48,6 +51,16 @@ enum Command {
     /// List the devices each backend can run on (the CPU, Vulkan devices), and what
     /// `--backend auto` picks.
     Devices(devices::DevicesArgs),
+    /// Write a model as a GGUF file of a chosen type (F16, Q8_0, Q4_K, ...) and check it
+    /// against its source, teacher-forced (exit 1 and no output when the gate's bounds are missed).
+    Pack(pack::PackArgs),
+    /// Check a model (and, with --source, its port) for shims: injected norms, replicated KV
+    /// heads, relabelled architectures, duplicated embeddings, tokenizer drift, NaN/Inf.
+    /// Exit 0 clean, 1 findings, 2 error.
+    Lint(lint::LintArgs),
+    /// Find where two models with one tokenizer part: per-layer divergence of the residual
+    /// stream, teacher-forced, and the first layer over a threshold. Exit 0 none, 1 one, 2 error.
+    Diff(diff::DiffArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +82,9 @@ fn main() -> ExitCode {
         Command::Rm(a) => models::rm(a),
         Command::Ps(a) => models::ps(a),
         Command::Devices(a) => devices::devices(a),
+        Command::Pack(a) => pack::pack(a),
+        Command::Lint(a) => lint::lint(a),
+        Command::Diff(a) => diff::diff(a),
     };
     match result {
         Ok(code) => code,

@@ -1056,6 +1056,21 @@ impl Backend for CpuBackend {
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
+
+    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
+        if buf == Buf::Logits {
+            return Ok(self.logits().to_vec());
+        }
+        let width = buf.width(&self.model.config);
+        let b = &self.bufs[buf as usize];
+        if rows > self.max_batch || rows * width > b.len() {
+            return Err(format!(
+                "{rows} rows of {buf:?} asked for; the backend holds {}",
+                self.max_batch
+            ));
+        }
+        Ok(b[..rows * width].to_vec())
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use flowrt_model::plan::GroupKind;
+use flowrt_model::plan::{Buf, GroupKind};
 use flowrt_model::Plan;
 
 use crate::cut::Runlist;
@@ -245,4 +245,16 @@ pub trait Backend: Send {
     fn max_batch(&self) -> usize;
     /// Rows of the logits.
     fn vocab_size(&self) -> usize;
+    /// The first `rows` rows of activation buffer `buf` (`rows × buf.width(config)` values)
+    /// as the last completed runlist left them, for inspection: `flowrt diff` runs a step one
+    /// layer per runlist and reads the residual stream `X` after each. Nothing calls this in
+    /// normal running. A device that cannot read its buffers back answers why not (the
+    /// default).
+    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
+        let _ = rows;
+        Err(format!(
+            "the {} backend cannot read activation buffers back ({buf:?})",
+            self.info().name
+        ))
+    }
 }

@@ -337,4 +337,11 @@ impl<B: Backend> Backend for FaultBackend<B> {
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
+    fn read_activation(
+        &mut self,
+        buf: flowrt_model::plan::Buf,
+        rows: usize,
+    ) -> Result<Vec<f32>, String> {
+        self.inner.read_activation(buf, rows)
+    }
 }

@@ -4,10 +4,13 @@
 
 mod bandwidth;
 mod bench;
+mod compare;
 mod constraint;
+mod diff;
 mod error;
 mod generate;
 mod generation;
+pub mod lint;
 mod load;
 mod proc_mem;
 mod session;
@@ -19,7 +22,9 @@ pub use bench::{
     bench, bench_parallel, weight_bytes, BackendReport, BenchOptions, BenchReport, ParallelReport,
     Roofline, Stat,
 };
+pub use compare::{builtin_prompts, compare_models, BUILTIN_CHAT, BUILTIN_TEXTS};
 pub use constraint::{Constraint, ConstraintError, ConstraintSpec, Guide};
+pub use diff::{diff, DiffOptions, DiffPrompt, DiffReport, LayerDiff, DEFAULT_DIFF_THRESHOLD};
 pub use error::EngineError;
 pub use flowrt_backends::{BackendKind, OpenError};
 pub use flowrt_dispatch::KvPrecision;

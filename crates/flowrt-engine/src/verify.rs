@@ -47,16 +47,16 @@ pub struct VerifyReport {
 }
 
 #[derive(Default)]
-struct Acc {
-    positions: usize,
+pub(crate) struct Acc {
+    pub(crate) positions: usize,
     top1: usize,
     kl_sum: f64,
-    max_kl: f64,
-    max_err: f64,
+    pub(crate) max_kl: f64,
+    pub(crate) max_err: f64,
 }
 
 impl Acc {
-    fn add(&mut self, reference: &[f32], ours: &[f32]) {
+    pub(crate) fn add(&mut self, reference: &[f32], ours: &[f32]) {
         let lr = log_softmax(reference);
         let lo = log_softmax(ours);
         let kl: f64 = lr
@@ -108,7 +108,7 @@ impl Acc {
         self.max_err = self.max_err.max(err);
     }
 
-    fn merge(&mut self, o: &Acc) {
+    pub(crate) fn merge(&mut self, o: &Acc) {
         self.positions += o.positions;
         self.top1 += o.top1;
         self.kl_sum += o.kl_sum;
@@ -116,7 +116,7 @@ impl Acc {
         self.max_err = self.max_err.max(o.max_err);
     }
 
-    fn ratio(&self) -> (f64, f64) {
+    pub(crate) fn ratio(&self) -> (f64, f64) {
         let n = self.positions.max(1) as f64;
         (self.top1 as f64 / n, self.kl_sum / n)
     }

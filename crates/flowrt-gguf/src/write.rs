@@ -1,4 +1,5 @@
-//! Writing GGUF files, for tests: a [`GgufBuilder`] for well-formed files and the low-level
+//! Writing GGUF files: a streaming [`StreamWriter`] for real files (`flowrt pack`), and, for
+//! tests, a [`GgufBuilder`] for well-formed files and the low-level
 //! encoders it uses, from which tests can assemble deliberately broken files.
 //!
 //! ```
@@ -248,4 +249,204 @@ pub fn pad_to(out: &mut Vec<u8>, alignment: u64) {
 /// Little-endian bytes of `values`, the storage of an f32 tensor.
 pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// One tensor a [`StreamWriter`] will write: its name, shape (`dims[0]` contiguous) and type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+}
+
+/// Writes a GGUF file to disk tensor by tensor, so that no more than one tensor's data need
+/// be in memory: metadata and every tensor info (offsets laid out with `general.alignment`,
+/// always [`DEFAULT_ALIGNMENT`] = 32) first, then each tensor's data in the declared order.
+///
+/// The file is written as `OUT.partial` and renamed to `OUT` by [`finish`](Self::finish)
+/// after an fsync; if the writer is dropped unfinished (an error, a panic) the partial file is
+/// removed, so `OUT` either is complete or does not exist.
+#[derive(Debug)]
+pub struct StreamWriter {
+    out: std::io::BufWriter<std::fs::File>,
+    final_path: std::path::PathBuf,
+    partial_path: std::path::PathBuf,
+    tensors: Vec<(TensorSpec, u64)>,
+    next: usize,
+    finished: bool,
+}
+
+/// `path` with `.partial` appended to its file name.
+pub fn partial_path(path: &std::path::Path) -> std::path::PathBuf {
+    let mut s = path.as_os_str().to_owned();
+    s.push(".partial");
+    std::path::PathBuf::from(s)
+}
+
+impl StreamWriter {
+    /// Creates `out.partial` and writes the header, `metadata` (any `general.alignment` in it
+    /// is replaced by 32) and the infos of `tensors`.
+    pub fn create(
+        out: &std::path::Path,
+        metadata: &[(String, Value)],
+        tensors: &[TensorSpec],
+    ) -> std::io::Result<StreamWriter> {
+        use std::io::Write;
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        let mut sized = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            let shape = if t.dims.is_empty() { &[1][..] } else { &t.dims };
+            let size =
+                t.ty.tensor_size(shape)
+                    .map_err(|e| invalid(format!("tensor `{}`: {e}", t.name)))?;
+            sized.push((t.clone(), size));
+        }
+        let partial_path = partial_path(out);
+        let file = std::fs::File::create(&partial_path)?;
+        let mut w = StreamWriter {
+            out: std::io::BufWriter::with_capacity(1 << 20, file),
+            final_path: out.to_path_buf(),
+            partial_path,
+            tensors: sized,
+            next: 0,
+            finished: false,
+        };
+        let alignment = DEFAULT_ALIGNMENT;
+        let meta: Vec<&(String, Value)> = metadata
+            .iter()
+            .filter(|(k, _)| k != ALIGNMENT_KEY)
+            .collect();
+        let mut head = Vec::new();
+        write_header(&mut head, 3, w.tensors.len() as u64, meta.len() as u64 + 1);
+        write_kv(&mut head, ALIGNMENT_KEY, &Value::U32(alignment as u32));
+        for (k, v) in meta {
+            write_kv(&mut head, k, v);
+        }
+        let mut offset = 0u64;
+        for (t, size) in &w.tensors {
+            write_tensor_info(&mut head, &t.name, &t.dims, t.ty.id(), offset);
+            offset = (offset + size).next_multiple_of(alignment);
+        }
+        pad_to(&mut head, alignment);
+        w.out.write_all(&head)?;
+        Ok(w)
+    }
+
+    /// The tensor whose data [`write_tensor`](Self::write_tensor) expects next.
+    pub fn next_tensor(&self) -> Option<&TensorSpec> {
+        self.tensors.get(self.next).map(|(t, _)| t)
+    }
+
+    /// Writes the data of the next declared tensor (which must be `name`, with exactly its
+    /// size), padded to the alignment.
+    pub fn write_tensor(&mut self, name: &str, data: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        let Some((spec, size)) = self.tensors.get(self.next) else {
+            return Err(invalid(format!("tensor `{name}` was not declared")));
+        };
+        if spec.name != name {
+            return Err(invalid(format!(
+                "tensor `{name}` written where `{}` was declared",
+                spec.name
+            )));
+        }
+        if *size != data.len() as u64 {
+            return Err(invalid(format!(
+                "tensor `{name}`: {} bytes given, {} declared",
+                data.len(),
+                size
+            )));
+        }
+        self.out.write_all(data)?;
+        let pad = (*size).next_multiple_of(DEFAULT_ALIGNMENT) - size;
+        self.out.write_all(&vec![0u8; pad as usize])?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Checks every tensor was written, flushes, fsyncs and renames `OUT.partial` to `OUT`.
+    pub fn finish(mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        if self.next != self.tensors.len() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} of {} tensors written", self.next, self.tensors.len()),
+            ));
+        }
+        self.out.flush()?;
+        self.out.get_ref().sync_all()?;
+        std::fs::rename(&self.partial_path, &self.final_path)?;
+        self.finished = true;
+        Ok(())
+    }
+}
+
+impl Drop for StreamWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.partial_path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod stream_tests {
+    use super::*;
+    use crate::GgufFile;
+
+    fn specs() -> Vec<TensorSpec> {
+        vec![
+            TensorSpec {
+                name: "a".into(),
+                dims: vec![3],
+                ty: GgmlType::F32,
+            },
+            TensorSpec {
+                name: "b".into(),
+                dims: vec![2, 2],
+                ty: GgmlType::F16,
+            },
+        ]
+    }
+
+    #[test]
+    fn streamed_file_reads_back_like_the_builder() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.gguf");
+        let meta = vec![
+            ("general.architecture".to_string(), Value::from("llama")),
+            (ALIGNMENT_KEY.to_string(), Value::U32(64)),
+        ];
+        let mut w = StreamWriter::create(&out, &meta, &specs()).unwrap();
+        assert!(partial_path(&out).exists() && !out.exists());
+        w.write_tensor("a", &f32_bytes(&[1.0, 2.0, 3.0])).unwrap();
+        w.write_tensor("b", &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        w.finish().unwrap();
+        assert!(!partial_path(&out).exists());
+        let f = GgufFile::open(&out).unwrap();
+        assert_eq!(f.alignment(), 32);
+        assert_eq!(f.get_str("general.architecture").unwrap(), Some("llama"));
+        assert_eq!(
+            f.tensor_bytes("a").unwrap(),
+            &f32_bytes(&[1.0, 2.0, 3.0])[..]
+        );
+        assert_eq!(f.tensor_bytes("b").unwrap(), &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(f.tensor("b").unwrap().offset, 32);
+    }
+
+    #[test]
+    fn unfinished_or_wrong_writes_leave_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.gguf");
+        let mut w = StreamWriter::create(&out, &[], &specs()).unwrap();
+        assert!(w.write_tensor("b", &[0; 8]).is_err(), "out of order");
+        assert!(w.write_tensor("a", &[0; 8]).is_err(), "wrong size");
+        w.write_tensor("a", &[0; 12]).unwrap();
+        assert!(w.finish().is_err(), "b missing");
+        assert!(!out.exists() && !partial_path(&out).exists());
+        let w = StreamWriter::create(&out, &[], &specs()).unwrap();
+        drop(w);
+        assert!(!out.exists() && !partial_path(&out).exists());
+    }
 }

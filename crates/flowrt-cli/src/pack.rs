@@ -1,0 +1,463 @@
+//! `flowrt pack`: write a model as a GGUF file of a chosen type, then gate it against its
+//! source (teacher-forced KL and top-1 on a built-in prompt set).
+//!
+//! The file is written by [`flowrt_gguf::write::StreamWriter`] one tensor at a time (each
+//! source row dequantised to f32 and requantised), as `OUT.partial`, renamed to OUT when
+//! complete; on any error, or when the gate refuses, nothing is left at OUT.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use flowrt_dtype::GgmlType;
+use flowrt_engine::{EngineOptions, KvPrecision, LoadedModel, ProcMemory, Session};
+use flowrt_gguf::write::{partial_path, StreamWriter, TensorSpec};
+use flowrt_gguf::{GgufFile, Value};
+use flowrt_kernels::Kernels;
+
+#[path = "pack_hf.rs"]
+mod hf;
+
+const MIX_HELP: &str = "\
+Per-tensor mix: 1-D tensors (norms, biases) stay F32. F32, F16, BF16, Q8_0: every matrix in \
+TYPE. Q4_0, Q4_1: token_embd and output Q8_0, the rest TYPE. Q4_K (Q4_K_M-like): token_embd, \
+output, attn_v and ffn_down Q6_K, the rest Q4_K. Q5_K (Q5_K_M-like): the same in Q6_K, the \
+rest Q5_K. Q6_K: every matrix Q6_K. A matrix whose row length is not a multiple of its \
+type's block (32, or 256 for K types) falls back to Q8_0 (rows a multiple of 32) or F16, \
+and the report lists it.
+
+Gate defaults (mean KL(source ‖ pack) at most / top-1 agreement at least): \
+F32 1e-6/0.99, F16 1e-3/0.95, BF16 1e-2/0.90, Q8_0 1e-2/0.90, Q6_K 2e-2/0.85, \
+Q5_K 5e-2/0.80, Q4_K 0.1/0.75, Q4_1 0.2/0.70, Q4_0 0.2/0.70.
+
+Sources: a GGUF file (requantised; metadata, tokenizer and chat template copied), or a \
+Hugging Face checkpoint directory of the llama family (LlamaForCausalLM; f32, f16 or bf16 \
+safetensors; byte-level BPE tokenizer.json), written as llama.cpp's converter does (attn_q / \
+attn_k rows permuted per head, llama.* hyperparameters, gpt2 tokenizer metadata, chat \
+template). The gate runs the source as stored (an HF directory at its own precision).";
+
+#[derive(Args, Debug)]
+#[command(after_long_help = MIX_HELP)]
+pub struct PackArgs {
+    /// The source: a GGUF file to requantise, or a Hugging Face checkpoint directory.
+    pub source: PathBuf,
+    /// The GGUF file to write.
+    #[arg(short = 'o', long = "output")]
+    pub output: PathBuf,
+    /// Output type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (see the mix below,
+    /// `--help`).
+    #[arg(long)]
+    pub quant: String,
+    /// Refuse the pack when the mean KL(source ‖ pack) exceeds this (default: per type).
+    #[arg(long = "max-mean-kl")]
+    pub max_mean_kl: Option<f64>,
+    /// Refuse the pack when top-1 agreement (0..1) is below this (default: per type).
+    #[arg(long = "min-top1")]
+    pub min_top1: Option<f64>,
+    /// Skip the gate (the report says so).
+    #[arg(long = "no-gate")]
+    pub no_gate: bool,
+    /// More gate prompts: a text file, one prompt per line.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// `tokenizer.ggml.pre` to write for an HF source (default: recognised from
+    /// tokenizer.json's pre-tokenizer: gpt-2 or smollm).
+    #[arg(long)]
+    pub pre: Option<String>,
+    /// Threads for the gate's two models (default: physical cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+}
+
+/// The types `--quant` takes, with the gate's default (max mean KL, min top-1).
+const QUANTS: [(&str, GgmlType, f64, f64); 9] = [
+    ("F32", GgmlType::F32, 1e-6, 0.99),
+    ("F16", GgmlType::F16, 1e-3, 0.95),
+    ("BF16", GgmlType::BF16, 1e-2, 0.90),
+    ("Q8_0", GgmlType::Q8_0, 1e-2, 0.90),
+    ("Q6_K", GgmlType::Q6K, 2e-2, 0.85),
+    ("Q5_K", GgmlType::Q5K, 5e-2, 0.80),
+    ("Q4_K", GgmlType::Q4K, 0.1, 0.75),
+    ("Q4_1", GgmlType::Q4_1, 0.2, 0.70),
+    ("Q4_0", GgmlType::Q4_0, 0.2, 0.70),
+];
+
+fn parse_quant(s: &str) -> Result<(GgmlType, f64, f64)> {
+    let up = s.to_ascii_uppercase();
+    let up = up.strip_suffix("_M").unwrap_or(&up);
+    QUANTS
+        .iter()
+        .find(|q| q.0 == up)
+        .map(|q| (q.1, q.2, q.3))
+        .with_context(|| {
+            let names: Vec<_> = QUANTS.iter().map(|q| q.0).collect();
+            format!("--quant {s}: not a type pack writes ({})", names.join(", "))
+        })
+}
+
+/// The type `quant`'s mix gives tensor `name` of shape `dims`, and whether it is a fallback
+/// (the row length does not fit the chosen type's block).
+pub fn target_type(quant: GgmlType, name: &str, dims: &[u64]) -> (GgmlType, bool) {
+    use GgmlType::*;
+    if dims.len() <= 1 {
+        return (F32, false);
+    }
+    let base = name.rsplit('.').nth(1).unwrap_or("");
+    let embd_or_out = matches!(name, "token_embd.weight" | "output.weight");
+    let wanted = match quant {
+        Q4_0 | Q4_1 if embd_or_out => Q8_0,
+        Q4K | Q5K if embd_or_out || base == "attn_v" || base == "ffn_down" => Q6K,
+        q => q,
+    };
+    if dims[0].is_multiple_of(wanted.block_size()) {
+        (wanted, false)
+    } else if dims[0].is_multiple_of(32) && wanted != Q8_0 {
+        (Q8_0, true)
+    } else {
+        (F16, true)
+    }
+}
+
+pub fn pack(args: PackArgs) -> Result<ExitCode> {
+    let (quant, default_kl, default_top1) = parse_quant(&args.quant)?;
+    let max_kl = args.max_mean_kl.unwrap_or(default_kl);
+    let min_top1 = args.min_top1.unwrap_or(default_top1);
+    anyhow::ensure!(
+        max_kl.is_finite() && max_kl >= 0.0,
+        "--max-mean-kl must be a non-negative number"
+    );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&min_top1),
+        "--min-top1 is a fraction between 0 and 1"
+    );
+    let extra: Vec<String> = match &args.prompts {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("cannot read --prompts {}", p.display()))?
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect(),
+        None => Vec::new(),
+    };
+    anyhow::ensure!(
+        args.output != args.source,
+        "the output must not be the source"
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    remove_on_interrupt(
+        vec![partial_path(&args.output), args.output.clone()],
+        done.clone(),
+    );
+    let t0 = Instant::now();
+    let fallbacks = if args.source.is_dir() {
+        let hf = hf::HfSource::open(&args.source, args.pre.as_deref())?;
+        let (meta, tensors) = hf.plan()?;
+        write_pack(&tensors, meta, quant, &args.output, &|_| {})?
+    } else {
+        anyhow::ensure!(
+            args.source.exists(),
+            "cannot open source {}: no such file or directory",
+            args.source.display()
+        );
+        let src = GgufFile::open(&args.source)
+            .with_context(|| format!("cannot open source {}", args.source.display()))?;
+        let tensors: Vec<SrcTensor<'_>> = src
+            .tensors()
+            .iter()
+            .map(|t| SrcTensor {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ty: Ok(t.ggml_type),
+                data: src.tensor_data(t),
+                permute_heads: None,
+                file_offset: (src.data_offset() + t.offset) as usize,
+            })
+            .collect();
+        let meta = src.metadata().to_vec();
+        write_pack(&tensors, meta, quant, &args.output, &|t: &SrcTensor<'_>| {
+            src.release(t.file_offset, t.data.len())
+        })?
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let size = std::fs::metadata(&args.output)
+        .map(|m| m.len())
+        .unwrap_or(0);
+    println!(
+        "packed:    {} -> {} ({}, {:.1} MiB, {:.1}s)",
+        args.source.display(),
+        args.output.display(),
+        quant,
+        size as f64 / (1 << 20) as f64,
+        secs
+    );
+    for (name, ty) in &fallbacks {
+        println!("fallback:  {name}: row length does not fit the block, written as {ty}");
+    }
+    if let Some(peak) = ProcMemory::now().peak_rss_bytes {
+        println!("peak RSS:  {:.1} MiB", peak as f64 / (1 << 20) as f64);
+    }
+    if args.no_gate {
+        done.store(true, Ordering::SeqCst);
+        println!("gate:      skipped (--no-gate)");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let result = gate(&args, &extra);
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&args.output);
+            return Err(e.context("the gate could not run; the output was removed"));
+        }
+    };
+    println!(
+        "gate:      {} positions, top-1 {:.2}%, mean KL {:.3e}, max KL {:.3e} (bounds: mean KL <= {:.1e}, top-1 >= {:.2}%)",
+        report.positions,
+        report.top1_agreement * 100.0,
+        report.mean_kl,
+        report.max_kl,
+        max_kl,
+        min_top1 * 100.0
+    );
+    let mut failures = Vec::new();
+    if report.mean_kl.is_nan() || report.mean_kl > max_kl {
+        failures.push(format!(
+            "mean KL {:.3e} exceeds {max_kl:.3e}",
+            report.mean_kl
+        ));
+    }
+    if report.top1_agreement.is_nan() || report.top1_agreement < min_top1 {
+        failures.push(format!(
+            "top-1 agreement {:.4} is below {min_top1:.4}",
+            report.top1_agreement
+        ));
+    }
+    if failures.is_empty() {
+        done.store(true, Ordering::SeqCst);
+        println!("gate:      passed");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        let _ = std::fs::remove_file(&args.output);
+        for f in &failures {
+            eprintln!("pack refused: {f}");
+        }
+        eprintln!("pack refused: {} removed", args.output.display());
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// On Ctrl-C before the pack is done (written and gated), removes `paths` (the partial file,
+/// the output) and exits with 130.
+fn remove_on_interrupt(paths: Vec<PathBuf>, done: Arc<AtomicBool>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            let _ = tx.send(());
+            return;
+        };
+        rt.block_on(async {
+            let signal = tokio::signal::ctrl_c();
+            tokio::pin!(signal);
+            // Poll once so the handler is installed before pack starts writing.
+            tokio::select! {
+                biased;
+                _ = &mut signal => {}
+                _ = async {
+                    let _ = tx.send(());
+                    std::future::pending::<()>().await
+                } => {}
+            }
+        });
+        if !done.load(Ordering::SeqCst) {
+            for p in &paths {
+                let _ = std::fs::remove_file(p);
+            }
+            eprintln!("interrupted: nothing was written");
+        }
+        std::process::exit(130);
+    });
+    let _ = rx.recv();
+}
+
+/// One source tensor, in GGUF terms.
+pub(crate) struct SrcTensor<'a> {
+    /// GGUF name.
+    pub name: String,
+    /// GGUF dims (`dims[0]` contiguous).
+    pub dims: Vec<u64>,
+    /// Stored type, or the name of one pack cannot read.
+    pub ty: Result<GgmlType, String>,
+    /// Stored bytes.
+    pub data: &'a [u8],
+    /// `Some(n_head)`: permute rows per head from HF's rotate-half order to GGUF llama's
+    /// adjacent pairs, as llama.cpp's converter does for attn_q / attn_k.
+    pub permute_heads: Option<usize>,
+    /// Where `data` starts in its file (for releasing pages once written).
+    pub file_offset: usize,
+}
+
+/// The source row that lands at row `r` after the per-head rotate-half -> pairs permutation.
+pub(crate) fn permuted_row(r: usize, rows: usize, n_head: usize) -> usize {
+    let hd = rows / n_head;
+    let (h, within) = (r / hd, r % hd);
+    let (i, j) = (within / 2, within % 2);
+    h * hd + j * (hd / 2) + i
+}
+
+/// Writes `tensors` converted to `quant`'s mix at `out`, with `meta` (its file type and
+/// quantisation version replaced). Returns the tensors that fell back.
+fn write_pack(
+    tensors: &[SrcTensor<'_>],
+    meta: Vec<(String, Value)>,
+    quant: GgmlType,
+    out: &Path,
+    release: &dyn Fn(&SrcTensor<'_>),
+) -> Result<Vec<(String, GgmlType)>> {
+    let mut specs = Vec::new();
+    let mut fallbacks = Vec::new();
+    for t in tensors {
+        let ty = match &t.ty {
+            Ok(ty) if Kernels::supports_conversion(*ty) => *ty,
+            Ok(ty) => bail!("tensor `{}`: pack cannot read type {ty}", t.name),
+            Err(name) => bail!("tensor `{}`: pack cannot read dtype {name}", t.name),
+        };
+        let n = t.dims.first().copied().unwrap_or(1);
+        anyhow::ensure!(
+            n.is_multiple_of(ty.block_size()),
+            "tensor `{}`: row of {n} values does not fit {ty}",
+            t.name
+        );
+        let (target, fell_back) = target_type(quant, &t.name, &t.dims);
+        if fell_back {
+            fallbacks.push((t.name.clone(), target));
+        }
+        specs.push(TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: target,
+        });
+    }
+    let mut meta: Vec<(String, Value)> = meta
+        .into_iter()
+        .filter(|(k, _)| k != "general.file_type" && k != "general.quantization_version")
+        .collect();
+    meta.push(("general.file_type".into(), Value::U32(file_type(quant))));
+    meta.push(("general.quantization_version".into(), Value::U32(2)));
+    let partial = partial_path(out);
+    let mut w = StreamWriter::create(out, &meta, &specs)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
+    let bar = indicatif::ProgressBar::new(specs.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} tensors {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let k = Kernels::detect();
+    for (t, spec) in tensors.iter().zip(&specs) {
+        bar.set_message(t.name.clone());
+        let src_ty = *t.ty.as_ref().expect("checked above");
+        let n = t.dims.first().copied().unwrap_or(1) as usize;
+        let elements: u64 = t.dims.iter().product();
+        let rows = elements as usize / n.max(1);
+        let in_row = flowrt_kernels::row_size(src_ty, n);
+        let out_row = flowrt_kernels::row_size(spec.ty, n);
+        anyhow::ensure!(
+            t.data.len() == rows * in_row,
+            "tensor `{}`: {} bytes stored, its shape needs {}",
+            t.name,
+            t.data.len(),
+            rows * in_row
+        );
+        let mut buf = vec![0u8; rows * out_row];
+        let mut f = vec![0f32; n];
+        for r in 0..rows {
+            let sr = match t.permute_heads {
+                Some(h) => permuted_row(r, rows, h),
+                None => r,
+            };
+            k.dequantize_row(src_ty, &t.data[sr * in_row..(sr + 1) * in_row], &mut f);
+            k.quantize_row(spec.ty, &f, &mut buf[r * out_row..(r + 1) * out_row]);
+        }
+        w.write_tensor(&t.name, &buf)
+            .with_context(|| format!("cannot write {}", partial.display()))?;
+        release(t);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    w.finish()
+        .with_context(|| format!("cannot finish {}", out.display()))?;
+    Ok(fallbacks)
+}
+
+/// `general.file_type` as llama.cpp numbers it (`LLAMA_FTYPE_*`).
+fn file_type(quant: GgmlType) -> u32 {
+    use GgmlType::*;
+    match quant {
+        F32 => 0,
+        F16 => 1,
+        Q4_0 => 2,
+        Q4_1 => 3,
+        Q8_0 => 7,
+        Q4K => 15, // Q4_K_M
+        Q5K => 17, // Q5_K_M
+        Q6K => 18,
+        BF16 => 32,
+        _ => 0,
+    }
+}
+
+/// Loads the source (as stored) and the pack and compares them teacher-forced.
+fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport> {
+    let reference = LoadedModel::load(&args.source)
+        .with_context(|| format!("cannot load source {}", args.source.display()))?;
+    let packed = LoadedModel::load(&args.output)
+        .with_context(|| format!("cannot load pack {}", args.output.display()))?;
+    let opts = EngineOptions {
+        threads: args.threads.unwrap_or(0),
+        kv: KvPrecision::F32,
+        n_ctx: Some(reference.model_ctx().min(512)),
+        ..Default::default()
+    };
+    let prompts =
+        flowrt_engine::builtin_prompts(&reference.tokenizer, reference.template.as_ref(), extra)?;
+    let mut rs = Session::new(&reference, &opts)?;
+    let mut ps = Session::new(&packed, &opts)?;
+    Ok(flowrt_engine::compare_models(&mut rs, &mut ps, &prompts)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qk_permutation_matches_llama_cpp() {
+        // numpy: w.reshape(n_head, 2, hd / 2).swapaxes(1, 2).reshape(rows)
+        let got: Vec<usize> = (0..8).map(|r| permuted_row(r, 8, 2)).collect();
+        assert_eq!(got, [0, 2, 1, 3, 4, 6, 5, 7]);
+        let got: Vec<usize> = (0..8).map(|r| permuted_row(r, 8, 1)).collect();
+        assert_eq!(got, [0, 4, 1, 5, 2, 6, 3, 7]);
+    }
+
+    #[test]
+    fn the_mix_and_its_fallbacks() {
+        use GgmlType::*;
+        let m = |q, name, dims: &[u64]| target_type(q, name, dims);
+        assert_eq!(m(Q4K, "blk.0.attn_norm.weight", &[512]), (F32, false));
+        assert_eq!(m(Q4K, "blk.0.attn_v.weight", &[512, 64]), (Q6K, false));
+        assert_eq!(m(Q4K, "blk.0.ffn_down.weight", &[512, 64]), (Q6K, false));
+        assert_eq!(m(Q4K, "blk.0.attn_q.weight", &[512, 512]), (Q4K, false));
+        assert_eq!(m(Q4K, "output.weight", &[512, 9]), (Q6K, false));
+        assert_eq!(m(Q5K, "blk.3.ffn_up.weight", &[512, 64]), (Q5K, false));
+        assert_eq!(m(Q4_0, "token_embd.weight", &[64, 9]), (Q8_0, false));
+        assert_eq!(m(Q4_1, "blk.0.ffn_up.weight", &[64, 9]), (Q4_1, false));
+        // 576 is no multiple of 256 (SmolLM2's width): Q8_0; 40 is no multiple of 32: F16.
+        assert_eq!(m(Q4K, "blk.0.attn_q.weight", &[576, 576]), (Q8_0, true));
+        assert_eq!(m(Q4_0, "blk.0.attn_q.weight", &[40, 40]), (F16, true));
+        assert_eq!(m(F16, "blk.0.attn_q.weight", &[40, 40]), (F16, false));
+    }
+}

@@ -1,0 +1,293 @@
+//! `flowrt lint` on the port shims of issue 15 (tests/fixtures/shims/, made by
+//! scripts/make_port_shims.py from the tiny family fixtures) and on honest models: each shim
+//! is flagged with the right explanation and its measured cost, honest models are clean, and
+//! bad input is an error with exit code 2.
+//!
+//! The SmolLM2 test needs `FLOWRT_SMOLLM2_GGUF` (scripts/test sets it).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn fixture(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(rel)
+}
+
+/// `flowrt lint --json ARGS`: exit code, parsed report (Null when stdout is not JSON), stderr.
+fn lint(args: &[&Path]) -> (i32, Value, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .env("FLOWRT_LOG", "off")
+        .arg("lint")
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let json = serde_json::from_str(&out).unwrap_or(Value::Null);
+    (
+        o.status.code().unwrap_or(-1),
+        json,
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn lint_source(model: &Path, source: &Path) -> (i32, Value, String) {
+    lint(&[model, Path::new("--source"), source])
+}
+
+fn findings(r: &Value) -> Vec<Value> {
+    r["findings"].as_array().cloned().unwrap_or_default()
+}
+
+fn find<'a>(fs: &'a [Value], check: &str) -> &'a Value {
+    fs.iter()
+        .find(|f| f["check"] == check)
+        .unwrap_or_else(|| panic!("no `{check}` finding in {fs:#?}"))
+}
+
+fn checks(fs: &[Value]) -> Vec<String> {
+    fs.iter()
+        .map(|f| f["check"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn qwen3_relabel_shim_is_flagged_with_its_measured_kl() {
+    let shim = fixture("shims/qwen3-relabel");
+    let (code, r, err) = lint(&[&shim]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    let f = find(&fs, "injected-qk-norm");
+    let msg = f["message"].as_str().unwrap();
+    assert!(
+        msg.contains("constant 1") && msg.contains("not an identity"),
+        "{msg}"
+    );
+    let kl = f["measured"]["with_vs_without_qk_norm"]["mean_kl"]
+        .as_f64()
+        .unwrap();
+    let top1 = f["measured"]["with_vs_without_qk_norm"]["top1_agreement"]
+        .as_f64()
+        .unwrap();
+    assert!(kl > 1e-3, "the injected norm changes the output: KL {kl}");
+    assert!(top1 < 1.0, "top-1 {top1}");
+    assert!(f["cost"].as_str().unwrap().contains("mean KL"));
+    let label = find(&fs, "arch-label")["message"].as_str().unwrap();
+    assert!(
+        label.contains("qwen3") && label.contains("relabelled"),
+        "{label}"
+    );
+
+    // Against the Llama it came from: the source has no QK-norm, and running the shim without
+    // its QK-norm is exactly the source (same KL against both).
+    let src = fixture("families/llama-untied");
+    let (code, r, err) = lint_source(&shim, &src);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    let f = find(&fs, "injected-qk-norm");
+    assert!(f["message"].as_str().unwrap().contains("has no QK-norm"));
+    let vs_source = f["measured"]["source_vs_model"]["mean_kl"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (vs_source - kl).abs() <= 1e-6 * kl.max(1e-12),
+        "KL against the source {vs_source} vs with/without QK-norm {kl}"
+    );
+    let cfg = find(&fs, "config-mismatch")["message"].as_str().unwrap();
+    assert!(cfg.contains("family `qwen3` (source `llama`)"), "{cfg}");
+}
+
+#[test]
+fn kv_replicated_shim_reports_true_heads_and_wasted_cache() {
+    let shim = fixture("shims/kv-replicated");
+    let (code, r, err) = lint(&[&shim]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["replicated-kv-heads"], "{fs:#?}");
+    let f = find(&fs, "replicated-kv-heads");
+    let m = &f["measured"];
+    assert_eq!(m["stored_kv_heads"], 8);
+    assert_eq!(m["true_kv_heads"], 2);
+    // 6 extra heads x head_dim 8 x 3 layers x (K, V) x 2 bytes (f16) x 128 positions.
+    assert_eq!(m["wasted_kv_cache_bytes"], 6 * 8 * 3 * 2 * 2 * 128);
+    assert_eq!(m["kv_cache_bytes"], 8 * 8 * 3 * 2 * 2 * 128);
+    assert!(f["message"].as_str().unwrap().contains("2 true KV heads"));
+    assert!(f["cost"].as_str().unwrap().contains("75%"));
+
+    let (code, r, _) = lint_source(&shim, &fixture("families/llama-untied"));
+    assert_eq!(code, 1);
+    let cfg = find(&findings(&r), "config-mismatch")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(cfg.contains("num_key_value_heads 8 (source 2)"), "{cfg}");
+}
+
+#[test]
+fn tied_duplicated_shim_is_flagged() {
+    let (code, r, err) = lint(&[&fixture("shims/tied-duplicated")]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["duplicated-tied-embeddings"], "{fs:#?}");
+    let f = find(&fs, "duplicated-tied-embeddings");
+    assert!(f["message"].as_str().unwrap().contains("stored twice"));
+    // 320 x 64 f32.
+    assert!(f["cost"].as_str().unwrap().starts_with("80.0 KiB"), "{f:#}");
+}
+
+#[test]
+fn honest_fixtures_are_clean() {
+    let fam = fixture("families");
+    let mut n = 0;
+    for e in std::fs::read_dir(&fam).unwrap() {
+        let dir = e.unwrap().path();
+        if !dir.join("config.json").exists() {
+            continue;
+        }
+        let (code, r, err) = lint(&[&dir]);
+        assert_eq!(code, 0, "{}: {r:#}\n{err}", dir.display());
+        assert!(findings(&r).is_empty());
+        // Against itself as the source too (tokenizer, template, BOS/EOS, RoPE, config).
+        let (code, r, err) = lint_source(&dir, &dir);
+        assert_eq!(code, 0, "{} vs itself: {r:#}\n{err}", dir.display());
+        n += 1;
+    }
+    assert!(n >= 9, "{n} family fixtures");
+    // GGUF conversions of an HF source (llama GGUFs store Q/K permuted for adjacent pairing).
+    let src = fam.join("llama-untied");
+    for f in ["model-f32.gguf", "model-q4_1.gguf"] {
+        let (code, r, err) = lint_source(&src.join(f), &src);
+        assert_eq!(code, 0, "{f}: {r:#}\n{err}");
+    }
+}
+
+#[test]
+fn smollm2_is_clean() {
+    let p = PathBuf::from(std::env::var_os("FLOWRT_SMOLLM2_GGUF").expect(
+        "FLOWRT_SMOLLM2_GGUF is not set: run scripts/test, or `flowrt pull smollm2:135m` and set it to the printed path",
+    ));
+    let (code, r, err) = lint(&[&p]);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    let (code, r, err) = lint_source(&p, &p);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+}
+
+#[test]
+fn source_disagreements_are_flagged() {
+    // The source's generation_config.json names another EOS, and its chat template differs.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("families/llama-untied");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        let name = f.file_name().unwrap();
+        if name.to_str().unwrap().ends_with(".gguf") {
+            continue;
+        }
+        std::fs::copy(&f, tmp.path().join(name)).unwrap();
+    }
+    std::fs::write(
+        tmp.path().join("generation_config.json"),
+        r#"{"bos_token_id": 0, "eos_token_id": [5, 6]}"#,
+    )
+    .unwrap();
+    let tc = tmp.path().join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&tc).unwrap()).unwrap();
+    cfg["chat_template"] = Value::from("{% for m in messages %}[{{ m.content }}]{% endfor %}");
+    std::fs::write(&tc, cfg.to_string()).unwrap();
+    let (code, r, err) = lint_source(&src, tmp.path());
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    let s = find(&fs, "special-tokens")["message"].as_str().unwrap();
+    assert!(s.contains("eos_token_id [5, 6]"), "{s}");
+    find(&fs, "chat-template");
+}
+
+#[test]
+fn label_without_its_tensors_is_a_finding() {
+    // A Llama labelled qwen3 without even injecting the norms: the tensors contradict the label.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("families/llama-untied");
+    for name in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(name), tmp.path().join(name)).unwrap();
+    }
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["model_type"] = Value::from("qwen3");
+    std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
+    let (code, r, err) = lint(&[tmp.path()]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let f = find(&findings(&r), "arch-label")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(f.contains("q_norm"), "{f}");
+}
+
+#[test]
+fn bad_input_is_an_error_with_exit_2() {
+    let (code, r, err) = lint(&[Path::new("/nonexistent/model.gguf")]);
+    assert_eq!(code, 2, "{r:#}\n{err}");
+    assert!(err.contains("no such file or directory"), "{err}");
+    assert!(r["error"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/model.gguf"));
+    // A missing source.
+    let (code, _, err) = lint_source(
+        &fixture("families/llama-tied"),
+        Path::new("/nonexistent/src"),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("source /nonexistent/src"), "{err}");
+    // A file that is not a model.
+    let (code, _, err) = lint(&[&fixture("families/README.md")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot load model"), "{err}");
+}
+
+/// The byte range of tensor `name` in a safetensors file.
+fn tensor_range(bytes: &[u8], name: &str) -> std::ops::Range<usize> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let off = &header[name]["data_offsets"];
+    let (a, b) = (off[0].as_u64().unwrap(), off[1].as_u64().unwrap());
+    8 + n + a as usize..8 + n + b as usize
+}
+
+#[test]
+fn non_finite_and_denormal_tensors_are_flagged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture("families/llama-untied");
+    for name in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(name), tmp.path().join(name)).unwrap();
+    }
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    // One NaN in a norm, and a fifth of a matrix subnormal.
+    let norm = tensor_range(&bytes, "model.layers.0.input_layernorm.weight");
+    bytes[norm.start + 12..norm.start + 16].copy_from_slice(&f32::NAN.to_le_bytes());
+    let down = tensor_range(&bytes, "model.layers.1.mlp.down_proj.weight");
+    let n = (down.end - down.start) / 4 / 5;
+    for i in 0..n {
+        let v = 1e-40f32 * (i + 1) as f32 / n as f32;
+        bytes[down.start + 4 * i..down.start + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(tmp.path().join("model.safetensors"), bytes).unwrap();
+    let (code, r, err) = lint(&[tmp.path()]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["non-finite", "denormal-heavy"], "{fs:#?}");
+    let nf = find(&fs, "non-finite")["message"].as_str().unwrap();
+    assert!(nf.contains("layer 0 attn_norm: 1 NaN/Inf of 64"), "{nf}");
+    let dn = find(&fs, "denormal-heavy")["message"].as_str().unwrap();
+    assert!(
+        dn.contains("model.layers.1.mlp.down_proj.weight: 20.0% subnormal"),
+        "{dn}"
+    );
+}

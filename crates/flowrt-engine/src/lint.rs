@@ -1,0 +1,800 @@
+//! Checks for what goes wrong in model ports (issue 15): each [`Finding`] says what is wrong
+//! and what it costs, measured where it can be.
+//!
+//! - `constant-norm` / `injected-qk-norm`: norm weights that are one constant (QK-norm
+//!   especially: RMSNorm with γ = 1 still normalises Q and K, so an injected "identity" norm
+//!   changes the output). The KL it causes is measured by running the model teacher-forced on
+//!   built-in prompts with and without its QK-norm (the family's `qk_norm` switched off in a
+//!   copy of its [`flowrt_model::ArchSpec`]).
+//! - `replicated-kv-heads`: contiguous groups of K/V heads (head_dim rows of the K and V
+//!   projections) identical in every layer: the true KV-head count and the KV cache wasted.
+//! - `arch-label`: a family label the tensors contradict (QK-norm all ones without biases: a
+//!   Llama stored as Qwen3; Q/K/V biases all zero); `rope-mismatch` and `config-mismatch`
+//!   against `--source`; `duplicated-tied-embeddings`.
+//! - `tokenizer-mismatch`, `chat-template`, `special-tokens` against `--source`.
+//! - `non-finite` / `denormal-heavy` tensors (norms and float matrices).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use flowrt_dtype::GgmlType;
+use flowrt_model::{ArchSpec, Model, Plan, WeightMatrix};
+use half::{bf16, f16};
+use serde::Serialize;
+
+use crate::error::EngineError;
+use crate::load::{EngineOptions, LoadedModel};
+use crate::session::Session;
+
+/// One problem found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    /// Which check found it (`injected-qk-norm`, `replicated-kv-heads`, ...).
+    pub check: String,
+    /// What is wrong.
+    pub message: String,
+    /// What it costs (memory, accuracy), measured where it can be.
+    pub cost: String,
+    /// Measured figures, when there are any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<serde_json::Value>,
+}
+
+/// Everything `lint` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct LintReport {
+    pub model: String,
+    pub arch: String,
+    pub source: Option<String>,
+    pub findings: Vec<Finding>,
+    /// What was checked, for the record.
+    pub checks: Vec<String>,
+}
+
+/// Teacher-forced agreement of two runs.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Agreement {
+    pub positions: usize,
+    pub mean_kl: f64,
+    pub max_kl: f64,
+    pub top1_agreement: f64,
+}
+
+/// Text the tokenizers are compared on (with `--source`).
+pub const TOKENIZER_CORPUS: &[&str] = &[
+    "Hello, world! How are you today?",
+    "The quick brown fox jumps over the lazy dog.",
+    "    indented code: fn main() { println!(\"hi\"); }",
+    "Numbers 1234567890 and 3.14159, dates 2026-12-01.",
+    "Ünïcödé: naïve café, 日本語のテキスト, emoji 🙂👍",
+    "  multiple   spaces\tand\ttabs\nnew lines\n\n",
+    "<|im_start|>user\nspecial-looking text<|im_end|>",
+];
+
+/// Most tokens of one measured prompt.
+const MAX_PROMPT_TOKENS: usize = 64;
+
+fn finding(check: &str, message: String, cost: String) -> Finding {
+    Finding {
+        check: check.into(),
+        message,
+        cost,
+        measured: None,
+    }
+}
+
+/// Run every check on `model` (and against `source` when given; `source_dir` is where its
+/// `generation_config.json` is looked for).
+pub fn lint(
+    model: &LoadedModel,
+    source: Option<&LoadedModel>,
+    source_dir: Option<&Path>,
+) -> Result<LintReport, EngineError> {
+    let m = &model.model;
+    let c = &m.config;
+    let mut findings = Vec::new();
+    let mut checks = vec![
+        "norms".to_string(),
+        "kv-heads".into(),
+        "arch-label".into(),
+        "tied-embeddings".into(),
+        "non-finite".into(),
+    ];
+
+    // 1. Constant norms.
+    let qk_constant = c.arch.qk_norm
+        && !m.layers.is_empty()
+        && m.layers.iter().all(|l| {
+            [&l.q_norm, &l.k_norm]
+                .iter()
+                .all(|n| n.as_deref().is_some_and(|v| constant(v).is_some()))
+        });
+    let qk_ones = qk_constant
+        && m.layers.iter().all(|l| {
+            [&l.q_norm, &l.k_norm]
+                .iter()
+                .all(|n| n.as_deref().and_then(constant) == Some(1.0))
+        });
+    if qk_constant {
+        let value = m.layers[0]
+            .q_norm
+            .as_deref()
+            .and_then(constant)
+            .unwrap_or(0.0);
+        let mut f = finding(
+            "injected-qk-norm",
+            format!(
+                "every q_norm/k_norm weight of all {} layers is the constant {value}: QK-norm that was never trained (injected). RMSNorm with a constant γ still normalises each Q and K head, so it is not an identity{}",
+                m.layers.len(),
+                match source {
+                    Some(s) if !s.model.config.arch.qk_norm => format!(
+                        "; the source's family `{}` has no QK-norm, so this is an injected-norm shim",
+                        s.model.config.arch.name
+                    ),
+                    _ => String::new(),
+                }
+            ),
+            String::new(),
+        );
+        let without = without_qk_norm(model)?;
+        let a = agreement(&without, model)?;
+        let mut measured = serde_json::json!({ "with_vs_without_qk_norm": a });
+        f.cost = format!(
+            "changes the output: mean KL {:.4e} (max {:.4e}), top-1 agreement {:.1}% over {} positions, with vs without the QK-norm",
+            a.mean_kl,
+            a.max_kl,
+            a.top1_agreement * 100.0,
+            a.positions
+        );
+        if let Some(s) = source.filter(|s| same_vocab(model, s)) {
+            let a = agreement(s, model)?;
+            f.cost += &format!(
+                "; against the source: mean KL {:.4e}, top-1 {:.1}%",
+                a.mean_kl,
+                a.top1_agreement * 100.0
+            );
+            measured["source_vs_model"] = serde_json::to_value(a).unwrap_or_default();
+        }
+        f.measured = Some(measured);
+        findings.push(f);
+    }
+    let mut constant_norms = Vec::new();
+    let mut norm = |name: String, w: &[f32]| {
+        if w.len() > 1 {
+            if let Some(v) = constant(w) {
+                constant_norms.push(format!("{name} = {v}"));
+            }
+        }
+    };
+    norm("output_norm".into(), &m.output_norm);
+    for (i, l) in m.layers.iter().enumerate() {
+        norm(format!("layer {i} attn_norm"), &l.attn_norm);
+        norm(format!("layer {i} ffn_norm"), &l.ffn_norm);
+        for (n, w) in [
+            ("attn_post_norm", &l.attn_post_norm),
+            ("ffn_post_norm", &l.ffn_post_norm),
+        ] {
+            if let Some(w) = w {
+                norm(format!("layer {i} {n}"), w);
+            }
+        }
+        if !qk_constant {
+            for (n, w) in [("q_norm", &l.q_norm), ("k_norm", &l.k_norm)] {
+                if let Some(w) = w {
+                    norm(format!("layer {i} {n}"), w);
+                }
+            }
+        }
+    }
+    if !constant_norms.is_empty() {
+        findings.push(finding(
+            "constant-norm",
+            format!(
+                "{} norm weight vector(s) hold one constant (untrained or injected): {}",
+                constant_norms.len(),
+                abbreviate(&constant_norms)
+            ),
+            "a trained model's norms are never constant; the weights were likely replaced or never converted".into(),
+        ));
+    }
+
+    // 2. Replicated KV heads.
+    if let Some(r) = kv_replication(m) {
+        let true_kv = c.num_key_value_heads / r;
+        let per_head_token = 2 * c.head_dim * c.num_hidden_layers * 2; // K and V, f16
+        let wasted = (c.num_key_value_heads - true_kv) as u64
+            * per_head_token as u64
+            * c.max_position_embeddings as u64;
+        let total =
+            c.num_key_value_heads as u64 * per_head_token as u64 * c.max_position_embeddings as u64;
+        let mut f = finding(
+            "replicated-kv-heads",
+            format!(
+                "the K and V projections hold {} KV heads, but each run of {r} adjacent heads is identical in every layer: the model has {true_kv} true KV heads ({} query heads per KV head, not {})",
+                c.num_key_value_heads,
+                c.num_attention_heads / true_kv,
+                c.num_attention_heads / c.num_key_value_heads
+            ),
+            format!(
+                "KV cache {} per sequence at the context length {} (f16) where {} would do: {} wasted ({:.0}%); K/V projection work ×{r}",
+                human(total),
+                c.max_position_embeddings,
+                human(total - wasted),
+                human(wasted),
+                wasted as f64 * 100.0 / total as f64
+            ),
+        );
+        f.measured = Some(serde_json::json!({
+            "stored_kv_heads": c.num_key_value_heads,
+            "true_kv_heads": true_kv,
+            "kv_cache_bytes": total,
+            "wasted_kv_cache_bytes": wasted,
+            "context_length": c.max_position_embeddings,
+        }));
+        findings.push(f);
+    }
+
+    // 3. Architecture label vs tensors.
+    if qk_ones && !c.arch.qkv_bias {
+        findings.push(finding(
+            "arch-label",
+            format!(
+                "labelled `{}`, but its QK-norm is all ones and it has no Q/K/V biases: a Llama-style model relabelled (the label routes it to a family whose forward pass differs)",
+                c.arch.name
+            ),
+            "the label's forward pass (QK-norm) runs on weights trained without it; see injected-qk-norm for the measured cost".into(),
+        ));
+    }
+    if c.arch.qkv_bias
+        && !m.layers.is_empty()
+        && m.layers.iter().all(|l| {
+            [&l.bq, &l.bk, &l.bv]
+                .iter()
+                .all(|b| b.as_deref().is_none_or(|v| v.iter().all(|&x| x == 0.0)))
+        })
+    {
+        findings.push(finding(
+            "arch-label",
+            format!(
+                "labelled `{}`, whose family has Q/K/V biases, but every bias is zero: likely a model without biases relabelled",
+                c.arch.name
+            ),
+            "no numeric change (zero biases), but the label misstates the model".into(),
+        ));
+    }
+    if !m.tied_embeddings
+        && m.output.dtype == m.token_embd.dtype
+        && m.output.rows == m.token_embd.rows
+        && m.output.bytes() == m.token_embd.bytes()
+    {
+        let bytes = m.output.bytes().len() as u64;
+        findings.push(finding(
+            "duplicated-tied-embeddings",
+            format!(
+                "the output projection `{}` is byte-identical to the token embeddings `{}`: tied embeddings stored twice",
+                m.output.name, m.token_embd.name
+            ),
+            format!("{} of weights stored (and read per token) twice", human(bytes)),
+        ));
+    }
+
+    // 5. Non-finite and denormal-heavy tensors.
+    let mut bad = Vec::new();
+    let mut scan = |name: &str, s: Scan| {
+        if s.non_finite > 0 {
+            bad.push((
+                "non-finite",
+                format!("{name}: {} NaN/Inf of {}", s.non_finite, s.n),
+            ));
+        } else if s.n > 0 && s.subnormal as f64 > 0.01 * s.n as f64 {
+            bad.push((
+                "denormal-heavy",
+                format!(
+                    "{name}: {:.1}% subnormal values",
+                    s.subnormal as f64 * 100.0 / s.n as f64
+                ),
+            ));
+        }
+    };
+    scan("output_norm", scan_f32(&m.output_norm));
+    for (i, l) in m.layers.iter().enumerate() {
+        let norms = [
+            ("attn_norm", Some(&l.attn_norm)),
+            ("ffn_norm", Some(&l.ffn_norm)),
+            ("q_norm", l.q_norm.as_ref()),
+            ("k_norm", l.k_norm.as_ref()),
+            ("attn_post_norm", l.attn_post_norm.as_ref()),
+            ("ffn_post_norm", l.ffn_post_norm.as_ref()),
+            ("bq", l.bq.as_ref()),
+            ("bk", l.bk.as_ref()),
+            ("bv", l.bv.as_ref()),
+        ];
+        for (n, w) in norms {
+            if let Some(w) = w {
+                scan(&format!("layer {i} {n}"), scan_f32(w));
+            }
+        }
+        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+            if let Some(s) = scan_matrix(w) {
+                scan(&w.name, s);
+            }
+        }
+    }
+    for w in [&m.token_embd, &m.output] {
+        if let Some(s) = scan_matrix(w) {
+            scan(&w.name, s);
+        }
+    }
+    for kind in ["non-finite", "denormal-heavy"] {
+        let list: Vec<String> = bad
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, s)| s.clone())
+            .collect();
+        if !list.is_empty() {
+            findings.push(finding(
+                kind,
+                format!("{} tensor(s): {}", list.len(), abbreviate(&list)),
+                if kind == "non-finite" {
+                    "NaN/Inf weights poison every activation they touch: outputs become NaN".into()
+                } else {
+                    "subnormal arithmetic is slow on many CPUs and suggests broken scaling".into()
+                },
+            ));
+        }
+    }
+
+    // 3 and 4 against the source.
+    if let Some(s) = source {
+        checks.extend(
+            [
+                "rope",
+                "config",
+                "tokenizer",
+                "chat-template",
+                "special-tokens",
+            ]
+            .map(String::from),
+        );
+        findings.extend(against_source(model, s, source_dir)?);
+    }
+
+    Ok(LintReport {
+        model: model.path.display().to_string(),
+        arch: c.arch.name.to_string(),
+        source: source.map(|s| s.path.display().to_string()),
+        findings,
+        checks,
+    })
+}
+
+fn against_source(
+    model: &LoadedModel,
+    source: &LoadedModel,
+    source_dir: Option<&Path>,
+) -> Result<Vec<Finding>, EngineError> {
+    let (c, sc) = (&model.model.config, &source.model.config);
+    let mut out = Vec::new();
+    // RoPE.
+    let mut rope = Vec::new();
+    if c.rope.theta != sc.rope.theta {
+        rope.push(format!("base {} (source {})", c.rope.theta, sc.rope.theta));
+    }
+    if c.rope.scaling != sc.rope.scaling {
+        rope.push(format!(
+            "scaling {:?} (source {:?})",
+            c.rope.scaling, sc.rope.scaling
+        ));
+    }
+    if c.rope_dim != sc.rope_dim {
+        rope.push(format!(
+            "rotated dimensions {} (source {})",
+            c.rope_dim, sc.rope_dim
+        ));
+    }
+    if c.arch.gguf_rope_pairing != sc.arch.gguf_rope_pairing
+        && model.model.format != source.model.format
+    {
+        // Only GGUF files store a family-specific pairing; HF directories are always half-split.
+        let gguf = if model.model.format == flowrt_model::ModelFormat::Gguf {
+            c
+        } else {
+            sc
+        };
+        let hf = if std::ptr::eq(gguf, c) { sc } else { c };
+        if gguf.arch.gguf_rope_pairing != hf.arch.gguf_rope_pairing {
+            rope.push(format!(
+                "the GGUF side's family `{}` stores {:?} pairing, the source family `{}` expects {:?}",
+                gguf.arch.name, gguf.arch.gguf_rope_pairing, hf.arch.name, hf.arch.gguf_rope_pairing
+            ));
+        }
+    }
+    if !rope.is_empty() {
+        out.push(finding(
+            "rope-mismatch",
+            format!("RoPE differs from the source: {}", rope.join("; ")),
+            "positions are encoded differently: attention breaks, growing with distance".into(),
+        ));
+    }
+    // Shape.
+    let mut cfg = Vec::new();
+    for (name, a, b) in [
+        ("hidden_size", c.hidden_size, sc.hidden_size),
+        (
+            "intermediate_size",
+            c.intermediate_size,
+            sc.intermediate_size,
+        ),
+        (
+            "num_hidden_layers",
+            c.num_hidden_layers,
+            sc.num_hidden_layers,
+        ),
+        (
+            "num_attention_heads",
+            c.num_attention_heads,
+            sc.num_attention_heads,
+        ),
+        ("head_dim", c.head_dim, sc.head_dim),
+        ("vocab_size", c.vocab_size, sc.vocab_size),
+        (
+            "max_position_embeddings",
+            c.max_position_embeddings,
+            sc.max_position_embeddings,
+        ),
+    ] {
+        if a != b {
+            cfg.push(format!("{name} {a} (source {b})"));
+        }
+    }
+    if c.arch.name != sc.arch.name {
+        cfg.push(format!(
+            "family `{}` (source `{}`)",
+            c.arch.name, sc.arch.name
+        ));
+    }
+    if c.num_key_value_heads != sc.num_key_value_heads {
+        cfg.push(format!(
+            "num_key_value_heads {} (source {})",
+            c.num_key_value_heads, sc.num_key_value_heads
+        ));
+    }
+    if (c.rms_norm_eps - sc.rms_norm_eps).abs() > 1e-3 * sc.rms_norm_eps {
+        cfg.push(format!(
+            "rms_norm_eps {} (source {})",
+            c.rms_norm_eps, sc.rms_norm_eps
+        ));
+    }
+    if !cfg.is_empty() {
+        out.push(finding(
+            "config-mismatch",
+            format!("the config differs from the source: {}", cfg.join("; ")),
+            "a different architecture or shape than the source's; see the other findings for what each costs".into(),
+        ));
+    }
+    // Tokenizer.
+    let mut diffs = Vec::new();
+    for text in TOKENIZER_CORPUS {
+        let a = model.tokenizer.encode(text, true, false)?;
+        let b = source.tokenizer.encode(text, true, false)?;
+        if a != b {
+            diffs.push(format!("{text:?}: {a:?} vs source {b:?}"));
+        }
+    }
+    if !diffs.is_empty() {
+        let mut f = finding(
+            "tokenizer-mismatch",
+            format!(
+                "{} of {} corpus texts tokenize differently from the source: {}",
+                diffs.len(),
+                TOKENIZER_CORPUS.len(),
+                abbreviate(&diffs)
+            ),
+            "the model sees token ids it was not trained on for these texts".into(),
+        );
+        f.measured = Some(serde_json::json!({
+            "texts_differing": diffs.len(),
+            "texts": TOKENIZER_CORPUS.len(),
+        }));
+        out.push(f);
+    }
+    // Chat template.
+    let (t, st) = (
+        model.template.as_ref().map(|t| t.source().trim()),
+        source.template.as_ref().map(|t| t.source().trim()),
+    );
+    match (t, st) {
+        (None, Some(_)) => out.push(finding(
+            "chat-template",
+            "the source has a chat template; the model has none".into(),
+            "chat requests cannot be formatted as the model was trained".into(),
+        )),
+        (Some(a), Some(b)) if a != b => out.push(finding(
+            "chat-template",
+            "the chat template differs from the source's".into(),
+            "chats are rendered differently from how the model was trained".into(),
+        )),
+        _ => {}
+    }
+    // Special tokens.
+    let mut special = Vec::new();
+    if model.tokenizer.bos() != source.tokenizer.bos() {
+        special.push(format!(
+            "BOS {:?} (source tokenizer {:?})",
+            model.tokenizer.bos(),
+            source.tokenizer.bos()
+        ));
+    }
+    if let Some(gen) = source_dir.and_then(generation_config) {
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            match v {
+                serde_json::Value::Number(n) => n.as_u64().map(|x| x as u32).into_iter().collect(),
+                serde_json::Value::Array(a) => a
+                    .iter()
+                    .filter_map(|x| x.as_u64().map(|x| x as u32))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        if let Some(bos) = gen.get("bos_token_id").map(ids).filter(|v| !v.is_empty()) {
+            if model.tokenizer.bos().is_some_and(|b| !bos.contains(&b)) {
+                special.push(format!(
+                    "BOS {:?} not in generation_config.json's bos_token_id {bos:?}",
+                    model.tokenizer.bos()
+                ));
+            }
+        }
+        if let Some(eos) = gen.get("eos_token_id").map(ids).filter(|v| !v.is_empty()) {
+            let ours: Vec<u32> = [model.tokenizer.eos(), model.tokenizer.eot()]
+                .into_iter()
+                .flatten()
+                .collect();
+            if !ours.iter().any(|e| eos.contains(e)) {
+                special.push(format!(
+                    "EOS/EOT {ours:?} not in generation_config.json's eos_token_id {eos:?}"
+                ));
+            }
+        }
+    }
+    if !special.is_empty() {
+        out.push(finding(
+            "special-tokens",
+            format!(
+                "special tokens differ from the source: {}",
+                special.join("; ")
+            ),
+            "generation starts or stops on the wrong token (runaway or truncated answers)".into(),
+        ));
+    }
+    Ok(out)
+}
+
+fn generation_config(dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join("generation_config.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The value every element holds, if they are all equal.
+fn constant(v: &[f32]) -> Option<f32> {
+    let first = *v.first()?;
+    v.iter().all(|&x| x == first).then_some(first)
+}
+
+/// The largest `r > 1` dividing the KV-head count such that every run of `r` adjacent KV
+/// heads has identical K and V rows (and biases) in every layer.
+fn kv_replication(m: &Model) -> Option<usize> {
+    let c = &m.config;
+    let n = c.num_key_value_heads;
+    let hd = c.head_dim;
+    let same = |r: usize| {
+        m.layers.iter().all(|l| {
+            (0..n).all(|h| {
+                let base = h - h % r;
+                if base == h {
+                    return true;
+                }
+                let rows = |w: &WeightMatrix| {
+                    w.rows_bytes(h * hd, (h + 1) * hd) == w.rows_bytes(base * hd, (base + 1) * hd)
+                };
+                let bias = |b: &Option<Vec<f32>>| {
+                    b.as_ref()
+                        .is_none_or(|b| b[h * hd..(h + 1) * hd] == b[base * hd..(base + 1) * hd])
+                };
+                rows(&l.wk) && rows(&l.wv) && bias(&l.bk) && bias(&l.bv)
+            })
+        })
+    };
+    if m.layers.is_empty() || m.layers[0].wk.rows != n * hd {
+        return None;
+    }
+    (2..=n)
+        .rev()
+        .filter(|r| n.is_multiple_of(*r))
+        .find(|&r| same(r))
+}
+
+#[derive(Default)]
+struct Scan {
+    n: usize,
+    non_finite: usize,
+    subnormal: usize,
+}
+
+fn scan_f32(v: &[f32]) -> Scan {
+    let mut s = Scan::default();
+    for &x in v {
+        s.n += 1;
+        s.non_finite += usize::from(!x.is_finite());
+        s.subnormal += usize::from(x.is_subnormal());
+    }
+    s
+}
+
+/// Float matrices only (quantised blocks are not dequantised here).
+fn scan_matrix(w: &WeightMatrix) -> Option<Scan> {
+    let b = w.bytes();
+    let mut s = Scan::default();
+    let mut add = |x: f32| {
+        s.n += 1;
+        s.non_finite += usize::from(!x.is_finite());
+        s.subnormal += usize::from(x.is_subnormal());
+    };
+    match w.dtype {
+        GgmlType::F32 => b
+            .chunks_exact(4)
+            .for_each(|c| add(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        GgmlType::F16 => b.chunks_exact(2).for_each(|c| {
+            let h = f16::from_le_bytes([c[0], c[1]]);
+            let bits = h.to_bits();
+            add(if bits & 0x7c00 == 0 && bits & 0x03ff != 0 {
+                f32::MIN_POSITIVE / 2.0
+            } else {
+                h.to_f32()
+            })
+        }),
+        GgmlType::BF16 => b
+            .chunks_exact(2)
+            .for_each(|c| add(bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+        _ => return None,
+    }
+    Some(s)
+}
+
+fn same_vocab(a: &LoadedModel, b: &LoadedModel) -> bool {
+    a.model.config.vocab_size == b.model.config.vocab_size
+        && a.tokenizer.vocab_size() == b.tokenizer.vocab_size()
+}
+
+/// A copy of `model` with its family's QK-norm switched off.
+fn without_qk_norm(model: &LoadedModel) -> Result<LoadedModel, EngineError> {
+    let mut m: Model = (*model.model).clone();
+    // One small leak per lint run: configs hold `&'static ArchSpec`.
+    let arch: &'static ArchSpec = Box::leak(Box::new(ArchSpec {
+        qk_norm: false,
+        ..*m.config.arch
+    }));
+    m.config.arch = arch;
+    for l in &mut m.layers {
+        l.q_norm = None;
+        l.k_norm = None;
+    }
+    let mut copy = LoadedModel::load(&model.path)?;
+    copy.plan = Arc::new(Plan::new(&m.config));
+    copy.model = Arc::new(m);
+    Ok(copy)
+}
+
+/// The built-in prompts (the set `pack`'s gate and `diff` use) as `model`'s token ids.
+fn prompt_ids(model: &LoadedModel) -> Result<Vec<Vec<u32>>, EngineError> {
+    let mut out = crate::compare::builtin_prompts(&model.tokenizer, model.template.as_ref(), &[])?;
+    for ids in &mut out {
+        ids.truncate(MAX_PROMPT_TOKENS.min(model.model_ctx()));
+    }
+    out.retain(|ids| ids.len() >= 2);
+    Ok(out)
+}
+
+/// KL(reference ‖ other) and top-1 agreement, teacher-forced on the built-in prompts
+/// (tokenized by `reference`).
+pub fn agreement(reference: &LoadedModel, other: &LoadedModel) -> Result<Agreement, EngineError> {
+    let prompts = prompt_ids(reference)?;
+    let opts = EngineOptions {
+        n_ctx: Some(
+            MAX_PROMPT_TOKENS
+                .min(reference.model_ctx())
+                .min(other.model_ctx()),
+        ),
+        ..EngineOptions::default()
+    };
+    let mut sa = Session::new(reference, &opts)?;
+    let mut sb = Session::new(other, &opts)?;
+    let vocab = sa.vocab_size().min(sb.vocab_size());
+    let (mut n, mut kl_sum, mut max_kl, mut top1) = (0usize, 0.0f64, 0.0f64, 0usize);
+    for ids in prompts {
+        let ids = &ids[..ids.len().min(opts.n_ctx.unwrap_or(usize::MAX))];
+        let mut la = Vec::new();
+        let mut lb = Vec::new();
+        let va = sa.vocab_size();
+        let vb = sb.vocab_size();
+        sa.reset();
+        sb.reset();
+        sa.feed_all_logits(ids, &mut |_, rows| {
+            la.extend(rows.chunks_exact(va).flat_map(|r| r[..vocab].to_vec()))
+        })?;
+        sb.feed_all_logits(ids, &mut |_, rows| {
+            lb.extend(rows.chunks_exact(vb).flat_map(|r| r[..vocab].to_vec()))
+        })?;
+        for (ra, rb) in la.chunks_exact(vocab).zip(lb.chunks_exact(vocab)) {
+            let (pa, pb) = (log_softmax(ra), log_softmax(rb));
+            let kl: f64 = pa
+                .iter()
+                .zip(&pb)
+                .map(|(&a, &b)| {
+                    if a.is_finite() {
+                        a.exp() * (a - b)
+                    } else {
+                        0.0
+                    }
+                })
+                .sum::<f64>()
+                .max(0.0);
+            n += 1;
+            kl_sum += kl;
+            max_kl = max_kl.max(kl);
+            top1 += usize::from(crate::verify::argmax(ra) == crate::verify::argmax(rb));
+        }
+    }
+    let d = n.max(1) as f64;
+    Ok(Agreement {
+        positions: n,
+        mean_kl: kl_sum / d,
+        max_kl,
+        top1_agreement: top1 as f64 / d,
+    })
+}
+
+fn log_softmax(x: &[f32]) -> Vec<f64> {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+    x.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn abbreviate(items: &[String]) -> String {
+    const SHOWN: usize = 4;
+    let mut s = items[..items.len().min(SHOWN)].join(", ");
+    if items.len() > SHOWN {
+        s += &format!(", ... ({} more)", items.len() - SHOWN);
+    }
+    s
+}
+
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1u64 << 20) as f64 {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_detects_only_constant_vectors() {
+        assert_eq!(constant(&[1.0, 1.0, 1.0]), Some(1.0));
+        assert_eq!(constant(&[1.0, 1.0, 0.5]), None);
+        assert_eq!(constant(&[]), None);
+    }
+
+    #[test]
+    fn scan_counts_non_finite_and_subnormal() {
+        let s = scan_f32(&[1.0, f32::NAN, f32::INFINITY, 1e-40, 0.0]);
+        assert_eq!((s.n, s.non_finite, s.subnormal), (5, 2, 1));
+    }
+}
