@@ -34,7 +34,7 @@ use std::fmt::Write as _;
 use flowrt_text::{Tokenizer, ToolFormat};
 use serde_json::{json, Value};
 
-use crate::constraint::{ConstraintError, ConstraintSpec, Guide};
+use crate::constraint::{Constraint, ConstraintError, ConstraintSpec, Guide};
 
 /// One function the model may call (OpenAI `tools[i].function`).
 #[derive(Clone, Debug, PartialEq)]
@@ -410,7 +410,7 @@ pub fn tool_call_constraint_with(
 /// `choice` (markers as `guide`'s vocabulary has them: pass
 /// [`ToolMarkers::from_tokenizer`]), compiles every tool's `parameters` on its own so an
 /// unsupported or malformed schema is reported with the tool's index and the keyword, then
-/// compiles the whole grammar once. Returns the constraint to generate with.
+/// compiles the whole grammar once. Returns the compiled constraint to generate with.
 pub fn check_tools(
     guide: &Guide,
     markers: &ToolMarkers,
@@ -418,7 +418,7 @@ pub fn check_tools(
     tools: &[ToolDef],
     choice: &ToolChoice,
     parallel: bool,
-) -> Result<Option<ConstraintSpec>, ToolGrammarError> {
+) -> Result<Option<Constraint>, ToolGrammarError> {
     let Some(spec) = tool_call_constraint_with(markers, format, tools, choice, parallel)? else {
         return Ok(None);
     };
@@ -437,6 +437,8 @@ pub fn check_tools(
                 source,
             })?;
     }
-    guide.compile(&spec).map_err(ToolGrammarError::Grammar)?;
-    Ok(Some(spec))
+    guide
+        .compile(&spec)
+        .map(Some)
+        .map_err(ToolGrammarError::Grammar)
 }

@@ -90,3 +90,23 @@ pub const FAMILY_F16_KV: Bounds = Bounds {
     max_max_kl: 3e-6,
     max_abs_logit_err: 1e-2,
 };
+
+/// SmolLM2 loaded, for the constrained-decoding tests.
+pub fn load_smollm2() -> flowrt_engine::LoadedModel {
+    flowrt_engine::LoadedModel::load(&smollm2()).expect("loading SmolLM2")
+}
+
+/// The session the constrained-decoding tests generate in: 2 threads, 512 positions, f16 KV.
+pub fn session_512(m: &flowrt_engine::LoadedModel) -> flowrt_engine::Session {
+    flowrt_engine::Session::new(
+        m,
+        &flowrt_engine::EngineOptions {
+            threads: 2,
+            n_ctx: Some(512),
+            kv: flowrt_engine::KvPrecision::F16,
+            max_batch: 64,
+            ..flowrt_engine::EngineOptions::default()
+        },
+    )
+    .unwrap()
+}

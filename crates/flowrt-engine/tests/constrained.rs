@@ -16,23 +16,7 @@ use flowrt_sample::SamplerConfig;
 use flowrt_text::ChatMessage;
 use serde_json::{json, Value};
 
-fn load() -> LoadedModel {
-    LoadedModel::load(&common::smollm2()).expect("loading SmolLM2")
-}
-
-fn session(m: &LoadedModel) -> Session {
-    Session::new(
-        m,
-        &EngineOptions {
-            threads: 2,
-            n_ctx: Some(512),
-            kv: KvPrecision::F16,
-            max_batch: 64,
-            ..EngineOptions::default()
-        },
-    )
-    .unwrap()
-}
+use common::{load_smollm2 as load, session_512 as session};
 
 fn chat_tokens(m: &LoadedModel, prompt: &str) -> Vec<u32> {
     match &m.template {

@@ -9,9 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use flowrt_engine::{
-    check_tools, generate, tool_call_constraint, ConstraintError, ConstraintSpec, EngineOptions,
-    FinishReason, GenerateOptions, Guide, KvPrecision, LoadedModel, Session, ToolChoice, ToolDef,
-    ToolGrammarError, ToolMarkers,
+    check_tools, generate, tool_call_constraint, tool_call_constraint_with, ConstraintError,
+    ConstraintSpec, FinishReason, GenerateOptions, Guide, LoadedModel, Session, ToolChoice,
+    ToolDef, ToolGrammarError, ToolMarkers,
 };
 use flowrt_sample::SamplerConfig;
 use flowrt_text::{ChatMessage, ToolFormat};
@@ -26,23 +26,7 @@ const FORMATS: [ToolFormat; 4] = [
 
 const SEEDS: u64 = 20;
 
-fn load() -> LoadedModel {
-    LoadedModel::load(&common::smollm2()).expect("loading SmolLM2")
-}
-
-fn session(m: &LoadedModel) -> Session {
-    Session::new(
-        m,
-        &EngineOptions {
-            threads: 2,
-            n_ctx: Some(512),
-            kv: KvPrecision::F16,
-            max_batch: 64,
-            ..EngineOptions::default()
-        },
-    )
-    .unwrap()
-}
+use common::{load_smollm2 as load, session_512 as session};
 
 fn guide(m: &LoadedModel) -> Guide {
     Guide::new(&m.tokenizer, m.tokenizer.vocab_size()).unwrap()
@@ -591,7 +575,10 @@ fn special_token_markers_are_asked_for_by_id() {
         .with_special("</tool_call>", close);
     let tools = tools();
     for choice in [ToolChoice::Required, ToolChoice::Auto] {
-        let spec = check_tools(&g, &markers, ToolFormat::Hermes, &tools, &choice, false)
+        let mut c = check_tools(&g, &markers, ToolFormat::Hermes, &tools, &choice, false)
+            .unwrap()
+            .unwrap();
+        let spec = tool_call_constraint_with(&markers, ToolFormat::Hermes, &tools, &choice, false)
             .unwrap()
             .unwrap();
         let mut ids = m.tokenizer.encode("Let me look.", false, false).unwrap();
@@ -605,7 +592,6 @@ fn special_token_markers_are_asked_for_by_id() {
                 .unwrap(),
         );
         ids.push(close);
-        let mut c = g.compile(&spec).unwrap();
         for &id in &ids {
             let mut logits = vec![0.0f32; g.n_logits()];
             c.mask(&mut logits).unwrap();
@@ -723,7 +709,10 @@ fn bad_tools_are_typed_errors_naming_the_tool() {
         description: None,
         parameters: Value::Null,
     }];
-    let spec = check(&t, ToolChoice::Required).unwrap().unwrap();
+    assert!(check(&t, ToolChoice::Required).unwrap().is_some());
+    let spec = tool_call_constraint(ToolFormat::Hermes, &t, &ToolChoice::Required, false)
+        .unwrap()
+        .unwrap();
     let ok = "<tool_call>\n{\"name\": \"ping\", \"arguments\": {}}\n</tool_call>";
     assert_eq!(feed(&m, &g, &spec, ok, &[]), Ok(true));
 }

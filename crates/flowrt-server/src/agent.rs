@@ -4,7 +4,7 @@
 //! and the chat template take, with a 400 naming the field for anything malformed.
 
 use flowrt_engine::tools::{check_tools, ToolChoice, ToolDef, ToolGrammarError, ToolMarkers};
-use flowrt_engine::{ConstraintSpec, LoadedModel};
+use flowrt_engine::{Constraint, ConstraintSpec, LoadedModel};
 use flowrt_text::reasoning::{prompt_ends_in_reasoning, template_reads_enable_thinking};
 use flowrt_text::reasoning::{ReasoningDelta, ReasoningSplitter};
 use flowrt_text::tools::{generic_messages, ToolDelta};
@@ -355,7 +355,7 @@ pub struct ChatPlan {
     pub text: String,
     pub shape: OutputShape,
     /// The tool-call grammar (`tool_choice` auto/required/named), checked against the model.
-    pub tool_constraint: Option<ConstraintSpec>,
+    pub tool_constraint: Option<Constraint>,
     /// Write special tokens into the answer (tool-call markers that are control tokens).
     pub keep_special: bool,
 }

@@ -212,14 +212,6 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         Some(p) => (p.shape, p.keep_special, p.tool_constraint),
         None => (OutputShape::default(), false, None),
     };
-    let req_constraint = match (req.constraint, tool_constraint) {
-        (Some(c), _) => Some(c),
-        (None, Some(spec)) => Some(ConstraintRequest {
-            spec,
-            param: "tools",
-        }),
-        (None, None) => None,
-    };
     let n = tokens.len();
     let n_ctx = runner.n_ctx;
     let id = &runner.spec.id;
@@ -250,9 +242,10 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         }
     };
     // Compiled before queueing, off the async workers (the first compile for a model also
-    // builds its token environment), so a bad schema is this request's 400.
-    let constraint = match req_constraint {
-        None => None,
+    // builds its token environment), so a bad schema is this request's 400. A tool-call
+    // constraint was compiled with the prompt (`plan_chat`); a request cannot have both.
+    let constraint = match req.constraint {
+        None => tool_constraint,
         Some(c) => {
             let model = runner.model.clone();
             let compiled = tokio::task::spawn_blocking(move || {
