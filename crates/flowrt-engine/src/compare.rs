@@ -6,7 +6,7 @@ use flowrt_text::{ChatMessage, ChatTemplate, Tokenizer};
 
 use crate::error::EngineError;
 use crate::session::Session;
-use crate::verify::{Acc, PromptReport, VerifyReport};
+use crate::verify::{Acc, VerifyReport};
 
 /// Plain texts of the built-in prompt set.
 pub const BUILTIN_TEXTS: [&str; 3] = [
@@ -89,15 +89,7 @@ pub fn compare_models(
                 acc.add(&ref_logits[p * vocab..(p + 1) * vocab], row);
             }
         })?;
-        let (top1, mean_kl) = acc.ratio();
-        reports.push(PromptReport {
-            index,
-            positions: acc.positions,
-            top1_agreement: top1,
-            mean_kl,
-            max_kl: acc.max_kl,
-            max_abs_logit_err: acc.max_err,
-        });
+        reports.push(acc.report(index));
         total.merge(&acc);
     }
     let (top1, mean_kl) = total.ratio();

@@ -56,6 +56,19 @@ pub(crate) struct Acc {
 }
 
 impl Acc {
+    /// This accumulator's figures as prompt `index`'s report.
+    pub(crate) fn report(&self, index: usize) -> PromptReport {
+        let (top1, mean_kl) = self.ratio();
+        PromptReport {
+            index,
+            positions: self.positions,
+            top1_agreement: top1,
+            mean_kl,
+            max_kl: self.max_kl,
+            max_abs_logit_err: self.max_err,
+        }
+    }
+
     pub(crate) fn add(&mut self, reference: &[f32], ours: &[f32]) {
         let lr = log_softmax(reference);
         let lo = log_softmax(ours);
@@ -206,15 +219,7 @@ pub fn verify(session: &mut Session, reference: &Path) -> Result<VerifyReport, E
                 }
             }
         })?;
-        let (top1, mean_kl) = acc.ratio();
-        prompts.push(PromptReport {
-            index: i,
-            positions: acc.positions,
-            top1_agreement: top1,
-            mean_kl,
-            max_kl: acc.max_kl,
-            max_abs_logit_err: acc.max_err,
-        });
+        prompts.push(acc.report(i));
         total.merge(&acc);
     }
     if prompts.is_empty() {

@@ -110,3 +110,16 @@ pub fn session_512(m: &flowrt_engine::LoadedModel) -> flowrt_engine::Session {
     )
     .unwrap()
 }
+
+/// Pure sampling: temperature 1.0, no top-k/top-p/min-p, so only a constraint's mask keeps
+/// the output in shape.
+pub fn hot(seed: u64) -> flowrt_sample::SamplerConfig {
+    flowrt_sample::SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed: Some(seed),
+        ..flowrt_sample::SamplerConfig::default()
+    }
+}

@@ -16,7 +16,7 @@ use flowrt_sample::SamplerConfig;
 use flowrt_text::ChatMessage;
 use serde_json::{json, Value};
 
-use common::{load_smollm2 as load, session_512 as session};
+use common::{hot, load_smollm2 as load, session_512 as session};
 
 fn chat_tokens(m: &LoadedModel, prompt: &str) -> Vec<u32> {
     match &m.template {
@@ -33,18 +33,6 @@ fn chat_tokens(m: &LoadedModel, prompt: &str) -> Vec<u32> {
                 true,
             )
             .unwrap(),
-    }
-}
-
-/// Pure sampling: temperature 1.0, no top-k/top-p/min-p, so only the mask keeps it in shape.
-fn hot(seed: u64) -> SamplerConfig {
-    SamplerConfig {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: Some(seed),
-        ..SamplerConfig::default()
     }
 }
 

@@ -13,7 +13,6 @@ use flowrt_engine::{
     ConstraintSpec, FinishReason, GenerateOptions, Guide, LoadedModel, Session, ToolChoice,
     ToolDef, ToolGrammarError, ToolMarkers,
 };
-use flowrt_sample::SamplerConfig;
 use flowrt_text::{ChatMessage, ToolFormat};
 use serde_json::{json, Value};
 
@@ -26,7 +25,7 @@ const FORMATS: [ToolFormat; 4] = [
 
 const SEEDS: u64 = 20;
 
-use common::{load_smollm2 as load, session_512 as session};
+use common::{hot, load_smollm2 as load, session_512 as session};
 
 fn guide(m: &LoadedModel) -> Guide {
     Guide::new(&m.tokenizer, m.tokenizer.vocab_size()).unwrap()
@@ -90,18 +89,6 @@ fn tools() -> Vec<ToolDef> {
             }),
         },
     ]
-}
-
-/// Pure sampling: temperature 1.0, no top-k/top-p/min-p, so only the mask keeps it in shape.
-fn hot(seed: u64) -> SamplerConfig {
-    SamplerConfig {
-        temperature: 1.0,
-        top_k: 0,
-        top_p: 1.0,
-        min_p: 0.0,
-        seed: Some(seed),
-        ..SamplerConfig::default()
-    }
 }
 
 fn run(

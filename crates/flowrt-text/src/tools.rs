@@ -146,17 +146,27 @@ pub fn parse_tool_calls(format: ToolFormat, text: &str) -> ToolParse {
     let mut deltas = p.push(text);
     let (rest, error) = p.finish();
     deltas.extend(rest);
-    let mut out = ToolParse {
-        error,
-        ..Default::default()
-    };
-    for d in deltas {
-        match d {
-            ToolDelta::Content(s) => out.content.push_str(&s),
-            ToolDelta::Call(c) => out.calls.push(c),
+    ToolParse::from_deltas(deltas, error)
+}
+
+impl ToolParse {
+    /// What a [`ToolStreamParser`] released, merged: content appended, calls in order.
+    pub fn from_deltas(
+        deltas: impl IntoIterator<Item = ToolDelta>,
+        error: Option<ToolParseError>,
+    ) -> ToolParse {
+        let mut out = ToolParse {
+            error,
+            ..Default::default()
+        };
+        for d in deltas {
+            match d {
+                ToolDelta::Content(s) => out.content.push_str(&s),
+                ToolDelta::Call(c) => out.calls.push(c),
+            }
         }
+        out
     }
-    out
 }
 
 /// What a [`ToolStreamParser`] releases.

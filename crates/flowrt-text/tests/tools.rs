@@ -128,17 +128,7 @@ fn stream_parse(format: ToolFormat, text: &str, size: usize) -> ToolParse {
     }
     let (rest, error) = p.finish();
     deltas.extend(rest);
-    let mut out = ToolParse {
-        error,
-        ..Default::default()
-    };
-    for d in deltas {
-        match d {
-            ToolDelta::Content(c) => out.content.push_str(&c),
-            ToolDelta::Call(c) => out.calls.push(c),
-        }
-    }
-    out
+    ToolParse::from_deltas(deltas, error)
 }
 
 fn assert_stream_matches(format: ToolFormat, text: &str) -> ToolParse {
