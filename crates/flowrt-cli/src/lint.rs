@@ -89,6 +89,7 @@ fn lint_report(args: &LintArgs) -> anyhow::Result<LintReport> {
                     measured: None,
                 }],
                 checks: vec!["load".into()],
+                quant_error: None,
             })
         }
     };
@@ -109,6 +110,20 @@ fn print_report(r: &LintReport, json: bool) {
         print!(" against source {s}");
     }
     println!();
+    if let Some(q) = &r.quant_error {
+        print!(
+            "quant-error: {} quantised tensor(s) compared with the source ({} left out)",
+            q.tensors_compared, q.tensors_skipped
+        );
+        match &q.worst {
+            Some(t) => println!(
+                "; worst {} ({}): relative RMS error {:.3e}, {:.2}x what requantising the source gives",
+                t.tensor, t.dtype, t.rel_rms_err, t.ratio
+            ),
+            None if q.tensors_compared == 0 => println!("; none to compare"),
+            None => println!("; all identical to the source"),
+        }
+    }
     if r.findings.is_empty() {
         println!("clean: no findings ({} checked)", r.checks.join(", "));
         return;

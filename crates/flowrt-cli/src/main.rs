@@ -4,6 +4,7 @@ mod bench;
 mod common;
 mod devices;
 mod diff;
+mod embed;
 mod lint;
 mod models;
 mod pack;
@@ -27,6 +28,9 @@ struct Cli {
 enum Command {
     /// Generate text: one answer to PROMPT, or an interactive chat without it.
     Run(run::RunArgs),
+    /// Embed texts: one vector each, batched, pooled as the model declares (sentence-
+    /// transformers directories, GGUF pooling_type) or as --pooling says.
+    Embed(embed::EmbedArgs),
     /// Compare flowrt's logits with a reference implementation's, teacher-forced.
     Verify(verify::VerifyArgs),
     /// Measure prefill and decode speed on a model file.
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Embed(a) => embed::embed(a),
         Command::Verify(a) => verify::verify(a),
         Command::Bench(a) => bench::bench(a),
         Command::Plan(a) => plan::plan(a),

@@ -98,22 +98,27 @@ pub fn describe(m: &LoadedModel) -> Described {
         *map.entry(w.dtype.name()).or_default() += n;
     };
     count(&mut by_type, &model.token_embd);
-    if !model.tied_embeddings {
-        count(&mut by_type, &model.output);
+    if let (false, Some(output)) = (model.tied_embeddings, &model.output) {
+        count(&mut by_type, output);
+    }
+    for w in [&model.pos_embd, &model.token_types].into_iter().flatten() {
+        count(&mut by_type, w);
     }
     for l in &model.layers {
-        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+        for w in l.matrices() {
             count(&mut by_type, w);
             count(&mut in_layers, w);
         }
     }
     let params: u64 = by_type.values().sum();
-    let mut vectors = model.output_norm.len() as u64;
+    let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, |v| v.len() as u64);
+    let mut vectors = opt(&model.output_norm) + opt(&model.embd_norm) + opt(&model.embd_norm_bias);
     for l in &model.layers {
-        let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, |v| v.len() as u64);
         vectors += (l.attn_norm.len() + l.ffn_norm.len()) as u64;
         vectors += opt(&l.bq) + opt(&l.bk) + opt(&l.bv) + opt(&l.q_norm) + opt(&l.k_norm);
         vectors += opt(&l.attn_post_norm) + opt(&l.ffn_post_norm);
+        vectors += opt(&l.attn_norm_bias) + opt(&l.ffn_norm_bias);
+        vectors += opt(&l.bo) + opt(&l.b_up) + opt(&l.b_down);
     }
     // The decoder layers' matrices decide: small models often keep their (large)
     // embeddings at higher precision than the rest. Ties go to the type named first.
@@ -345,6 +350,13 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
             "chat_template_first_line": template_line,
             "tool_call_format": model.tool_format.name(),
             "reasoning_format": model.reasoning.name(),
+            "generates": model.generates(),
+            "embedding": model.embedding.as_ref().map(|e| serde_json::json!({
+                "pooling": e.pooling.name(),
+                "normalize": e.normalize,
+                "max_tokens": e.max_tokens,
+                "source": e.source,
+            })),
             "format": format.as_str(),
             "path": path.display().to_string(),
             "size_bytes": size,
@@ -393,6 +405,23 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
             ),
         ),
         (
+            "embeds",
+            match &model.embedding {
+                Some(e) => format!(
+                    "{} pooling{}{} (from {})",
+                    e.pooling,
+                    if e.normalize { ", L2-normalised" } else { "" },
+                    e.max_tokens
+                        .map(|n| format!(", at most {n} tokens a text"))
+                        .unwrap_or_default(),
+                    e.source
+                ),
+                None => "no pooling declared (`flowrt embed --pooling` names one)".into(),
+            },
+        ),
+    ]);
+    let chat_rows = [
+        (
             "chat template",
             match (&template_line, template_present) {
                 (Some(l), _) => format!("yes: {l}"),
@@ -420,6 +449,16 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
                 "none (requests to think are refused)".into()
             },
         ),
+    ];
+    if model.generates() {
+        rows.extend(chat_rows);
+    } else {
+        rows.push((
+            "generates",
+            "no: an embedding model (no output projection)".into(),
+        ));
+    }
+    rows.extend([
         ("format", format.as_str().into()),
         ("file", path.display().to_string()),
         ("size", format!("{} ({size} bytes)", human_bytes(size))),
@@ -581,8 +620,9 @@ pub fn pull(args: PullArgs) -> Result<ExitCode> {
     } else {
         store.pull(entry, &mut LineProgress::default())
     }?;
-    // The catalog file (what scripts read), even when the tag is registered elsewhere.
-    let path = std::path::absolute(store.model_path(entry))?;
+    // The catalog model (what scripts read: the file, or the directory an archive unpacks
+    // into), even when the tag is registered elsewhere.
+    let path = std::path::absolute(store.run_path(entry))?;
     writeln!(std::io::stdout(), "{}", path.display())?;
     Ok(ExitCode::SUCCESS)
 }

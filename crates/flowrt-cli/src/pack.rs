@@ -35,10 +35,20 @@ F32 1e-6/0.99, F16 1e-3/0.95, BF16 1e-2/0.90, Q8_0 1e-2/0.90, Q6_K 2e-2/0.85, \
 Q5_K 5e-2/0.80, Q4_K 0.1/0.75, Q4_1 0.2/0.70, Q4_0 0.2/0.70.
 
 Sources: a GGUF file (requantised; metadata, tokenizer and chat template copied), or a \
-Hugging Face checkpoint directory of the llama family (LlamaForCausalLM; f32, f16 or bf16 \
-safetensors; byte-level BPE tokenizer.json), written as llama.cpp's converter does (attn_q / \
-attn_k rows permuted per head, llama.* hyperparameters, gpt2 tokenizer metadata, chat \
-template). The gate runs the source as stored (an HF directory at its own precision).";
+Hugging Face checkpoint directory of any family flowrt runs (llama, mistral, qwen2, qwen3, \
+gemma3, minicpm; f32, f16 or bf16 safetensors; byte-level BPE tokenizer.json), written as \
+llama.cpp's converter writes the family: GGUF arch llama (also for Mistral), qwen2, qwen3, \
+gemma3 or minicpm; its hyperparameter keys and tensor names; attn_q / attn_k rows permuted \
+per head for llama and minicpm; Gemma norms stored as 1 + w; Llama 3 RoPE as \
+rope_freqs.weight, LongRoPE as rope_factors_long/short.weight; gpt2 tokenizer metadata and \
+chat template. Values llama.cpp's converter drops are written under llama.cpp's key names \
+(a Mistral window as llama.attention.sliding_window, Gemma 3's layer pattern as \
+attention.sliding_window_pattern, query_pre_attn_scalar as attention.scale), so flowrt runs \
+the file as the same model; where llama.cpp's loader would not honour one (it has no window \
+for llama; its gemma3 fixes every 6th layer global, the local RoPE base at 10000, the scale \
+at 1/sqrt(head_dim) and drops soft-capping with a window; it picks LongRoPE factors by its \
+context size) the report says so in a `llama.cpp:` line. The gate runs the source as stored \
+(an HF directory at its own precision).";
 
 #[derive(Args, Debug)]
 #[command(after_long_help = MIX_HELP)]
@@ -64,6 +74,11 @@ pub struct PackArgs {
     /// More gate prompts: a text file, one prompt per line.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// Gate against this model instead of SRC: the checkpoint a modified (shimmed, relabelled,
+    /// merged) source was made from, so the gate answers "is the pack the model I started
+    /// from". It must have the same tokenizer.
+    #[arg(long, value_name = "MODEL")]
+    pub against: Option<PathBuf>,
     /// `tokenizer.ggml.pre` to write for an HF source (default: recognised from
     /// tokenizer.json's pre-tokenizer: gpt-2 or smollm).
     #[arg(long)]
@@ -153,10 +168,15 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         done.clone(),
     );
     let t0 = Instant::now();
+    // What llama.cpp would run differently from the model written (HF sources).
+    let mut llama_cpp_caveats = Vec::new();
     let fallbacks = if args.source.is_dir() {
         let hf = hf::HfSource::open(&args.source, args.pre.as_deref())?;
         let (meta, tensors) = hf.plan()?;
-        write_pack(&tensors, meta, quant, &args.output, &|_| {})?
+        llama_cpp_caveats = hf.llama_cpp_caveats();
+        write_pack(&tensors, meta, quant, &args.output, &|t: &SrcTensor<'_>| {
+            hf.release(t.data)
+        })?
     } else {
         anyhow::ensure!(
             args.source.exists(),
@@ -197,6 +217,9 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
     for (name, ty) in &fallbacks {
         println!("fallback:  {name}: row length does not fit the block, written as {ty}");
     }
+    for c in &llama_cpp_caveats {
+        println!("llama.cpp: would not run this model as written: {c}");
+    }
     if let Some(peak) = ProcMemory::now().peak_rss_bytes {
         println!("peak RSS:  {:.1} MiB", peak as f64 / (1 << 20) as f64);
     }
@@ -204,6 +227,12 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         done.store(true, Ordering::SeqCst);
         println!("gate:      skipped (--no-gate)");
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(a) = &args.against {
+        println!(
+            "gate:      against {} (--against), not the source",
+            a.display()
+        );
     }
     let result = gate(&args, &extra);
     let report = match result {
@@ -389,8 +418,13 @@ fn write_pack(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    w.finish()
-        .with_context(|| format!("cannot finish {}", out.display()))?;
+    w.finish().with_context(|| {
+        format!(
+            "cannot finish writing {} and rename it to {}",
+            partial.display(),
+            out.display()
+        )
+    })?;
     Ok(fallbacks)
 }
 
@@ -411,10 +445,15 @@ fn file_type(quant: GgmlType) -> u32 {
     }
 }
 
-/// Loads the source (as stored) and the pack and compares them teacher-forced.
+/// Loads the reference (`--against`, else the source as stored) and the pack and compares
+/// them teacher-forced.
 fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport> {
-    let reference = LoadedModel::load(&args.source)
-        .with_context(|| format!("cannot load source {}", args.source.display()))?;
+    let (what, path) = match &args.against {
+        Some(p) => ("--against model", p),
+        None => ("source", &args.source),
+    };
+    let reference = LoadedModel::load(path)
+        .with_context(|| format!("cannot load {what} {}", path.display()))?;
     let packed = LoadedModel::load(&args.output)
         .with_context(|| format!("cannot load pack {}", args.output.display()))?;
     let opts = EngineOptions {
@@ -425,6 +464,16 @@ fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport
     };
     let prompts =
         flowrt_engine::builtin_prompts(&reference.tokenizer, reference.template.as_ref(), extra)?;
+    if args.against.is_some() {
+        let mine =
+            flowrt_engine::builtin_prompts(&packed.tokenizer, packed.template.as_ref(), extra)?;
+        if let Some(i) = (0..prompts.len()).find(|&i| mine.get(i) != prompts.get(i)) {
+            bail!(
+                "the --against model tokenises gate prompt {i} differently from the pack \
+                 (different tokenizer or chat template): the models cannot be compared"
+            );
+        }
+    }
     let mut rs = Session::new(&reference, &opts)?;
     let mut ps = Session::new(&packed, &opts)?;
     Ok(flowrt_engine::compare_models(&mut rs, &mut ps, &prompts)?)

@@ -1,43 +1,183 @@
-//! `flowrt pack` from a Hugging Face checkpoint directory (llama family): GGUF names, the
-//! attn_q / attn_k row permutation, llama.* hyperparameters and the tokenizer, as llama.cpp's
-//! converter writes them (and `scripts/hf_to_gguf.py` does).
+//! `flowrt pack` from a Hugging Face checkpoint directory of any family flowrt runs.
+//!
+//! The config is read by flowrt's own reader ([`ModelConfig::from_hf_json`]), so the GGUF
+//! carries the model flowrt runs from the directory. What is written follows llama.cpp's
+//! converter (`convert_hf_to_gguf.py`, gguf-py's key and tensor names): the GGUF architecture
+//! it picks for the family ([`TARGETS`]), `{arch}.*` hyperparameters, `blk.N.*` tensor names
+//! ([`TensorRole::gguf_name`]), attn_q / attn_k rows permuted per head for architectures that
+//! rotate adjacent pairs, RMSNorm weights stored as `offset + w` for families whose HF
+//! checkpoints store `w` (Gemma), Llama 3 RoPE as `rope_freqs.weight`, LongRoPE as
+//! `rope_factors_long.weight` / `rope_factors_short.weight` with `rope.scaling.*` keys, and
+//! gpt2-style tokenizer metadata. Where flowrt needs a value llama.cpp's converter does not
+//! write (a sliding-window layer pattern, `query_pre_attn_scalar`, a Mistral window), pack
+//! writes llama.cpp's key for it; [`HfSource::llama_cpp_caveats`] says which of them
+//! llama.cpp's loader for that architecture would not honour.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use flowrt_dtype::GgmlType;
 use flowrt_gguf::{Array, StringArray, Value};
+use flowrt_kernels::Kernels;
+use flowrt_model::arch::{self, ArchSpec, EmbedScale, Scalings};
 use flowrt_model::safetensors_dir::SafetensorsDir;
+use flowrt_model::{LayerType, ModelConfig, RopeConfig, RopePairing, RopeScaling, TensorRole};
 use serde_json::Value as Json;
 
 use super::SrcTensor;
 
-/// HF name (inside `model.layers.{i}.`) -> GGUF name (inside `blk.{i}.`).
-const LAYER_TENSORS: [(&str, &str); 14] = [
-    ("input_layernorm.weight", "attn_norm.weight"),
-    ("self_attn.q_proj.weight", "attn_q.weight"),
-    ("self_attn.k_proj.weight", "attn_k.weight"),
-    ("self_attn.v_proj.weight", "attn_v.weight"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("self_attn.q_proj.bias", "attn_q.bias"),
-    ("self_attn.k_proj.bias", "attn_k.bias"),
-    ("self_attn.v_proj.bias", "attn_v.bias"),
-    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
+/// How llama.cpp's loader for a GGUF architecture treats sliding windows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Swa {
+    /// The architecture has none: every layer attends to the whole context.
+    None,
+    /// Every `n`-th layer global, the others sliding, whatever the file says (llama.cpp's
+    /// `set_swa_pattern(n)`; `attention.sliding_window_pattern` is not read).
+    FixedEvery(usize),
+}
+
+/// Where llama.cpp's graph for an architecture applies `final_logit_softcapping`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Softcap {
+    /// Never.
+    Never,
+    /// Only for files without a sliding window (llama.cpp's non-iSWA Gemma 3 graph).
+    WithoutWindow,
+}
+
+/// What llama.cpp's loader and graph for a GGUF architecture do not take from the file (read
+/// from llama.cpp's `src/llama-model.cpp` and `src/models/*.cpp`).
+#[derive(Clone, Copy, Debug)]
+struct LlamaCpp {
+    swa: Swa,
+    /// RoPE base of sliding layers, fixed by the loader (`rope.freq_base_swa` not read).
+    local_rope_theta: Option<f32>,
+    /// Whether `attention.scale` is read (else scores are scaled by 1/√head_dim).
+    reads_attention_scale: bool,
+    softcap: Softcap,
+}
+
+/// How pack writes one family: the GGUF architecture llama.cpp's converter writes it as, and
+/// what llama.cpp's loader for that architecture does not honour.
+#[derive(Debug)]
+struct Target {
+    /// [`ArchSpec::name`].
+    family: &'static str,
+    /// `general.architecture`.
+    gguf_arch: &'static str,
+    llama_cpp: LlamaCpp,
+}
+
+/// Plain decoders: no window, no scale key, no soft-capping in llama.cpp.
+const PLAIN: LlamaCpp = LlamaCpp {
+    swa: Swa::None,
+    local_rope_theta: None,
+    reads_attention_scale: false,
+    softcap: Softcap::Never,
+};
+
+/// One row per family flowrt runs.
+const TARGETS: [Target; 6] = [
+    Target {
+        family: "llama",
+        gguf_arch: "llama",
+        llama_cpp: PLAIN,
+    },
+    // llama.cpp's converter registers MistralForCausalLM as its Llama model: arch `llama`,
+    // Q/K permuted, `sliding_window` not written and not read.
+    Target {
+        family: "mistral",
+        gguf_arch: "llama",
+        llama_cpp: PLAIN,
+    },
+    Target {
+        family: "qwen2",
+        gguf_arch: "qwen2",
+        llama_cpp: PLAIN,
+    },
+    Target {
+        family: "qwen3",
+        gguf_arch: "qwen3",
+        llama_cpp: PLAIN,
+    },
+    // llama.cpp's gemma3 loader: `set_swa_pattern(6)`, sliding layers' base 10 000, scale
+    // 1/√head_dim (1/√(hidden/heads) for 62-layer models); soft-capping only without SWA.
+    Target {
+        family: "gemma3",
+        gguf_arch: "gemma3",
+        llama_cpp: LlamaCpp {
+            swa: Swa::FixedEvery(6),
+            local_rope_theta: Some(10_000.0),
+            reads_attention_scale: false,
+            softcap: Softcap::WithoutWindow,
+        },
+    },
+    Target {
+        family: "minicpm",
+        gguf_arch: "minicpm",
+        llama_cpp: PLAIN,
+    },
 ];
+
+fn target(family: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.family == family)
+}
+
+/// Per-layer roles in the order they are written.
+const LAYER_ROLES: [TensorRole; 16] = {
+    use TensorRole::*;
+    [
+        AttnNorm,
+        AttnQ,
+        AttnK,
+        AttnV,
+        AttnQBias,
+        AttnKBias,
+        AttnVBias,
+        AttnQNorm,
+        AttnKNorm,
+        AttnOutput,
+        AttnPostNorm,
+        FfnNorm,
+        FfnGate,
+        FfnUp,
+        FfnDown,
+        FfnPostNorm,
+    ]
+};
+
+/// Whether `arch` has tensors of `role`.
+fn uses(arch: &ArchSpec, role: TensorRole) -> bool {
+    use TensorRole::*;
+    match role {
+        AttnQBias | AttnKBias | AttnVBias => arch.qkv_bias,
+        AttnQNorm | AttnKNorm => arch.qk_norm,
+        AttnPostNorm | FfnPostNorm => arch.sandwich_norms,
+        _ => true,
+    }
+}
 
 /// Metadata entries and the tensors to write.
 pub(crate) type Plan<'a> = (Vec<(String, Value)>, Vec<SrcTensor<'a>>);
 
+/// A tensor pack computes (offset norms, RoPE divisors): f32, little-endian.
+struct Made {
+    /// GGUF name.
+    name: String,
+    values: Vec<u8>,
+}
+
 pub(crate) struct HfSource {
     dir: PathBuf,
-    cfg: Json,
+    /// config.json as written.
+    json: Json,
+    /// The model flowrt runs from the directory.
+    cfg: ModelConfig,
+    target: &'static Target,
     st: SafetensorsDir,
     pre: Option<String>,
+    made: Vec<Made>,
 }
 
 fn read_json(path: &Path) -> Result<Json> {
@@ -46,128 +186,424 @@ fn read_json(path: &Path) -> Result<Json> {
     serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
 }
 
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
 impl HfSource {
+    /// Drops a written tensor's pages from the resident set (the checkpoint is read once).
+    pub(crate) fn release(&self, data: &[u8]) {
+        self.st.release(data);
+    }
+
     pub(crate) fn open(dir: &Path, pre: Option<&str>) -> Result<HfSource> {
-        let cfg = read_json(&dir.join("config.json"))?;
-        let model_type = cfg["model_type"].as_str().unwrap_or("");
-        if model_type != "llama" {
-            bail!(
-                "{}: model_type `{model_type}`: pack converts only the llama family from HF \
-                 directories for now (give a GGUF file to requantise other families)",
-                dir.display()
-            );
-        }
+        let path = dir.join("config.json");
+        let json = read_json(&path)?;
+        let cfg = ModelConfig::from_hf_json(&path, &json)?;
+        let target = target(cfg.arch.name).with_context(|| {
+            format!(
+                "{}: pack has no GGUF layout for the `{}` family",
+                dir.display(),
+                cfg.arch.name
+            )
+        })?;
         let st = SafetensorsDir::open(dir)
             .with_context(|| format!("cannot open the weights of {}", dir.display()))?;
-        Ok(HfSource {
+        let mut src = HfSource {
             dir: dir.to_path_buf(),
+            json,
             cfg,
+            target,
             st,
             pre: pre.map(str::to_string),
+            made: Vec::new(),
+        };
+        src.made = src.make_tensors()?;
+        Ok(src)
+    }
+
+    /// The flowrt family the GGUF is read back as (the file's architecture).
+    fn gguf_spec(&self) -> &'static ArchSpec {
+        arch::by_gguf_arch(self.target.gguf_arch).expect("every target arch is a flowrt family")
+    }
+
+    /// HF name of `role` in `layer` (`None`: the format has none).
+    fn hf_name(&self, role: TensorRole, layer: usize) -> Option<String> {
+        let (prefix, head_prefix) = self.st.decoder_prefixes();
+        let n = role.hf_name(self.cfg.arch, layer)?;
+        Some(if role.hf_in_decoder() {
+            format!("{prefix}{n}")
+        } else {
+            format!("{head_prefix}{n}")
         })
     }
 
-    fn usize_key(&self, key: &str) -> Result<usize> {
-        self.cfg[key]
-            .as_u64()
-            .map(|v| v as usize)
-            .with_context(|| format!("config.json: `{key}` missing or not an integer"))
+    /// Whether the output projection is the embedding matrix.
+    fn tied(&self) -> bool {
+        let has_head = self
+            .hf_name(TensorRole::Output, 0)
+            .is_some_and(|n| self.st.tensors.contains_key(&n));
+        self.cfg.tie_word_embeddings.unwrap_or(!has_head)
+    }
+
+    /// Every (role, layer) the GGUF holds, in writing order.
+    fn roles(&self) -> Vec<(TensorRole, usize)> {
+        let arch = self.cfg.arch;
+        let mut out = vec![(TensorRole::TokenEmbd, 0)];
+        for l in 0..self.cfg.num_hidden_layers {
+            out.extend(
+                LAYER_ROLES
+                    .iter()
+                    .filter(|&&r| uses(arch, r))
+                    .map(|&r| (r, l)),
+            );
+        }
+        out.push((TensorRole::OutputNorm, 0));
+        if !self.tied() {
+            out.push((TensorRole::Output, 0));
+        }
+        out
+    }
+
+    /// Norm weights with the family's HF offset added, and the RoPE divisor tensors.
+    fn make_tensors(&self) -> Result<Vec<Made>> {
+        let mut made = Vec::new();
+        let c = &self.cfg;
+        match &c.rope.scaling {
+            RopeScaling::None | RopeScaling::Linear { .. } => {}
+            // llama.cpp stores Llama 3's scaling as per-dimension divisors of the plain
+            // frequencies (1, factor, or 1 / ((1 - smooth) / factor + smooth)); these are
+            // the divisors of flowrt's own scaled frequencies.
+            RopeScaling::Llama3 { .. } => made.push(Made {
+                name: TensorRole::RopeFreqs.gguf_name(0),
+                values: f32_bytes(&freq_divisors(&c.rope, c.rope_dim)),
+            }),
+            RopeScaling::LongRope { .. } => {
+                let (short, long) = self.longrope_factors()?;
+                for (role, v) in [
+                    (TensorRole::RopeFactorsLong, long),
+                    (TensorRole::RopeFactorsShort, short),
+                ] {
+                    made.push(Made {
+                        name: role.gguf_name(0),
+                        values: f32_bytes(&v),
+                    });
+                }
+            }
+            RopeScaling::FreqFactors(_) => {
+                bail!("config.json: RoPE divisors cannot come from an HF config")
+            }
+        }
+        let offset = c.arch.hf_norm_offset;
+        if offset != 0.0 {
+            let k = Kernels::detect();
+            for (role, l) in self.roles().into_iter().filter(|(r, _)| r.is_norm()) {
+                let Some(hn) = self.hf_name(role, l) else {
+                    continue;
+                };
+                let Some(e) = self.st.tensors.get(&hn) else {
+                    continue; // reported as missing by `plan`
+                };
+                let ty = match &e.dtype {
+                    Ok(ty) if Kernels::supports_conversion(*ty) && e.shape.len() == 1 => *ty,
+                    Ok(ty) => bail!(
+                        "tensor `{hn}`: a norm weight of type {ty}, shape {:?}",
+                        e.shape
+                    ),
+                    Err(name) => bail!("tensor `{hn}`: pack cannot read dtype {name}"),
+                };
+                let bytes = self.st.bytes(e);
+                let n = e.shape[0];
+                anyhow::ensure!(
+                    bytes.len() == flowrt_kernels::row_size(ty, n),
+                    "tensor `{hn}`: {} bytes stored, its shape needs {}",
+                    bytes.len(),
+                    flowrt_kernels::row_size(ty, n)
+                );
+                let mut v = vec![0f32; n];
+                k.dequantize_row(ty, bytes, &mut v);
+                v.iter_mut().for_each(|x| *x += offset);
+                made.push(Made {
+                    name: role.gguf_name(l),
+                    values: f32_bytes(&v),
+                });
+            }
+        }
+        Ok(made)
+    }
+
+    /// LongRoPE's short and long divisors as config.json gives them (flowrt's config holds
+    /// only the set the family runs with).
+    fn longrope_factors(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let c = self.json.get("text_config").unwrap_or(&self.json);
+        let p = &c["rope_parameters"];
+        let obj = [&p["full_attention"], p, &c["rope_scaling"]]
+            .into_iter()
+            .find(|o| o.get("long_factor").is_some())
+            .context("config.json: LongRoPE without `long_factor`")?;
+        let list = |k: &str| -> Result<Vec<f32>> {
+            obj[k]
+                .as_array()
+                .with_context(|| format!("config.json: LongRoPE `{k}` is not a list"))?
+                .iter()
+                .map(|v| {
+                    v.as_f64()
+                        .map(|x| x as f32)
+                        .with_context(|| format!("config.json: LongRoPE `{k}` holds {v}"))
+                })
+                .collect()
+        };
+        Ok((list("short_factor")?, list("long_factor")?))
+    }
+
+    /// The `{arch}.*` hyperparameters.
+    fn hyperparameters(&self) -> Result<Vec<(String, Value)>> {
+        let c = &self.cfg;
+        let a = self.target.gguf_arch;
+        let k = |key: &str| format!("{a}.{key}");
+        let u = |v: usize| Value::U32(v as u32);
+        if c.activation != c.arch.activation {
+            bail!(
+                "config.json: activation {:?} is not the `{}` family's {:?}, and GGUF `{a}` has no key for it",
+                c.activation,
+                c.arch.name,
+                c.arch.activation
+            );
+        }
+        let mut meta: Vec<(String, Value)> = vec![
+            (k("context_length"), u(c.max_position_embeddings)),
+            (k("embedding_length"), u(c.hidden_size)),
+            (k("block_count"), u(c.num_hidden_layers)),
+            (k("feed_forward_length"), u(c.intermediate_size)),
+            (k("attention.head_count"), u(c.num_attention_heads)),
+            (k("attention.head_count_kv"), u(c.num_key_value_heads)),
+            (
+                k("attention.layer_norm_rms_epsilon"),
+                Value::F32(c.rms_norm_eps),
+            ),
+            (k("attention.key_length"), u(c.head_dim)),
+            (k("attention.value_length"), u(c.head_dim)),
+            (k("rope.dimension_count"), u(c.rope_dim)),
+            (k("rope.freq_base"), Value::F32(c.rope.theta)),
+            (k("vocab_size"), u(c.vocab_size)),
+        ];
+        match &c.rope.scaling {
+            RopeScaling::Linear { factor } => {
+                meta.push((k("rope.scaling.type"), "linear".into()));
+                meta.push((k("rope.scaling.factor"), Value::F32(*factor)));
+            }
+            RopeScaling::LongRope {
+                original_max_position_embeddings,
+                attention_factor,
+                ..
+            } => {
+                meta.push((k("rope.scaling.type"), "longrope".into()));
+                meta.push((
+                    k("rope.scaling.original_context_length"),
+                    u(*original_max_position_embeddings),
+                ));
+                meta.push((k("rope.scaling.attn_factor"), Value::F32(*attention_factor)));
+            }
+            // As tensors (`make_tensors`), or nothing.
+            RopeScaling::None | RopeScaling::Llama3 { .. } | RopeScaling::FreqFactors(_) => {}
+        }
+        if let Some(w) = c.sliding_window {
+            meta.push((k("attention.sliding_window"), u(w)));
+            let flags: Vec<bool> = c
+                .layer_types
+                .iter()
+                .map(|&t| t == LayerType::Sliding)
+                .collect();
+            meta.push((
+                k("attention.sliding_window_pattern"),
+                Value::Array(Array::Bool(flags)),
+            ));
+            if let Some(local) = &c.rope_local {
+                if local.scaling != RopeScaling::None {
+                    bail!("config.json: the sliding layers' RoPE is scaled; GGUF `{a}` has no key for it");
+                }
+                meta.push((k("rope.freq_base_swa"), Value::F32(local.theta)));
+            }
+        }
+        if c.attn_scale != default_attn_scale(c) {
+            meta.push((k("attention.scale"), Value::F32(c.attn_scale)));
+        }
+        if let Some(cap) = c.final_logit_softcapping {
+            meta.push((k("final_logit_softcapping"), Value::F32(cap)));
+        }
+        if c.arch.embed_scale == EmbedScale::FromConfig {
+            meta.push((k("embedding_scale"), Value::F32(c.embedding_multiplier)));
+        }
+        if c.arch.scalings != Scalings::None {
+            meta.push((k("residual_scale"), Value::F32(c.residual_multiplier)));
+            meta.push((
+                k("logit_scale"),
+                Value::F32((1.0 / c.logit_multiplier as f64) as f32),
+            ));
+        }
+        Ok(meta)
+    }
+
+    /// What llama.cpp's loader for the written architecture would run differently from this
+    /// model (empty when nothing is known to differ).
+    pub(crate) fn llama_cpp_caveats(&self) -> Vec<String> {
+        let c = &self.cfg;
+        let a = self.target.gguf_arch;
+        let rules = self.target.llama_cpp;
+        let mut out = Vec::new();
+        let sliding: Vec<usize> = (0..c.num_hidden_layers)
+            .filter(|&l| c.layer_types[l] == LayerType::Sliding)
+            .collect();
+        if let (Some(w), false) = (c.sliding_window, sliding.is_empty()) {
+            match rules.swa {
+                Swa::None => out.push(format!(
+                    "its `{a}` loader has no sliding window: layers {sliding:?} would attend to \
+                     the whole context instead of the last {w} positions"
+                )),
+                Swa::FixedEvery(n) => {
+                    let fixed: Vec<usize> =
+                        ModelConfig::pattern_layer_types(c.num_hidden_layers, n)
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, &t)| t == LayerType::Sliding)
+                            .map(|(l, _)| l)
+                            .collect();
+                    if fixed != sliding {
+                        out.push(format!(
+                            "its `{a}` loader fixes every {n}th layer global and ignores \
+                             attention.sliding_window_pattern: it would slide layers {fixed:?}, \
+                             this model slides {sliding:?}"
+                        ));
+                    }
+                }
+            }
+            if let (Some(fixed), Some(local)) = (rules.local_rope_theta, &c.rope_local) {
+                if local.theta != fixed {
+                    out.push(format!(
+                        "its `{a}` loader fixes the sliding layers' RoPE base to {fixed} and \
+                         ignores rope.freq_base_swa = {}",
+                        local.theta
+                    ));
+                }
+            }
+        }
+        if c.attn_scale != default_attn_scale(c) && !rules.reads_attention_scale {
+            out.push(format!(
+                "its `{a}` loader ignores attention.scale = {:.6}: it scales attention scores \
+                 by 1/sqrt(head_dim) = {:.6}",
+                c.attn_scale,
+                default_attn_scale(c)
+            ));
+        }
+        if let Some(cap) = c.final_logit_softcapping {
+            let applied = match rules.softcap {
+                Softcap::Never => false,
+                Softcap::WithoutWindow => c.sliding_window.is_none(),
+            };
+            if !applied {
+                out.push(format!(
+                    "its `{a}` graph does not apply final_logit_softcapping = {cap} to this model"
+                ));
+            }
+        }
+        if let RopeScaling::LongRope {
+            original_max_position_embeddings: orig,
+            ..
+        } = c.rope.scaling
+        {
+            let flowrt = if !c.arch.longrope_by_max_position {
+                format!("switches to rope_factors_long from position {orig} on")
+            } else if c.max_position_embeddings > orig {
+                "uses rope_factors_long at every position".to_string()
+            } else {
+                "uses rope_factors_short at every position".to_string()
+            };
+            out.push(format!(
+                "it uses rope_factors_long only when its context (-c) exceeds \
+                 rope.scaling.original_context_length = {orig}, rope_factors_short otherwise; \
+                 flowrt, like the HF model, {flowrt}"
+            ));
+        }
+        out
     }
 
     /// The metadata and the tensors to write.
     pub(crate) fn plan(&self) -> Result<Plan<'_>> {
-        let n_head = self.usize_key("num_attention_heads")?;
-        let n_kv = self.usize_key("num_key_value_heads").unwrap_or(n_head);
-        let hidden = self.usize_key("hidden_size")?;
-        let head_dim = self.usize_key("head_dim").unwrap_or(hidden / n_head.max(1));
-        let n_layer = self.usize_key("num_hidden_layers")?;
-        let n_ff = self.usize_key("intermediate_size")?;
-        let vocab = self.usize_key("vocab_size")?;
-        let ctx = self.usize_key("max_position_embeddings").unwrap_or(2048);
-        let eps = self.cfg["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32;
-        let rp = &self.cfg["rope_parameters"];
-        let rs = &self.cfg["rope_scaling"];
-        let kind = rp["rope_type"]
-            .as_str()
-            .or(rs["rope_type"].as_str())
-            .or(rs["type"].as_str())
-            .unwrap_or("default");
-        if kind != "default" {
-            bail!("config.json: rope type `{kind}` is not supported by pack yet");
-        }
-        let theta = rp["rope_theta"]
-            .as_f64()
-            .or(self.cfg["rope_theta"].as_f64())
-            .unwrap_or(10000.0) as f32;
+        let c = &self.cfg;
         let name = self
             .dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let a = "llama";
         let mut meta: Vec<(String, Value)> = vec![
-            ("general.architecture".into(), a.into()),
+            ("general.architecture".into(), self.target.gguf_arch.into()),
             ("general.name".into(), name.into()),
-            (format!("{a}.context_length"), Value::U32(ctx as u32)),
-            (format!("{a}.embedding_length"), Value::U32(hidden as u32)),
-            (format!("{a}.block_count"), Value::U32(n_layer as u32)),
-            (format!("{a}.feed_forward_length"), Value::U32(n_ff as u32)),
-            (
-                format!("{a}.attention.head_count"),
-                Value::U32(n_head as u32),
-            ),
-            (
-                format!("{a}.attention.head_count_kv"),
-                Value::U32(n_kv as u32),
-            ),
-            (
-                format!("{a}.attention.layer_norm_rms_epsilon"),
-                Value::F32(eps),
-            ),
-            (format!("{a}.rope.freq_base"), Value::F32(theta)),
-            (
-                format!("{a}.rope.dimension_count"),
-                Value::U32(head_dim as u32),
-            ),
-            (
-                format!("{a}.attention.key_length"),
-                Value::U32(head_dim as u32),
-            ),
-            (
-                format!("{a}.attention.value_length"),
-                Value::U32(head_dim as u32),
-            ),
-            (format!("{a}.vocab_size"), Value::U32(vocab as u32)),
         ];
-        meta.extend(self.tokenizer_metadata(vocab)?);
+        meta.extend(self.hyperparameters()?);
+        meta.extend(self.tokenizer_metadata(c.vocab_size)?);
 
-        let mut plan: Vec<(String, String, Option<usize>)> = vec![(
-            "model.embed_tokens.weight".into(),
-            "token_embd.weight".into(),
-            None,
-        )];
-        for i in 0..n_layer {
-            for (h, g) in LAYER_TENSORS {
-                let hn = format!("model.layers.{i}.{h}");
-                if self.st.tensors.contains_key(&hn) {
-                    let perm = match g {
-                        "attn_q.weight" => Some(n_head),
-                        "attn_k.weight" => Some(n_kv),
-                        _ => None,
-                    };
-                    plan.push((hn, format!("blk.{i}.{g}"), perm));
-                }
-            }
+        let adjacent = self.gguf_spec().gguf_rope_pairing == RopePairing::Adjacent;
+        let mut tensors: Vec<SrcTensor<'_>> = Vec::new();
+        let made: HashMap<&str, &Made> = self.made.iter().map(|m| (m.name.as_str(), m)).collect();
+        // Computed tensors that no role names (the RoPE divisors) go first.
+        let roles = self.roles();
+        let role_names: HashSet<String> = roles.iter().map(|&(r, l)| r.gguf_name(l)).collect();
+        for m in self.made.iter().filter(|m| !role_names.contains(&m.name)) {
+            tensors.push(SrcTensor {
+                name: m.name.clone(),
+                dims: vec![m.values.len() as u64 / 4],
+                ty: Ok(GgmlType::F32),
+                data: &m.values,
+                permute_heads: None,
+                file_offset: 0,
+            });
         }
-        plan.push((
-            "model.norm.weight".into(),
-            "output_norm.weight".into(),
-            None,
-        ));
-        if self.st.tensors.contains_key("lm_head.weight") {
-            plan.push(("lm_head.weight".into(), "output.weight".into(), None));
+        let mut used: HashSet<String> = HashSet::new();
+        let mut missing = Vec::new();
+        for (role, l) in roles {
+            let gn = role.gguf_name(l);
+            let Some(hn) = self.hf_name(role, l) else {
+                continue;
+            };
+            let Some(e) = self.st.tensors.get(&hn) else {
+                missing.push(hn);
+                continue;
+            };
+            used.insert(hn);
+            let dims: Vec<u64> = e.shape.iter().rev().map(|&d| d as u64).collect();
+            let permute_heads = match role {
+                TensorRole::AttnQ if adjacent => Some(c.num_attention_heads),
+                TensorRole::AttnK if adjacent => Some(c.num_key_value_heads),
+                _ => None,
+            };
+            tensors.push(match made.get(gn.as_str()) {
+                Some(m) => SrcTensor {
+                    name: gn,
+                    dims,
+                    ty: Ok(GgmlType::F32),
+                    data: &m.values,
+                    permute_heads: None,
+                    file_offset: 0,
+                },
+                None => SrcTensor {
+                    name: gn,
+                    dims,
+                    ty: e.dtype.clone(),
+                    data: self.st.bytes(e),
+                    permute_heads,
+                    file_offset: e.start,
+                },
+            });
         }
-        let used: std::collections::HashSet<&str> = plan.iter().map(|p| p.0.as_str()).collect();
+        if !missing.is_empty() {
+            let n = missing.len();
+            missing.truncate(8);
+            bail!("{n} tensor(s) missing from the checkpoint: {missing:?}");
+        }
+        // A tied checkpoint may still store the output matrix (the same values).
+        if let Some(n) = self.hf_name(TensorRole::Output, 0) {
+            used.insert(n);
+        }
         let mut unused: Vec<&String> = self
             .st
             .tensors
@@ -177,24 +613,10 @@ impl HfSource {
         if !unused.is_empty() {
             unused.sort();
             unused.truncate(8);
-            bail!("tensors pack does not map for llama: {unused:?}");
-        }
-        let mut tensors = Vec::new();
-        for (hn, gn, perm) in plan {
-            let e = self
-                .st
-                .tensors
-                .get(&hn)
-                .with_context(|| format!("tensor `{hn}` missing from the checkpoint"))?;
-            let dims: Vec<u64> = e.shape.iter().rev().map(|&d| d as u64).collect();
-            tensors.push(SrcTensor {
-                name: gn,
-                dims,
-                ty: e.dtype.clone(),
-                data: self.st.bytes(e),
-                permute_heads: perm,
-                file_offset: e.start,
-            });
+            bail!(
+                "tensors the `{}` family does not use (is model_type right?): {unused:?}",
+                c.arch.name
+            );
         }
         Ok((meta, tensors))
     }
@@ -276,7 +698,7 @@ impl HfSource {
                     return Some(id as u32);
                 }
             }
-            let alt = &self.cfg[format!("{key}_id")];
+            let alt = &self.json[format!("{key}_id")];
             alt.as_u64()
                 .or(alt.as_array().and_then(|a| a.first()?.as_u64()))
                 .map(|v| v as u32)
@@ -330,6 +752,23 @@ impl HfSource {
     }
 }
 
+/// Per-dimension divisors of `rope`'s plain frequencies that give its scaled ones (how
+/// llama.cpp stores Llama 3's scaling, as `rope_freqs.weight`).
+fn freq_divisors(rope: &RopeConfig, rope_dim: usize) -> Vec<f32> {
+    let plain = &RopeConfig::plain(rope.theta).freqs(rope_dim)[0].inv_freq;
+    let scaled = &rope.freqs(rope_dim)[0].inv_freq;
+    plain
+        .iter()
+        .zip(scaled)
+        .map(|(&p, &s)| (p as f64 / s as f64) as f32)
+        .collect()
+}
+
+/// The attention scale a GGUF reader assumes without `attention.scale`: 1/√head_dim.
+fn default_attn_scale(c: &ModelConfig) -> f32 {
+    1.0 / (c.head_dim as f32).sqrt()
+}
+
 /// `tokenizer.ggml.pre` for a tokenizer.json pre-tokenizer: plain byte-level (`gpt-2`) or
 /// digits split then byte-level (`smollm`); anything else needs `--pre`.
 fn detect_pre(pt: &Json) -> Result<String> {
@@ -355,4 +794,77 @@ fn detect_pre(pt: &Json) -> Result<String> {
         "tokenizer.json: pre-tokenizer {} not recognised; name it with --pre (gpt-2, smollm, llama-bpe, qwen2)",
         pt["type"]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_target_is_read_back_with_its_familys_rules() {
+        let names: Vec<&str> = TARGETS.iter().map(|t| t.family).collect();
+        assert_eq!(
+            names,
+            ["llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm"]
+        );
+        for t in &TARGETS {
+            let spec = arch::ARCHS
+                .iter()
+                .find(|a| a.name == t.family)
+                .unwrap_or_else(|| panic!("no family `{}`", t.family));
+            let back = arch::by_gguf_arch(t.gguf_arch)
+                .unwrap_or_else(|| panic!("{}: flowrt cannot read `{}`", spec.name, t.gguf_arch));
+            // Everything the decoder branches on must survive the trip through the GGUF arch
+            // (the window is a key of the file, honoured for every family).
+            let rules = |a: &ArchSpec| {
+                (
+                    a.activation,
+                    a.gguf_rope_pairing,
+                    a.qkv_bias,
+                    a.qk_norm,
+                    a.sandwich_norms,
+                    a.embed_scale,
+                    a.scalings,
+                    a.longrope_by_max_position,
+                )
+            };
+            assert_eq!(rules(spec), rules(back), "{} as {}", spec.name, t.gguf_arch);
+            // The GGUF reader gives sliding layers their own RoPE only where the arch's
+            // defaults have one.
+            assert_eq!(
+                spec.defaults.local_rope_theta,
+                back.defaults.local_rope_theta
+            );
+        }
+    }
+
+    #[test]
+    fn llama3_divisors_are_llama_cpps() {
+        // llama.cpp's converter: 1 above the high-frequency wavelength, `factor` below the
+        // low one, 1 / ((1 - smooth) / factor + smooth) between.
+        let (theta, dim, factor, low, high, orig) = (10_000.0f32, 16, 8.0f64, 1.0, 4.0, 32.0);
+        let cfg = RopeConfig {
+            theta,
+            scaling: RopeScaling::Llama3 {
+                factor: factor as f32,
+                low_freq_factor: low as f32,
+                high_freq_factor: high as f32,
+                original_max_position_embeddings: orig as usize,
+            },
+        };
+        let plain = &RopeConfig::plain(theta).freqs(dim)[0].inv_freq;
+        for (&p, got) in plain.iter().zip(freq_divisors(&cfg, dim)) {
+            let wavelen = 2.0 * std::f64::consts::PI / p as f64;
+            let want = if wavelen < orig / high {
+                1.0
+            } else if wavelen > orig / low {
+                factor
+            } else {
+                let smooth = (orig / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            let got = got as f64;
+            assert!((got - want).abs() < 1e-5 * want, "{got} vs {want}");
+        }
+    }
 }

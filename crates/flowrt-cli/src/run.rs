@@ -60,6 +60,10 @@ pub struct RunArgs {
     /// Keep generating past end-of-generation tokens (up to --max-tokens).
     #[arg(long = "ignore-eos")]
     pub ignore_eos: bool,
+    /// After each answer, print to stderr the token ids fed to the model
+    /// (`prompt token ids: …`) and those generated (`generated token ids: …`), space-separated.
+    #[arg(long = "print-token-ids")]
+    pub print_token_ids: bool,
     /// Constrain the answer to this JSON Schema (a file); only a complete, conforming answer
     /// is printed.
     #[arg(long = "json-schema", value_name = "FILE", conflicts_with_all = ["json", "stop", "grammar", "regex"])]
@@ -150,6 +154,9 @@ fn run_prompt_or_chat(
             if args.stats {
                 print_stats(&stats);
             }
+            if args.print_token_ids {
+                print_token_ids(&tokens, &stats.tokens);
+            }
         }
         None => chat(session, model, args, gen)?,
     }
@@ -228,6 +235,14 @@ fn print_stats(s: &GenerationStats) {
         s.time_to_first_token.as_secs_f64() * 1e3,
         s.seed
     );
+}
+
+/// The `--print-token-ids` lines: what the model was fed, then what it generated (with
+/// `--ignore-eos`, end-of-generation tokens included).
+fn print_token_ids(prompt: &[u32], generated: &[u32]) {
+    let join = |ids: &[u32]| ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    eprintln!("prompt token ids: {}", join(prompt));
+    eprintln!("generated token ids: {}", join(generated));
 }
 
 fn finish_name(f: FinishReason) -> &'static str {
@@ -313,6 +328,9 @@ fn chat(
             Ok(stats) => {
                 if args.stats {
                     print_stats(&stats);
+                }
+                if args.print_token_ids {
+                    print_token_ids(&tokens, &stats.tokens);
                 }
                 if stats.finish == FinishReason::ContextFull {
                     eprintln!("(the context is full: /reset to start over)");

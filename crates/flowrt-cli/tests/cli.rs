@@ -804,3 +804,75 @@ fn run_grammar_and_regex_print_conforming_answers() {
     );
     fails_with(&["run", m, "hi", "--regex", "(unclosed"], "invalid");
 }
+
+/// The `prompt.{i}.input_ids` of a REF file (tests/fixtures/ref/README.md): i64 [T].
+fn ref_input_ids(path: &std::path::Path, i: usize) -> Vec<u32> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let t = &header[format!("prompt.{i}.input_ids")];
+    assert_eq!(t["dtype"], "I64", "{t}");
+    let (a, b) = (
+        t["data_offsets"][0].as_u64().unwrap() as usize,
+        t["data_offsets"][1].as_u64().unwrap() as usize,
+    );
+    bytes[8 + n + a..8 + n + b]
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
+}
+
+/// `--print-token-ids` prints what the model was fed and what it generated: for SmolLM2's
+/// first reference prompt (plain, 5 prompt ids, then 10 greedy ids appended by transformers)
+/// both lines equal the REF file's ids, which came from HF tokenizers and transformers.
+#[test]
+fn run_prints_the_token_ids_it_fed_and_generated() {
+    let m = model();
+    let reference = fixture("ref/smollm2-q4_1.safetensors");
+    let ids = ref_input_ids(&reference, 0);
+    assert_eq!(
+        ids.len(),
+        15,
+        "the REF's prompt 0: 5 prompt + 10 greedy ids"
+    );
+    let o = flowrt()
+        .args([
+            "run",
+            m.to_str().unwrap(),
+            "The capital of France is",
+            "--raw",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "10",
+            "--ignore-eos",
+            "--print-token-ids",
+        ])
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    let line = |key: &str| -> Vec<u32> {
+        let l = err
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no `{key}` line in {err}"));
+        l.split_whitespace().map(|t| t.parse().unwrap()).collect()
+    };
+    assert_eq!(line("prompt token ids: "), ids[..5], "{err}");
+    assert_eq!(line("generated token ids: "), ids[5..], "{err}");
+    assert!(out.contains("Paris"), "{out}");
+    // Without the flag, nothing of the kind is printed.
+    let o = flowrt()
+        .args([
+            "run",
+            m.to_str().unwrap(),
+            "Hi",
+            "--raw",
+            "--max-tokens",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(!text(&o).1.contains("token ids"), "{}", text(&o).1);
+}

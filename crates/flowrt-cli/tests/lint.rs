@@ -3,7 +3,11 @@
 //! is flagged with the right explanation and its measured cost, honest models are clean, and
 //! bad input is an error with exit code 2.
 //!
-//! The SmolLM2 test needs `FLOWRT_SMOLLM2_GGUF` (scripts/test sets it).
+//! The SmolLM2 tests need `FLOWRT_SMOLLM2_GGUF` and Gemma's `FLOWRT_GEMMA3_GGUF` (scripts/test
+//! sets them); the shims of SmolLM2 are built by tests/shims/mod.rs (what
+//! `scripts/make_port_shims.py --gguf` makes with gguf-py).
+
+mod shims;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -164,14 +168,191 @@ fn honest_fixtures_are_clean() {
     }
 }
 
+fn model_env(var: &str, tag: &str) -> PathBuf {
+    PathBuf::from(std::env::var_os(var).unwrap_or_else(|| {
+        panic!("{var} is not set: run scripts/test, or `flowrt pull {tag}` and set it to the printed path")
+    }))
+}
+
+fn smollm2() -> PathBuf {
+    model_env("FLOWRT_SMOLLM2_GGUF", "smollm2:135m")
+}
+
 #[test]
-fn smollm2_is_clean() {
-    let p = PathBuf::from(std::env::var_os("FLOWRT_SMOLLM2_GGUF").expect(
-        "FLOWRT_SMOLLM2_GGUF is not set: run scripts/test, or `flowrt pull smollm2:135m` and set it to the printed path",
-    ));
-    let (code, r, err) = lint(&[&p]);
+fn smollm2_and_gemma3_are_clean() {
+    for p in [smollm2(), model_env("FLOWRT_GEMMA3_GGUF", "gemma3:270m")] {
+        let (code, r, err) = lint(&[&p]);
+        assert_eq!(code, 0, "{r:#}\n{err}");
+        // Against itself: every quantised tensor's error is 0.
+        let (code, r, err) = lint_source(&p, &p);
+        assert_eq!(code, 0, "{r:#}\n{err}");
+    }
+}
+
+/// Greedy text of `model` on the thread's prompt.
+fn greedy(model: &Path) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .env("FLOWRT_LOG", "off")
+        .arg("run")
+        .arg(model)
+        .args(["The capital of France is", "--raw", "--temperature", "0"])
+        .args(["--max-tokens", "8"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn smollm2_port_shims_run_and_are_flagged_with_their_costs() {
+    // The thread's three shims of the default model (9 query heads, 3 KV heads: replication
+    // by 3, the most 9 query heads allow, where the thread's 2 KV heads took 4).
+    let src = smollm2();
+    let dir = tempfile::tempdir().unwrap();
+    let path = |n: &str| dir.path().join(n);
+    let (relabel, kv, tied) = (
+        path("qwen3-relabel.gguf"),
+        path("kv-replicated.gguf"),
+        path("tied-duplicated.gguf"),
+    );
+    shims::make(&src, shims::Shim::Qwen3Relabel, &relabel);
+    shims::make(&src, shims::Shim::KvReplicated(3), &kv);
+    shims::make(&src, shims::Shim::TiedDuplicated, &tied);
+
+    // They run; replicated KV heads and duplicated embeddings change nothing, the injected
+    // QK-norm changes the answer (measured: " Paris.\n\nThe answer is:\n" and " 20.\n\n\n\n\n").
+    let reference = greedy(&src);
+    assert!(reference.contains("Paris"), "{reference:?}");
+    assert_eq!(greedy(&kv), reference);
+    assert_eq!(greedy(&tied), reference);
+    assert_ne!(greedy(&relabel), reference);
+
+    // Relabel: the injected norm with its measured KL (2.045 with vs without it, 2.045
+    // against the source), the label, and against the source the config.
+    let (code, r, err) = lint_source(&relabel, &src);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(
+        checks(&fs),
+        ["injected-qk-norm", "arch-label", "config-mismatch"],
+        "{fs:#?}"
+    );
+    let f = find(&fs, "injected-qk-norm");
+    let msg = f["message"].as_str().unwrap();
+    assert!(
+        msg.contains("all 30 layers is the constant 1") && msg.contains("has no QK-norm"),
+        "{msg}"
+    );
+    let with_without = &f["measured"]["with_vs_without_qk_norm"];
+    let kl = with_without["mean_kl"].as_f64().unwrap();
+    assert!(kl > 0.5, "{f:#}");
+    assert!(
+        with_without["top1_agreement"].as_f64().unwrap() < 0.6,
+        "{f:#}"
+    );
+    // Without its QK-norm the shim is the source (its Q/K rows were un-permuted for qwen3's
+    // half-split RoPE), so the two KLs agree up to the pairing's rounding.
+    let vs_source = f["measured"]["source_vs_model"]["mean_kl"]
+        .as_f64()
+        .unwrap();
+    assert!((vs_source - kl).abs() < 1e-2 * kl, "{vs_source} vs {kl}");
+    assert!(f["cost"].as_str().unwrap().contains("mean KL"), "{f:#}");
+
+    // KV heads: 9 stored, 3 true; 6 wasted heads x 64 x 30 layers x (K, V) x 2 bytes x 8192.
+    let (code, r, err) = lint(&[&kv]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["replicated-kv-heads"], "{fs:#?}");
+    let m = &find(&fs, "replicated-kv-heads")["measured"];
+    assert_eq!(m["stored_kv_heads"], 9);
+    assert_eq!(m["true_kv_heads"], 3);
+    assert_eq!(m["wasted_kv_cache_bytes"], 6u64 * 64 * 30 * 2 * 2 * 8192);
+    let (code, r, _) = lint_source(&kv, &src);
+    assert_eq!(code, 1);
+    assert_eq!(
+        checks(&findings(&r)),
+        ["replicated-kv-heads", "config-mismatch"],
+        "{r:#}"
+    );
+
+    // Tied embeddings stored twice: 49152 x 576 Q8_0 = 28.7 MiB.
+    for (code, r, err) in [lint(&[&tied]), lint_source(&tied, &src)] {
+        assert_eq!(code, 1, "{r:#}\n{err}");
+        let fs = findings(&r);
+        assert_eq!(checks(&fs), ["duplicated-tied-embeddings"], "{fs:#?}");
+        let cost = find(&fs, "duplicated-tied-embeddings")["cost"]
+            .as_str()
+            .unwrap();
+        assert!(cost.starts_with("28.7 MiB"), "{cost}");
+    }
+}
+
+/// `flowrt pack SRC -o OUT --quant q8_0 --no-gate`.
+fn pack_q8_0(src: &Path, out: &Path) {
+    let o = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .env("FLOWRT_LOG", "off")
+        .arg("pack")
+        .arg(src)
+        .arg("-o")
+        .arg(out)
+        .args(["--quant", "q8_0", "--no-gate"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn tensors_far_from_their_types_error_are_flagged() {
+    // An honest Q8_0 pack of the HF fixture (attn_q/attn_k rows permuted for llama's
+    // adjacent-pair RoPE) is clean against it: each tensor's error is what Q8_0 gives.
+    let src = fixture("families/llama-untied");
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q8_0.gguf");
+    pack_q8_0(&src, &pack);
+    let (code, r, err) = lint_source(&pack, &src);
     assert_eq!(code, 0, "{r:#}\n{err}");
-    let (code, r, err) = lint_source(&p, &p);
+    assert!(r["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c == "quant-error"));
+
+    // Its attn_q of layer 1 with every block scale doubled (Q8_0 block: f16 scale, 32 i8; one
+    // more in a normal f16's exponent doubles it).
+    let bytes = std::fs::read(&pack).unwrap();
+    let f = flowrt_gguf::GgufFile::from_bytes(bytes.clone()).unwrap();
+    let t = f.tensor("blk.1.attn_q.weight").unwrap();
+    let start = (f.data_offset() + t.offset) as usize;
+    let mut bad = bytes;
+    for block in bad[start..start + t.size_bytes as usize].chunks_exact_mut(34) {
+        let d = u16::from_le_bytes([block[0], block[1]]);
+        assert!((1..30).contains(&(d >> 10 & 0x1f)), "a normal scale");
+        block[..2].copy_from_slice(&(d + (1 << 10)).to_le_bytes());
+    }
+    let tampered = dir.path().join("tampered.gguf");
+    std::fs::write(&tampered, bad).unwrap();
+    let (code, r, err) = lint_source(&tampered, &src);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["quant-error"], "{fs:#?}");
+    let f = find(&fs, "quant-error");
+    let msg = f["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("1 of 23 quantised tensor(s)")
+            && msg.contains("blk.1.attn_q.weight (q8_0)"),
+        "{msg}"
+    );
+    // Doubled scales: the error is the tensor itself (relative RMS 1.000), where Q8_0 gives
+    // 0.0052.
+    let t = &f["measured"]["flagged"][0];
+    assert_eq!(t["tensor"], "blk.1.attn_q.weight");
+    let (e, typical) = (
+        t["rel_rms_err"].as_f64().unwrap(),
+        t["typical"].as_f64().unwrap(),
+    );
+    assert!(e > 0.9 && e < 1.1 && typical < 0.01, "{t}");
+    // Without --source there is nothing to compare with.
+    let (code, r, err) = lint(&[&tampered]);
     assert_eq!(code, 0, "{r:#}\n{err}");
 }
 

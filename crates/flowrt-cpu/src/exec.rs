@@ -251,7 +251,11 @@ pub struct CpuBackend {
     quant: Vec<u8>,       // quantised activation rows for the current matmul input
     quant_of: Option<(Buf, ActRows, usize, usize)>, // (buffer, format, first row, rows) held in `quant`
     rows: Vec<(usize, usize)>, // (max_batch) sequence and position of each row of the batch
-    logit_rows: Vec<usize>,    // (max_batch) rows whose logits the batch wants
+    row_last: Vec<usize>, // (max_batch) last position of each row's span (bidirectional attention)
+    row_see: Vec<usize>,  // (max_batch) last position each row attends to in the current attention
+    pooled: Vec<f32>,     // (spans, hidden) the last batch's pooled rows (embedding plans)
+    n_pooled: usize,      // rows of `pooled` the last batch produced
+    logit_rows: Vec<usize>, // (max_batch) rows whose logits the batch wants
     act_quant: ActQuant,
     /// Matrices repacked in the x8 layout (the rest are used in their row layout).
     packed: PackedWeights,
@@ -276,9 +280,12 @@ impl CpuBackend {
     pub fn new(model: Arc<Model>, opts: &CpuOptions) -> Result<Self, BackendError> {
         let kernels = opts.kernels.unwrap_or_else(Kernels::detect);
         let c = &model.config;
-        let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd, &model.output];
+        let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd];
+        mats.extend(&model.output);
+        mats.extend(&model.pos_embd);
+        mats.extend(&model.token_types);
         for l in &model.layers {
-            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            mats.extend(l.matrices());
         }
         for m in mats {
             if !Kernels::supports(m.dtype) {
@@ -341,6 +348,10 @@ impl CpuBackend {
             quant: Vec::new(),
             quant_of: None,
             rows: Vec::with_capacity(max_batch),
+            row_last: Vec::with_capacity(max_batch),
+            row_see: Vec::with_capacity(max_batch),
+            pooled: Vec::new(),
+            n_pooled: 0,
             logit_rows: Vec::with_capacity(max_batch),
             per_thread,
             attn_split: opts.attn_split,
@@ -427,11 +438,15 @@ impl CpuBackend {
             .map_err(BackendError::BadSpans)?;
         // Sequence and position of every row; the rows whose logits are wanted.
         self.rows.clear();
+        self.row_last.clear();
         self.logit_rows.clear();
+        self.n_pooled = 0;
         let mut row = 0;
         for sp in batch.spans {
             self.rows
                 .extend((sp.pos0..sp.pos0 + sp.len).map(|p| (sp.seq, p)));
+            self.row_last
+                .extend(std::iter::repeat_n(sp.pos0 + sp.len - 1, sp.len));
             row += sp.len;
             match batch.logits {
                 LogitsWanted::Last => self.logit_rows.push(row - 1),
@@ -549,30 +564,67 @@ impl CpuBackend {
                     k.scale(&mut x[..n * h], scale);
                 }
             }
-            Op::RmsNorm { src, dst, weight } => {
+            Op::AddPositions { token_type } => {
                 let model = &self.model;
-                let w = match (weight, layer) {
-                    (NormWeight::Attn, Some(l)) => &model.layers[l].attn_norm,
-                    (NormWeight::Ffn, Some(l)) => &model.layers[l].ffn_norm,
-                    (NormWeight::AttnPost, Some(l)) => model.layers[l]
-                        .attn_post_norm
+                let pe = model
+                    .pos_embd
+                    .as_ref()
+                    .ok_or("the model has no position embeddings")?;
+                // Every token is of type 0 (one text per sequence).
+                let mut row = vec![0f32; h];
+                let mut type0 = vec![0f32; h];
+                if token_type {
+                    let tt = model
+                        .token_types
                         .as_ref()
-                        .ok_or("the model has no attention output norm")?,
-                    (NormWeight::FfnPost, Some(l)) => model.layers[l]
-                        .ffn_post_norm
-                        .as_ref()
-                        .ok_or("the model has no feed-forward output norm")?,
-                    (NormWeight::Output, _) => &model.output_norm,
-                    _ => return Err("a layer norm outside a layer group".into()),
-                };
-                let (s, d) = two_bufs(&mut self.bufs, src, dst);
-                for t in 0..n {
-                    k.rms_norm(
-                        &s[t * h..(t + 1) * h],
-                        w,
-                        c.rms_norm_eps,
-                        &mut d[t * h..(t + 1) * h],
-                    );
+                        .ok_or("the model has no token-type embeddings")?;
+                    k.dequantize_row(tt.dtype, tt.rows_bytes(0, 1), &mut type0);
+                }
+                let x = &mut self.bufs[Buf::X as usize];
+                for (t, &(_, pos)) in self.rows.iter().enumerate() {
+                    if pos >= pe.rows {
+                        return Err(format!(
+                            "position {pos} is beyond the model's {} learned positions",
+                            pe.rows
+                        ));
+                    }
+                    k.dequantize_row(pe.dtype, pe.rows_bytes(pos, pos + 1), &mut row);
+                    let xt = &mut x[t * h..(t + 1) * h];
+                    k.add(xt, &row);
+                    if token_type {
+                        k.add(xt, &type0);
+                    }
+                }
+            }
+            Op::RmsNorm { src, dst, weight } => {
+                let (w, _) = Self::norm_weights(&self.model, weight, layer)?;
+                if src == dst {
+                    let x = &mut self.bufs[src as usize];
+                    for row in x[..n * h].chunks_exact_mut(h) {
+                        rms_norm_in_place(row, w, c.rms_norm_eps);
+                    }
+                } else {
+                    let (s, d) = two_bufs(&mut self.bufs, src, dst);
+                    for t in 0..n {
+                        k.rms_norm(
+                            &s[t * h..(t + 1) * h],
+                            w,
+                            c.rms_norm_eps,
+                            &mut d[t * h..(t + 1) * h],
+                        );
+                    }
+                }
+            }
+            Op::LayerNorm { src, dst, weight } => {
+                let (w, b) = Self::norm_weights(&self.model, weight, layer)?;
+                let b = b.ok_or("a LayerNorm without a bias")?;
+                if src != dst {
+                    let (s, d) = two_bufs(&mut self.bufs, src, dst);
+                    d[..n * h].copy_from_slice(&s[..n * h]);
+                }
+                let x = &mut self.bufs[dst as usize];
+                for row in x[..n * h].chunks_exact_mut(h) {
+                    crate::ops::layer_norm_in_place(row, w, b, c.rms_norm_eps);
                 }
             }
             Op::MatMul { src, dst, weight } => self.matmuls(layer, src, &[(dst, weight)], batch)?,
@@ -628,10 +680,22 @@ impl CpuBackend {
                     }
                 }
             }
-            Op::Attention { window } => {
+            Op::Attention { window, causal } => {
                 let l = layer.ok_or("attention outside a layer")?;
-                self.attention(l, window, batch);
+                self.attention(l, window, causal, batch);
             }
+            Op::Act(act) => {
+                let ff = c.intermediate_size;
+                let up = &mut self.bufs[Buf::Up as usize][..n * ff];
+                match act {
+                    flowrt_model::Activation::Gelu => {
+                        self.pool
+                            .for_each_chunk_mut(up, ff, &|_, _, row| crate::ops::gelu_in_place(row))
+                    }
+                    other => return Err(format!("no plain activation kernel for {other:?}")),
+                }
+            }
+            Op::Pool { src, pooling } => self.pool_rows(src, pooling, batch)?,
             Op::ScaleLogits { scale, softcap } => {
                 let logits =
                     &mut self.bufs[Buf::Logits as usize][..self.n_logit_rows * c.vocab_size];
@@ -653,6 +717,9 @@ impl CpuBackend {
                     }
                     flowrt_model::Activation::GeluTanh => {
                         k.gelu_tanh_mul(&mut gate[..n * ff], &up[..n * ff])
+                    }
+                    flowrt_model::Activation::Gelu => {
+                        crate::ops::gelu_mul(&mut gate[..n * ff], &up[..n * ff])
                     }
                 }
             }
@@ -676,16 +743,94 @@ impl CpuBackend {
         layer: Option<usize>,
         role: MatRole,
     ) -> Result<(&WeightMatrix, Option<&Vec<f32>>), String> {
-        let w = model
-            .matrix(layer, role)
-            .ok_or("a layer matmul outside a layer group")?;
-        let bias = match (role, layer) {
-            (MatRole::Q, Some(l)) => model.layers[l].bq.as_ref(),
-            (MatRole::K, Some(l)) => model.layers[l].bk.as_ref(),
-            (MatRole::V, Some(l)) => model.layers[l].bv.as_ref(),
-            _ => None,
-        };
-        Ok((w, bias))
+        let w = model.matrix(layer, role).ok_or_else(|| {
+            format!("the model has no {role:?} matrix here (or a layer matmul outside a layer)")
+        })?;
+        Ok((w, model.bias(layer, role)))
+    }
+
+    /// A norm's weight and (LayerNorm) bias.
+    fn norm_weights(
+        model: &Model,
+        weight: NormWeight,
+        layer: Option<usize>,
+    ) -> Result<(&Vec<f32>, Option<&Vec<f32>>), String> {
+        let lw = |l: usize| &model.layers[l];
+        Ok(match (weight, layer) {
+            (NormWeight::Embed, _) => (
+                model
+                    .embd_norm
+                    .as_ref()
+                    .ok_or("the model has no embedding norm")?,
+                model.embd_norm_bias.as_ref(),
+            ),
+            (NormWeight::Attn, Some(l)) => (&lw(l).attn_norm, lw(l).attn_norm_bias.as_ref()),
+            (NormWeight::Ffn, Some(l)) => (&lw(l).ffn_norm, lw(l).ffn_norm_bias.as_ref()),
+            (NormWeight::AttnPost, Some(l)) => (
+                lw(l)
+                    .attn_post_norm
+                    .as_ref()
+                    .ok_or("the model has no attention output norm")?,
+                None,
+            ),
+            (NormWeight::FfnPost, Some(l)) => (
+                lw(l)
+                    .ffn_post_norm
+                    .as_ref()
+                    .ok_or("the model has no feed-forward output norm")?,
+                None,
+            ),
+            (NormWeight::Output, _) => (
+                model
+                    .output_norm
+                    .as_ref()
+                    .ok_or("the model has no final norm")?,
+                None,
+            ),
+            _ => return Err("a layer norm outside a layer group".into()),
+        })
+    }
+
+    /// One row per span of the batch from `src`'s rows of that span, into `pooled`.
+    fn pool_rows(
+        &mut self,
+        src: Buf,
+        pooling: flowrt_model::Pooling,
+        batch: &Batch,
+    ) -> Result<(), String> {
+        let h = self.model.config.hidden_size;
+        if src.width(&self.model.config) != h {
+            return Err(format!("pooling {src:?}, which is not of the hidden width"));
+        }
+        let spans = batch.spans.len();
+        if self.pooled.len() < spans * h {
+            self.pooled.resize(spans * h, 0.0);
+        }
+        let x = &self.bufs[src as usize];
+        let mut r0 = 0;
+        for (i, sp) in batch.spans.iter().enumerate() {
+            let out = &mut self.pooled[i * h..(i + 1) * h];
+            let row = |r: usize| &x[r * h..(r + 1) * h];
+            match pooling {
+                flowrt_model::Pooling::Cls => out.copy_from_slice(row(r0)),
+                flowrt_model::Pooling::Last => out.copy_from_slice(row(r0 + sp.len - 1)),
+                flowrt_model::Pooling::Mean => {
+                    out.fill(0.0);
+                    for r in r0..r0 + sp.len {
+                        self.kernels.add(out, row(r));
+                    }
+                    self.kernels.scale(out, 1.0 / sp.len as f32);
+                }
+            }
+            r0 += sp.len;
+        }
+        self.n_pooled = spans;
+        Ok(())
+    }
+
+    /// Pooled rows of the last batch (embedding plans): `(spans, hidden)`.
+    pub fn embeddings(&self) -> &[f32] {
+        &self.pooled[..self.n_pooled * self.model.config.hidden_size]
     }
 
     /// How activations are quantised for weights of type `ty`.
@@ -1041,6 +1186,10 @@ impl Backend for CpuBackend {
         CpuBackend::logits(self)
     }
 
+    fn embeddings(&self) -> &[f32] {
+        CpuBackend::embeddings(self)
+    }
+
     fn n_ctx(&self) -> usize {
         CpuBackend::n_ctx(self)
     }
@@ -1070,6 +1219,25 @@ impl Backend for CpuBackend {
             ));
         }
         Ok(b[..rows * width].to_vec())
+    }
+
+    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), String> {
+        let width = buf.width(&self.model.config);
+        let b = &mut self.bufs[buf as usize];
+        if buf == Buf::Logits
+            || width == 0
+            || !values.len().is_multiple_of(width)
+            || values.len() / width > self.max_batch
+            || values.len() > b.len()
+        {
+            return Err(format!(
+                "cannot write {} values into {buf:?} (rows of {width}, at most {} rows)",
+                values.len(),
+                self.max_batch
+            ));
+        }
+        b[..values.len()].copy_from_slice(values);
+        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod exec;
 mod kv;
+mod ops;
 mod packed;
 mod pool;
 mod rope;

@@ -74,8 +74,8 @@ impl PackedWeights {
                 }
             }
         }
-        if eligible(&model.output) {
-            me.output = Some(take(&model.output));
+        if let Some(output) = model.output.as_ref().filter(|m| eligible(m)) {
+            me.output = Some(take(output));
         }
         if total == 0 {
             return Ok(me);

@@ -237,6 +237,12 @@ pub trait Backend: Send {
     fn cancel(&mut self);
     /// Logits of the last completed batch: `(rows, vocab)`.
     fn logits(&self) -> &[f32];
+    /// The pooled rows of the last completed batch when its plan ends in a pooling op
+    /// (`flowrt_model::Plan::embedding`): `(spans, hidden)`, one row per span in batch order.
+    /// A device without a pooling op returns none (the default), and the engine says so.
+    fn embeddings(&self) -> &[f32] {
+        &[]
+    }
     /// Positions the device's KV cache holds per sequence.
     fn n_ctx(&self) -> usize;
     /// Sequences the device's KV cache holds.
@@ -254,6 +260,18 @@ pub trait Backend: Send {
         let _ = rows;
         Err(format!(
             "the {} backend cannot read activation buffers back ({buf:?})",
+            self.info().name
+        ))
+    }
+    /// Overwrites the first `values.len() / buf.width(config)` rows of activation buffer `buf`
+    /// before the next runlist: `flowrt diff` feeds one model's residual stream `X` into the
+    /// other's next layer, to measure each layer's own error on the same input. Nothing calls
+    /// this in normal running. A device that cannot write its buffers answers why not (the
+    /// default).
+    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), String> {
+        let _ = values;
+        Err(format!(
+            "the {} backend cannot write activation buffers ({buf:?})",
             self.info().name
         ))
     }

@@ -41,7 +41,13 @@ pub fn group_costs(model: &Model, plan: &Plan) -> Vec<GroupCost> {
                         cost.matmul_flops += flops;
                     }
                     Op::Embed { .. } => cost.weight_bytes += model.token_embd.row_bytes as u64,
-                    Op::Attention { .. } => cost.attention_flops_per_pos += 4 * c.q_dim() as u64,
+                    // Causal: a token at position p attends p + 1 positions (what the
+                    // batch's `attended` counts). Bidirectional: every token of a span sees the
+                    // whole span, about twice as many.
+                    Op::Attention { causal, .. } => {
+                        let per_pos = 4 * c.q_dim() as u64;
+                        cost.attention_flops_per_pos += if causal { per_pos } else { 2 * per_pos };
+                    }
                     _ => {}
                 }
             }

@@ -290,6 +290,13 @@ impl Dispatcher {
         self.device.backend().map_or(&[], |b| b.logits())
     }
 
+    /// Pooled rows of the last completed step of an embedding plan, `(spans, hidden)`; empty
+    /// while the device is lost or when the backend cannot pool (see
+    /// [`crate::Backend::embeddings`]).
+    pub fn embeddings(&self) -> &[f32] {
+        self.device.backend().map_or(&[], |b| b.embeddings())
+    }
+
     /// The trace recorded so far, if one was asked for (`None` while the device is lost: the
     /// trace travels with the backend).
     pub fn trace(&self) -> Option<&Trace> {

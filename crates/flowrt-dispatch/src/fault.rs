@@ -325,6 +325,9 @@ impl<B: Backend> Backend for FaultBackend<B> {
     fn logits(&self) -> &[f32] {
         self.inner.logits()
     }
+    fn embeddings(&self) -> &[f32] {
+        self.inner.embeddings()
+    }
     fn n_ctx(&self) -> usize {
         self.inner.n_ctx()
     }
@@ -343,5 +346,12 @@ impl<B: Backend> Backend for FaultBackend<B> {
         rows: usize,
     ) -> Result<Vec<f32>, String> {
         self.inner.read_activation(buf, rows)
+    }
+    fn write_activation(
+        &mut self,
+        buf: flowrt_model::plan::Buf,
+        values: &[f32],
+    ) -> Result<(), String> {
+        self.inner.write_activation(buf, values)
     }
 }

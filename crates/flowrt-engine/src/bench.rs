@@ -255,26 +255,44 @@ pub fn weight_bytes(model: &Model) -> u64 {
         .layers
         .iter()
         .map(|l| {
-            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
-                .into_iter()
-                .map(m)
-                .sum::<u64>()
+            l.matrices().map(m).sum::<u64>()
                 + v(&l.attn_norm)
                 + v(&l.ffn_norm)
-                + [&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm]
-                    .into_iter()
-                    .map(o)
-                    .sum::<u64>()
+                + [
+                    &l.bq,
+                    &l.bk,
+                    &l.bv,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.attn_norm_bias,
+                    &l.ffn_norm_bias,
+                    &l.bo,
+                    &l.b_up,
+                    &l.b_down,
+                ]
+                .into_iter()
+                .map(o)
+                .sum::<u64>()
                 + o(&l.attn_post_norm)
                 + o(&l.ffn_post_norm)
         })
         .sum();
-    let output = if model.tied_embeddings {
-        0
-    } else {
-        m(&model.output)
+    let output = match &model.output {
+        Some(w) if !model.tied_embeddings => m(w),
+        _ => 0,
     };
-    layers + m(&model.token_embd) + output + v(&model.output_norm)
+    layers
+        + m(&model.token_embd)
+        + [&model.pos_embd, &model.token_types]
+            .into_iter()
+            .flatten()
+            .map(m)
+            .sum::<u64>()
+        + output
+        + [&model.output_norm, &model.embd_norm, &model.embd_norm_bias]
+            .into_iter()
+            .map(o)
+            .sum::<u64>()
 }
 
 /// Decode speed against the memory's measured read bandwidth: a decode step reads every

@@ -1,23 +1,36 @@
-//! Where two models part: per-layer divergence of the residual stream, teacher-forced.
+//! Where two models part: per-layer divergence, teacher-forced.
 //!
 //! [`diff`] runs model A (the reference: a source checkpoint) and model B (the candidate: its
-//! port or quantisation) over the same token ids and compares, after the embedding and after
-//! every decoder layer, the residual stream `X` of every position: the cosine similarity and
-//! the relative L2 error `‖x_B − x_A‖ / ‖x_A‖`, averaged and worst over positions. The first
-//! layer whose mean relative error exceeds a threshold is where the pack goes wrong. The
-//! logits are compared as `flowrt verify` does: top-1 agreement and KL(A ‖ B).
+//! port or quantisation) over the same token ids. After the embedding and after every decoder
+//! layer it compares the residual stream `X` of every position (cosine similarity and relative
+//! L2 error `‖x_B − x_A‖ / ‖x_A‖`, mean and worst over positions) and the logits as
+//! `flowrt verify` does (top-1 agreement, KL(A ‖ B)).
 //!
-//! Both models run on their own backend, driven directly one layer per runlist (the cuts the
-//! dispatcher makes at `--max-runlist-layers 1`, with the embedding split off), reading `X`
-//! back with [`flowrt_dispatch::Backend::read_activation`] after each. Sessions and the
-//! dispatcher are not involved: normal running pays nothing for this.
+//! Where B goes wrong is decided by each block's *own* error. The residual stream cannot tell:
+//! once one layer errs, every later one inherits the error, and a layer's update can be small
+//! beside the stream it joins. So B is also run a second time, with A's residual stream
+//! written into it before each block (attention, feed-forward), and what B's block adds is
+//! compared with what A's adds to the same input: `‖X_B' − X_A‖ / ‖X_A − X_in‖` over all
+//! positions. A layer diverges when its attention or feed-forward block's own error exceeds
+//! the threshold; the first such layer is reported.
+//!
+//! The default threshold, 0.2, was chosen from measurements (docs/porting.md, "Choosing
+//! diff's threshold"): honest Q8_0, Q4_K and F16 packs of SmolLM2 stay at or below 0.026, 4-bit
+//! quantisation of the random-weight fixtures at 0.14 to 0.16 (Q4_1) and 0.15 to 0.20 (Q4_0),
+//! while the all-ones QK-norm shim of SmolLM2 gives 0.254 in layer 0's attention (and exactly 0
+//! in every feed-forward block).
+//!
+//! The models run on their own backends, driven directly one block per runlist, reading `X`
+//! back with [`flowrt_dispatch::Backend::read_activation`] and writing it with
+//! [`flowrt_dispatch::Backend::write_activation`]. Sessions and the dispatcher are not
+//! involved: normal running pays nothing for this.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use flowrt_dispatch::{Backend, Batch, LogitsWanted, Runlist, SeqSpan};
 use flowrt_model::plan::Buf;
-use flowrt_model::Plan;
+use flowrt_model::{GroupKind, Plan};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -49,13 +62,13 @@ impl DiffPrompt {
 pub struct DiffOptions {
     /// Backend settings, used for both models.
     pub engine: EngineOptions,
-    /// A layer diverges when its mean relative error exceeds this.
+    /// A layer diverges when its attention or feed-forward block's own error exceeds this.
     pub threshold: f64,
     /// Most tokens per prompt (longer ones are cut).
     pub max_tokens: usize,
 }
 
-/// The default divergence threshold (mean relative L2 error of the residual stream).
+/// The default divergence threshold: a block's own relative error (see the module docs).
 pub const DEFAULT_DIFF_THRESHOLD: f64 = 0.2;
 
 impl Default for DiffOptions {
@@ -68,7 +81,8 @@ impl Default for DiffOptions {
     }
 }
 
-/// Divergence of the residual stream after one stage (the embedding or a decoder layer).
+/// Divergence after one stage (the embedding or a decoder layer): the residual stream, and
+/// each block's own error.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct LayerDiff {
     /// The decoder layer; `None` for the embedding.
@@ -81,7 +95,18 @@ pub struct LayerDiff {
     pub max_rel_err: f64,
     /// Where the worst relative error is: (prompt index, position).
     pub worst_at: (usize, usize),
-    /// Whether `mean_rel_err` exceeds the threshold.
+    /// The attention block's own error: `‖X_B' − X_A‖ / ‖X_A − X_in‖` over all positions
+    /// (Frobenius norms), where `X_in` is A's residual stream before the block, `X_A` A's after
+    /// it and `X_B'` what B's block makes of `X_in` (B's KV cache filled from A's inputs too):
+    /// how far B's update is from A's, relative to the update, without the error B inherits
+    /// from earlier layers. For the embedding row: the embedding's relative error.
+    pub attn_err: f64,
+    /// The worst position's relative error of the same.
+    pub max_attn_err: f64,
+    /// The feed-forward block's own error, measured the same way (0 for the embedding).
+    pub ffn_err: f64,
+    pub max_ffn_err: f64,
+    /// Whether `attn_err` or `ffn_err` exceeds the threshold.
     pub divergent: bool,
 }
 
@@ -93,7 +118,7 @@ pub struct DiffReport {
     pub prompt_tokens: Vec<usize>,
     /// The embedding first, then layer 0, 1, ...
     pub layers: Vec<LayerDiff>,
-    /// The first stage over the threshold: `Some(None)` is the embedding, `Some(Some(k))`
+    /// The first stage whose own error is over the threshold: `Some(None)` is the embedding, `Some(Some(k))`
     /// layer k, `None` none. In JSON: `first_divergent_layer`, the layer's number, `"embedding"`
     /// or null.
     #[serde(rename = "first_divergent_layer", serialize_with = "stage_json")]
@@ -114,6 +139,32 @@ fn stage_json<S: serde::Serializer>(v: &Option<Option<usize>>, s: S) -> Result<S
     }
 }
 
+/// A block's own error over many positions: the squared norms of the error of its update
+/// and of the update itself, summed, and the worst position's relative error.
+#[derive(Clone, Copy, Debug)]
+struct Own {
+    dd: f64,
+    uu: f64,
+    max: f64,
+}
+
+impl Own {
+    fn new() -> Own {
+        Own {
+            dd: 0.0,
+            uu: 0.0,
+            max: 0.0,
+        }
+    }
+
+    /// `‖ΔU‖ / ‖U‖` over every position (Frobenius norms).
+    fn relative(&self) -> f64 {
+        relative(self.dd, self.uu)
+    }
+}
+
+/// One stage's figures: the residual stream after it (B's own run against A's), and the
+/// block's own error (B's block fed A's input, against A's block).
 #[derive(Clone, Copy)]
 struct Acc {
     n: usize,
@@ -122,6 +173,7 @@ struct Acc {
     err_sum: f64,
     err_max: f64,
     worst_at: (usize, usize),
+    own: Own,
 }
 
 impl Acc {
@@ -133,7 +185,23 @@ impl Acc {
             err_sum: 0.0,
             err_max: f64::NEG_INFINITY,
             worst_at: (0, 0),
+            own: Own::new(),
         }
+    }
+
+    /// One position of the block's own error: `x_B' − x_A` against `x_A − x_in`, where `x_in`
+    /// is A's residual stream before the block and `x_B'` what B's block made of it: the error
+    /// of the block's update, and the update.
+    fn add_own(&mut self, a: &[f32], a_in: &[f32], b: &[f32]) {
+        let (mut uu, mut dd) = (0f64, 0f64);
+        for ((&x, &x0), &y) in a.iter().zip(a_in).zip(b) {
+            let u = x as f64 - x0 as f64;
+            uu += u * u;
+            dd += (y as f64 - x as f64) * (y as f64 - x as f64);
+        }
+        self.own.dd += dd;
+        self.own.uu += uu;
+        self.own.max = self.own.max.max(relative(dd, uu));
     }
 
     fn add(&mut self, a: &[f32], b: &[f32], at: (usize, usize)) {
@@ -153,18 +221,9 @@ impl Acc {
         } else {
             ab / (aa.sqrt() * bb.sqrt())
         };
-        let err = if dd == 0.0 {
-            0.0
-        } else if aa == 0.0 {
-            f64::INFINITY
-        } else {
-            (dd / aa).sqrt()
-        };
+        let err = relative(dd, aa);
         // NaN (a broken model) counts as the worst possible.
-        let (cos, err) = (
-            if cos.is_nan() { -1.0 } else { cos },
-            if err.is_nan() { f64::INFINITY } else { err },
-        );
+        let cos = if cos.is_nan() { -1.0 } else { cos };
         self.n += 1;
         self.cos_sum += cos;
         self.cos_min = self.cos_min.min(cos);
@@ -176,19 +235,49 @@ impl Acc {
     }
 }
 
-/// The groups of `plan` run as one stage each: the embedding (everything before layer 0),
-/// then each decoder layer (the last with the output head).
-fn stages(plan: &Plan) -> Vec<(Option<usize>, Range<usize>)> {
-    let mut out: Vec<(Option<usize>, Range<usize>)> = Vec::new();
+/// `sqrt(dd / aa)`: 0 when `dd` is 0, infinite when only `aa` is, and NaN (a broken model)
+/// counted as infinite.
+fn relative(dd: f64, aa: f64) -> f64 {
+    let e = if dd == 0.0 {
+        0.0
+    } else if aa == 0.0 {
+        f64::INFINITY
+    } else {
+        (dd / aa).sqrt()
+    };
+    if e.is_nan() {
+        f64::INFINITY
+    } else {
+        e
+    }
+}
+
+/// A block of the forward pass whose update to the residual stream is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Block {
+    Embed,
+    Attention,
+    Ffn,
+}
+
+/// The groups of `plan` run as one stage each: the embedding, then each layer's attention and
+/// feed-forward blocks (the output head joins the last block).
+fn stages(plan: &Plan) -> Vec<(Option<usize>, Block, Range<usize>)> {
+    let mut out: Vec<(Option<usize>, Block, Range<usize>)> = Vec::new();
     for (i, g) in plan.groups.iter().enumerate() {
-        let layer = g.kind.layer();
-        match out.last_mut() {
-            // A group outside any layer after the first layer (the output) joins the last.
-            Some(last) if layer == last.0 || (layer.is_none() && last.0.is_some()) => {
-                last.1.end = i + 1
-            }
-            _ => out.push((layer, i..i + 1)),
-        }
+        let block = match g.kind {
+            GroupKind::Embed => Block::Embed,
+            GroupKind::Attention { .. } => Block::Attention,
+            GroupKind::Ffn { .. } => Block::Ffn,
+            GroupKind::Output => match out.last_mut() {
+                Some(last) => {
+                    last.2.end = i + 1;
+                    continue;
+                }
+                None => Block::Embed,
+            },
+        };
+        out.push((g.kind.layer(), block, i..i + 1));
     }
     out
 }
@@ -252,23 +341,6 @@ fn tokenize(model: &LoadedModel, prompt: &DiffPrompt) -> Result<Option<Vec<u32>>
     })
 }
 
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = x.iter().map(|&v| (v as f64 - m).exp()).sum();
-    let lse = m + s.ln();
-    x.iter().map(|&v| v as f64 - lse).collect()
-}
-
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 /// One backend driven stage by stage.
 struct Runner {
     backend: Box<dyn Backend>,
@@ -289,6 +361,12 @@ impl Runner {
                     rl.describe_layers()
                 ))
             })
+    }
+
+    fn write_residual(&mut self, x: &[f32]) -> Result<(), EngineError> {
+        self.backend
+            .write_activation(Buf::X, x)
+            .map_err(|e| EngineError::Invalid(format!("model {}: {e}", self.name)))
     }
 
     fn residual(&mut self, rows: usize) -> Result<Vec<f32>, EngineError> {
@@ -347,17 +425,20 @@ pub fn diff(
     };
     let mut ra = open(a, "A")?;
     let mut rb = open(b, "B")?;
+    // B once more, fed A's residual stream before every block.
+    let mut rbo = open(b, "B (on A's input)")?;
     let sa = stages(&a.plan);
     let sb = stages(&b.plan);
-    if sa.iter().map(|s| s.0).ne(sb.iter().map(|s| s.0)) {
+    let key = |s: &(Option<usize>, Block, Range<usize>)| (s.0, s.1);
+    if sa.iter().map(key).ne(sb.iter().map(key)) {
         return Err(EngineError::Invalid(
             "the two models' forward passes have different layers".into(),
         ));
     }
-    let runlists = |s: &[(Option<usize>, Range<usize>)]| -> Vec<Runlist> {
+    let runlists = |s: &[(Option<usize>, Block, Range<usize>)]| -> Vec<Runlist> {
         s.iter()
             .enumerate()
-            .map(|(k, (layer, groups))| Runlist {
+            .map(|(k, (layer, _, groups))| Runlist {
                 index: k,
                 count: s.len(),
                 groups: groups.clone(),
@@ -369,9 +450,15 @@ pub fn diff(
     let (rla, rlb) = (runlists(&sa), runlists(&sb));
     let hidden = a.model.config.hidden_size;
     let vocab = a.model.config.vocab_size;
-    let max_batch = ra.backend.max_batch().min(rb.backend.max_batch()).max(1);
+    let max_batch = ra
+        .backend
+        .max_batch()
+        .min(rb.backend.max_batch())
+        .min(rbo.backend.max_batch())
+        .max(1);
     let mut accs = vec![Acc::new(); sa.len()];
-    let (mut positions, mut top1, mut kl_sum, mut kl_max) = (0usize, 0usize, 0f64, 0f64);
+    // The logits, compared as `verify` and `pack`'s gate compare them.
+    let mut logits = crate::verify::Acc::default();
     for (pi, tokens) in token_lists.iter().enumerate() {
         for (ci, chunk) in tokens.chunks(max_batch).enumerate() {
             let pos0 = ci * max_batch;
@@ -386,15 +473,27 @@ pub fn diff(
                 logits: LogitsWanted::All,
             };
             let n = chunk.len();
+            // A's residual stream before the stage (the embedding's input: nothing).
+            let mut a_in: Option<Vec<f32>> = None;
             for (k, acc) in accs.iter_mut().enumerate() {
                 ra.run(&rla[k], &batch)?;
                 let xa = ra.residual(n)?;
                 rb.run(&rlb[k], &batch)?;
                 let xb = rb.residual(n)?;
+                // B's block on A's input (the embedding has none: it is B's own).
+                if let Some(x) = &a_in {
+                    rbo.write_residual(x)?;
+                }
+                rbo.run(&rlb[k], &batch)?;
+                let xo = rbo.residual(n)?;
+                let zeros = vec![0f32; hidden];
                 for t in 0..n {
                     let r = t * hidden..(t + 1) * hidden;
-                    acc.add(&xa[r.clone()], &xb[r], (pi, pos0 + t));
+                    acc.add(&xa[r.clone()], &xb[r.clone()], (pi, pos0 + t));
+                    let before = a_in.as_ref().map_or(&zeros[..], |x| &x[r.clone()]);
+                    acc.add_own(&xa[r.clone()], before, &xo[r]);
                 }
+                a_in = Some(xa);
             }
             let (la, lb) = (ra.backend.logits(), rb.backend.logits());
             if la.len() != n * vocab || lb.len() != n * vocab {
@@ -405,58 +504,47 @@ pub fn diff(
                 )));
             }
             for (ra_row, rb_row) in la.chunks_exact(vocab).zip(lb.chunks_exact(vocab)) {
-                let (pa, pb) = (log_softmax(ra_row), log_softmax(rb_row));
-                let kl: f64 = pa
-                    .iter()
-                    .zip(&pb)
-                    .map(|(&x, &y)| {
-                        if x.is_finite() {
-                            x.exp() * (x - y)
-                        } else {
-                            0.0
-                        }
-                    })
-                    .sum();
-                let kl = if kl.is_nan() {
-                    f64::INFINITY
-                } else {
-                    kl.max(0.0)
-                };
-                positions += 1;
-                top1 += usize::from(argmax(ra_row) == argmax(rb_row));
-                kl_sum += kl;
-                kl_max = kl_max.max(kl);
+                logits.add(ra_row, rb_row);
             }
         }
     }
-    let layers: Vec<LayerDiff> = accs
-        .iter()
-        .zip(&sa)
-        .map(|(acc, (layer, _))| {
-            let n = acc.n.max(1) as f64;
-            let mean_rel_err = acc.err_sum / n;
-            LayerDiff {
-                layer: *layer,
-                positions: acc.n,
-                mean_cosine: acc.cos_sum / n,
-                min_cosine: acc.cos_min,
-                mean_rel_err,
-                max_rel_err: acc.err_max,
-                worst_at: acc.worst_at,
-                divergent: mean_rel_err > opts.threshold,
-            }
-        })
-        .collect();
+    let mut layers: Vec<LayerDiff> = Vec::new();
+    for (k, (acc, (layer, block, _))) in accs.iter().zip(&sa).enumerate() {
+        // A layer's row: the residual after its feed-forward block, the own errors of its
+        // attention block (the stage before) and of its feed-forward block.
+        let (attn, ffn) = match block {
+            Block::Embed => (acc.own, Own::new()),
+            Block::Ffn if k > 0 => (accs[k - 1].own, acc.own),
+            _ => continue,
+        };
+        let n = acc.n.max(1) as f64;
+        let (attn_err, ffn_err) = (attn.relative(), ffn.relative());
+        layers.push(LayerDiff {
+            layer: *layer,
+            positions: acc.n,
+            mean_cosine: acc.cos_sum / n,
+            min_cosine: acc.cos_min,
+            mean_rel_err: acc.err_sum / n,
+            max_rel_err: acc.err_max,
+            worst_at: acc.worst_at,
+            attn_err,
+            max_attn_err: attn.max,
+            ffn_err,
+            max_ffn_err: ffn.max,
+            divergent: attn_err.max(ffn_err) > opts.threshold,
+        });
+    }
     let first_divergent = layers.iter().find(|l| l.divergent).map(|l| l.layer);
+    let (top1_agreement, mean_kl) = logits.ratio();
     Ok(DiffReport {
         threshold: opts.threshold,
         prompt_tokens: token_lists.iter().map(Vec::len).collect(),
         first_divergent,
         layers,
-        positions,
-        top1_agreement: top1 as f64 / positions.max(1) as f64,
-        mean_kl: kl_sum / positions.max(1) as f64,
-        max_kl: kl_max,
+        positions: logits.positions,
+        top1_agreement,
+        mean_kl,
+        max_kl: logits.max_kl,
     })
 }
 

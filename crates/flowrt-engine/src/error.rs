@@ -32,6 +32,18 @@ pub enum EngineError {
     NoChatTemplate(PathBuf),
     #[error("reference file {path}: {reason}")]
     Reference { path: PathBuf, reason: String },
+    #[error("{0}: the model only embeds (its family has no output projection); use `flowrt embed` or the server's embedding routes")]
+    EmbeddingOnly(PathBuf),
+    #[error("{0}: the model declares no pooling (no sentence-transformers modules.json, no GGUF pooling_type), so flowrt will not guess how to embed with it; name one (`--pooling mean|cls|last`)")]
+    NoPooling(PathBuf),
+    #[error("input {index}: {reason}")]
+    BadInput { index: usize, reason: String },
+    #[error("input {index} has {tokens} tokens, more than the {max} the model embeds (shorten it, or truncate explicitly)")]
+    InputTooLong {
+        index: usize,
+        tokens: usize,
+        max: usize,
+    },
     #[error("{0}")]
     Invalid(String),
 }

@@ -13,11 +13,17 @@
 //!   against `--source`; `duplicated-tied-embeddings`.
 //! - `tokenizer-mismatch`, `chat-template`, `special-tokens` against `--source`.
 //! - `non-finite` / `denormal-heavy` tensors (norms and float matrices).
+//! - `quant-error` against `--source`: quantised matrices much further from the source's than
+//!   their type's quantisation explains ([`quant`]).
+
+mod quant;
+mod source;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use flowrt_dtype::GgmlType;
+use flowrt_model::arch::ARCHS;
 use flowrt_model::{ArchSpec, Model, Plan, WeightMatrix};
 use half::{bf16, f16};
 use serde::Serialize;
@@ -25,6 +31,8 @@ use serde::Serialize;
 use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
 use crate::session::Session;
+
+pub use quant::{QuantErrorSummary, TensorQuantError, QUANT_ERROR_FLOOR, QUANT_ERROR_RATIO};
 
 /// One problem found.
 #[derive(Clone, Debug, Serialize)]
@@ -49,6 +57,9 @@ pub struct LintReport {
     pub findings: Vec<Finding>,
     /// What was checked, for the record.
     pub checks: Vec<String>,
+    /// With a source: what the quantisation-error check compared, and its worst tensor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quant_error: Option<QuantErrorSummary>,
 }
 
 /// Teacher-forced agreement of two runs.
@@ -166,7 +177,9 @@ pub fn lint(
             }
         }
     };
-    norm("output_norm".into(), &m.output_norm);
+    if let Some(w) = &m.output_norm {
+        norm("output_norm".into(), w);
+    }
     for (i, l) in m.layers.iter().enumerate() {
         norm(format!("layer {i} attn_norm"), &l.attn_norm);
         norm(format!("layer {i} ffn_norm"), &l.ffn_norm);
@@ -262,17 +275,18 @@ pub fn lint(
             "no numeric change (zero biases), but the label misstates the model".into(),
         ));
     }
-    if !m.tied_embeddings
-        && m.output.dtype == m.token_embd.dtype
-        && m.output.rows == m.token_embd.rows
-        && m.output.bytes() == m.token_embd.bytes()
-    {
-        let bytes = m.output.bytes().len() as u64;
+    if let Some(output) = m.output.as_ref().filter(|o| {
+        !m.tied_embeddings
+            && o.dtype == m.token_embd.dtype
+            && o.rows == m.token_embd.rows
+            && o.bytes() == m.token_embd.bytes()
+    }) {
+        let bytes = output.bytes().len() as u64;
         findings.push(finding(
             "duplicated-tied-embeddings",
             format!(
                 "the output projection `{}` is byte-identical to the token embeddings `{}`: tied embeddings stored twice",
-                m.output.name, m.token_embd.name
+                output.name, m.token_embd.name
             ),
             format!("{} of weights stored (and read per token) twice", human(bytes)),
         ));
@@ -296,7 +310,9 @@ pub fn lint(
             ));
         }
     };
-    scan("output_norm", scan_f32(&m.output_norm));
+    if let Some(w) = &m.output_norm {
+        scan("output_norm", scan_f32(w));
+    }
     for (i, l) in m.layers.iter().enumerate() {
         let norms = [
             ("attn_norm", Some(&l.attn_norm)),
@@ -314,13 +330,13 @@ pub fn lint(
                 scan(&format!("layer {i} {n}"), scan_f32(w));
             }
         }
-        for w in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
+        for w in l.matrices() {
             if let Some(s) = scan_matrix(w) {
                 scan(&w.name, s);
             }
         }
     }
-    for w in [&m.token_embd, &m.output] {
+    for w in std::iter::once(&m.token_embd).chain(&m.output) {
         if let Some(s) = scan_matrix(w) {
             scan(&w.name, s);
         }
@@ -345,6 +361,7 @@ pub fn lint(
     }
 
     // 3 and 4 against the source.
+    let mut quant_error = None;
     if let Some(s) = source {
         checks.extend(
             [
@@ -353,10 +370,14 @@ pub fn lint(
                 "tokenizer",
                 "chat-template",
                 "special-tokens",
+                "quant-error",
             ]
             .map(String::from),
         );
-        findings.extend(against_source(model, s, source_dir)?);
+        findings.extend(source::against_source(model, s, source_dir)?);
+        let (summary, finding) = quant::check(&model.model, &s.model);
+        findings.extend(finding);
+        quant_error = Some(summary);
     }
 
     Ok(LintReport {
@@ -365,213 +386,8 @@ pub fn lint(
         source: source.map(|s| s.path.display().to_string()),
         findings,
         checks,
+        quant_error,
     })
-}
-
-fn against_source(
-    model: &LoadedModel,
-    source: &LoadedModel,
-    source_dir: Option<&Path>,
-) -> Result<Vec<Finding>, EngineError> {
-    let (c, sc) = (&model.model.config, &source.model.config);
-    let mut out = Vec::new();
-    // RoPE.
-    let mut rope = Vec::new();
-    if c.rope.theta != sc.rope.theta {
-        rope.push(format!("base {} (source {})", c.rope.theta, sc.rope.theta));
-    }
-    if c.rope.scaling != sc.rope.scaling {
-        rope.push(format!(
-            "scaling {:?} (source {:?})",
-            c.rope.scaling, sc.rope.scaling
-        ));
-    }
-    if c.rope_dim != sc.rope_dim {
-        rope.push(format!(
-            "rotated dimensions {} (source {})",
-            c.rope_dim, sc.rope_dim
-        ));
-    }
-    if c.arch.gguf_rope_pairing != sc.arch.gguf_rope_pairing
-        && model.model.format != source.model.format
-    {
-        // Only GGUF files store a family-specific pairing; HF directories are always half-split.
-        let gguf = if model.model.format == flowrt_model::ModelFormat::Gguf {
-            c
-        } else {
-            sc
-        };
-        let hf = if std::ptr::eq(gguf, c) { sc } else { c };
-        if gguf.arch.gguf_rope_pairing != hf.arch.gguf_rope_pairing {
-            rope.push(format!(
-                "the GGUF side's family `{}` stores {:?} pairing, the source family `{}` expects {:?}",
-                gguf.arch.name, gguf.arch.gguf_rope_pairing, hf.arch.name, hf.arch.gguf_rope_pairing
-            ));
-        }
-    }
-    if !rope.is_empty() {
-        out.push(finding(
-            "rope-mismatch",
-            format!("RoPE differs from the source: {}", rope.join("; ")),
-            "positions are encoded differently: attention breaks, growing with distance".into(),
-        ));
-    }
-    // Shape.
-    let mut cfg = Vec::new();
-    for (name, a, b) in [
-        ("hidden_size", c.hidden_size, sc.hidden_size),
-        (
-            "intermediate_size",
-            c.intermediate_size,
-            sc.intermediate_size,
-        ),
-        (
-            "num_hidden_layers",
-            c.num_hidden_layers,
-            sc.num_hidden_layers,
-        ),
-        (
-            "num_attention_heads",
-            c.num_attention_heads,
-            sc.num_attention_heads,
-        ),
-        ("head_dim", c.head_dim, sc.head_dim),
-        ("vocab_size", c.vocab_size, sc.vocab_size),
-        (
-            "max_position_embeddings",
-            c.max_position_embeddings,
-            sc.max_position_embeddings,
-        ),
-    ] {
-        if a != b {
-            cfg.push(format!("{name} {a} (source {b})"));
-        }
-    }
-    if c.arch.name != sc.arch.name {
-        cfg.push(format!(
-            "family `{}` (source `{}`)",
-            c.arch.name, sc.arch.name
-        ));
-    }
-    if c.num_key_value_heads != sc.num_key_value_heads {
-        cfg.push(format!(
-            "num_key_value_heads {} (source {})",
-            c.num_key_value_heads, sc.num_key_value_heads
-        ));
-    }
-    if (c.rms_norm_eps - sc.rms_norm_eps).abs() > 1e-3 * sc.rms_norm_eps {
-        cfg.push(format!(
-            "rms_norm_eps {} (source {})",
-            c.rms_norm_eps, sc.rms_norm_eps
-        ));
-    }
-    if !cfg.is_empty() {
-        out.push(finding(
-            "config-mismatch",
-            format!("the config differs from the source: {}", cfg.join("; ")),
-            "a different architecture or shape than the source's; see the other findings for what each costs".into(),
-        ));
-    }
-    // Tokenizer.
-    let mut diffs = Vec::new();
-    for text in TOKENIZER_CORPUS {
-        let a = model.tokenizer.encode(text, true, false)?;
-        let b = source.tokenizer.encode(text, true, false)?;
-        if a != b {
-            diffs.push(format!("{text:?}: {a:?} vs source {b:?}"));
-        }
-    }
-    if !diffs.is_empty() {
-        let mut f = finding(
-            "tokenizer-mismatch",
-            format!(
-                "{} of {} corpus texts tokenize differently from the source: {}",
-                diffs.len(),
-                TOKENIZER_CORPUS.len(),
-                abbreviate(&diffs)
-            ),
-            "the model sees token ids it was not trained on for these texts".into(),
-        );
-        f.measured = Some(serde_json::json!({
-            "texts_differing": diffs.len(),
-            "texts": TOKENIZER_CORPUS.len(),
-        }));
-        out.push(f);
-    }
-    // Chat template.
-    let (t, st) = (
-        model.template.as_ref().map(|t| t.source().trim()),
-        source.template.as_ref().map(|t| t.source().trim()),
-    );
-    match (t, st) {
-        (None, Some(_)) => out.push(finding(
-            "chat-template",
-            "the source has a chat template; the model has none".into(),
-            "chat requests cannot be formatted as the model was trained".into(),
-        )),
-        (Some(a), Some(b)) if a != b => out.push(finding(
-            "chat-template",
-            "the chat template differs from the source's".into(),
-            "chats are rendered differently from how the model was trained".into(),
-        )),
-        _ => {}
-    }
-    // Special tokens.
-    let mut special = Vec::new();
-    if model.tokenizer.bos() != source.tokenizer.bos() {
-        special.push(format!(
-            "BOS {:?} (source tokenizer {:?})",
-            model.tokenizer.bos(),
-            source.tokenizer.bos()
-        ));
-    }
-    if let Some(gen) = source_dir.and_then(generation_config) {
-        let ids = |v: &serde_json::Value| -> Vec<u32> {
-            match v {
-                serde_json::Value::Number(n) => n.as_u64().map(|x| x as u32).into_iter().collect(),
-                serde_json::Value::Array(a) => a
-                    .iter()
-                    .filter_map(|x| x.as_u64().map(|x| x as u32))
-                    .collect(),
-                _ => Vec::new(),
-            }
-        };
-        if let Some(bos) = gen.get("bos_token_id").map(ids).filter(|v| !v.is_empty()) {
-            if model.tokenizer.bos().is_some_and(|b| !bos.contains(&b)) {
-                special.push(format!(
-                    "BOS {:?} not in generation_config.json's bos_token_id {bos:?}",
-                    model.tokenizer.bos()
-                ));
-            }
-        }
-        if let Some(eos) = gen.get("eos_token_id").map(ids).filter(|v| !v.is_empty()) {
-            let ours: Vec<u32> = [model.tokenizer.eos(), model.tokenizer.eot()]
-                .into_iter()
-                .flatten()
-                .collect();
-            if !ours.iter().any(|e| eos.contains(e)) {
-                special.push(format!(
-                    "EOS/EOT {ours:?} not in generation_config.json's eos_token_id {eos:?}"
-                ));
-            }
-        }
-    }
-    if !special.is_empty() {
-        out.push(finding(
-            "special-tokens",
-            format!(
-                "special tokens differ from the source: {}",
-                special.join("; ")
-            ),
-            "generation starts or stops on the wrong token (runaway or truncated answers)".into(),
-        ));
-    }
-    Ok(out)
-}
-
-fn generation_config(dir: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(dir.join("generation_config.json")).ok()?;
-    serde_json::from_str(&text).ok()
 }
 
 /// The value every element holds, if they are all equal.
@@ -613,6 +429,7 @@ fn kv_replication(m: &Model) -> Option<usize> {
         .find(|&r| same(r))
 }
 
+/// Counts of non-finite and subnormal values.
 #[derive(Default)]
 struct Scan {
     n: usize,
@@ -620,13 +437,17 @@ struct Scan {
     subnormal: usize,
 }
 
+impl Scan {
+    fn add(&mut self, x: f32) {
+        self.n += 1;
+        self.non_finite += usize::from(!x.is_finite());
+        self.subnormal += usize::from(x.is_subnormal());
+    }
+}
+
 fn scan_f32(v: &[f32]) -> Scan {
     let mut s = Scan::default();
-    for &x in v {
-        s.n += 1;
-        s.non_finite += usize::from(!x.is_finite());
-        s.subnormal += usize::from(x.is_subnormal());
-    }
+    v.iter().for_each(|&x| s.add(x));
     s
 }
 
@@ -634,19 +455,15 @@ fn scan_f32(v: &[f32]) -> Scan {
 fn scan_matrix(w: &WeightMatrix) -> Option<Scan> {
     let b = w.bytes();
     let mut s = Scan::default();
-    let mut add = |x: f32| {
-        s.n += 1;
-        s.non_finite += usize::from(!x.is_finite());
-        s.subnormal += usize::from(x.is_subnormal());
-    };
     match w.dtype {
         GgmlType::F32 => b
             .chunks_exact(4)
-            .for_each(|c| add(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+            .for_each(|c| s.add(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        // A subnormal f16 becomes a normal f32: count it as the subnormal it was.
         GgmlType::F16 => b.chunks_exact(2).for_each(|c| {
             let h = f16::from_le_bytes([c[0], c[1]]);
             let bits = h.to_bits();
-            add(if bits & 0x7c00 == 0 && bits & 0x03ff != 0 {
+            s.add(if bits & 0x7c00 == 0 && bits & 0x03ff != 0 {
                 f32::MIN_POSITIVE / 2.0
             } else {
                 h.to_f32()
@@ -654,7 +471,7 @@ fn scan_matrix(w: &WeightMatrix) -> Option<Scan> {
         }),
         GgmlType::BF16 => b
             .chunks_exact(2)
-            .for_each(|c| add(bf16::from_le_bytes([c[0], c[1]]).to_f32())),
+            .for_each(|c| s.add(bf16::from_le_bytes([c[0], c[1]]).to_f32())),
         _ => return None,
     }
     Some(s)
@@ -665,15 +482,31 @@ fn same_vocab(a: &LoadedModel, b: &LoadedModel) -> bool {
         && a.tokenizer.vocab_size() == b.tokenizer.vocab_size()
 }
 
+/// Every family of [`ARCHS`] with its QK-norm switched off, in the same order: a model's
+/// config holds a `&'static ArchSpec`, and these are what [`without_qk_norm`] points it at.
+static WITHOUT_QK_NORM: [ArchSpec; ARCHS.len()] = {
+    let mut out = [flowrt_model::arch::LLAMA; ARCHS.len()];
+    let mut i = 0;
+    while i < ARCHS.len() {
+        out[i] = ArchSpec {
+            qk_norm: false,
+            ..*ARCHS[i]
+        };
+        i += 1;
+    }
+    out
+};
+
 /// A copy of `model` with its family's QK-norm switched off.
 fn without_qk_norm(model: &LoadedModel) -> Result<LoadedModel, EngineError> {
     let mut m: Model = (*model.model).clone();
-    // One small leak per lint run: configs hold `&'static ArchSpec`.
-    let arch: &'static ArchSpec = Box::leak(Box::new(ArchSpec {
-        qk_norm: false,
-        ..*m.config.arch
-    }));
-    m.config.arch = arch;
+    let Some(i) = ARCHS.iter().position(|a| *a == m.config.arch) else {
+        return Err(EngineError::Invalid(format!(
+            "cannot measure the QK-norm of family `{}`: not one of flowrt's families",
+            m.config.arch.name
+        )));
+    };
+    m.config.arch = &WITHOUT_QK_NORM[i];
     for l in &mut m.layers {
         l.q_norm = None;
         l.k_norm = None;
@@ -695,7 +528,8 @@ fn prompt_ids(model: &LoadedModel) -> Result<Vec<Vec<u32>>, EngineError> {
 }
 
 /// KL(reference ‖ other) and top-1 agreement, teacher-forced on the built-in prompts
-/// (tokenized by `reference`).
+/// (tokenized by `reference`, at most [`MAX_PROMPT_TOKENS`] each), measured by
+/// [`crate::compare_models`] as `pack`'s gate does.
 pub fn agreement(reference: &LoadedModel, other: &LoadedModel) -> Result<Agreement, EngineError> {
     let prompts = prompt_ids(reference)?;
     let opts = EngineOptions {
@@ -708,55 +542,13 @@ pub fn agreement(reference: &LoadedModel, other: &LoadedModel) -> Result<Agreeme
     };
     let mut sa = Session::new(reference, &opts)?;
     let mut sb = Session::new(other, &opts)?;
-    let vocab = sa.vocab_size().min(sb.vocab_size());
-    let (mut n, mut kl_sum, mut max_kl, mut top1) = (0usize, 0.0f64, 0.0f64, 0usize);
-    for ids in prompts {
-        let ids = &ids[..ids.len().min(opts.n_ctx.unwrap_or(usize::MAX))];
-        let mut la = Vec::new();
-        let mut lb = Vec::new();
-        let va = sa.vocab_size();
-        let vb = sb.vocab_size();
-        sa.reset();
-        sb.reset();
-        sa.feed_all_logits(ids, &mut |_, rows| {
-            la.extend(rows.chunks_exact(va).flat_map(|r| r[..vocab].to_vec()))
-        })?;
-        sb.feed_all_logits(ids, &mut |_, rows| {
-            lb.extend(rows.chunks_exact(vb).flat_map(|r| r[..vocab].to_vec()))
-        })?;
-        for (ra, rb) in la.chunks_exact(vocab).zip(lb.chunks_exact(vocab)) {
-            let (pa, pb) = (log_softmax(ra), log_softmax(rb));
-            let kl: f64 = pa
-                .iter()
-                .zip(&pb)
-                .map(|(&a, &b)| {
-                    if a.is_finite() {
-                        a.exp() * (a - b)
-                    } else {
-                        0.0
-                    }
-                })
-                .sum::<f64>()
-                .max(0.0);
-            n += 1;
-            kl_sum += kl;
-            max_kl = max_kl.max(kl);
-            top1 += usize::from(crate::verify::argmax(ra) == crate::verify::argmax(rb));
-        }
-    }
-    let d = n.max(1) as f64;
+    let r = crate::compare::compare_models(&mut sa, &mut sb, &prompts)?;
     Ok(Agreement {
-        positions: n,
-        mean_kl: kl_sum / d,
-        max_kl,
-        top1_agreement: top1 as f64 / d,
+        positions: r.positions,
+        mean_kl: r.mean_kl,
+        max_kl: r.max_kl,
+        top1_agreement: r.top1_agreement,
     })
-}
-
-fn log_softmax(x: &[f32]) -> Vec<f64> {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = x.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
-    x.iter().map(|&v| v as f64 - lse).collect()
 }
 
 fn abbreviate(items: &[String]) -> String {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use flowrt_backends::BackendKind;
 use flowrt_dispatch::{BackendSettings, DispatchOptions, KvPrecision};
 use flowrt_gguf::GgufFile;
-use flowrt_model::{LoadOptions, Model, ModelConfig, ModelError, Plan};
+use flowrt_model::{EmbeddingSpec, LoadOptions, Model, ModelConfig, ModelError, Plan};
 use flowrt_text::{ChatTemplate, GgufVocab, ReasoningFormat, Tokenizer, ToolFormat};
 
 use crate::constraint::{ConstraintError, Guide};
@@ -87,6 +87,8 @@ pub struct LoadedModel {
     pub tool_format: ToolFormat,
     /// How the model marks its reasoning (from its template and vocabulary).
     pub reasoning: ReasoningFormat,
+    /// How the model embeds, when its files declare it (see [`crate::Embedder`]).
+    pub embedding: Option<EmbeddingSpec>,
     pub load_time: Duration,
     /// The constrained-decoding token environment, built on first use (see
     /// [`LoadedModel::guide`]); shared with the model's sessions.
@@ -134,8 +136,14 @@ impl LoadedModel {
     /// directories; GGUF files are used as they are).
     pub fn load_with(path: &Path, opts: &LoadOptions) -> Result<LoadedModel, EngineError> {
         let t0 = Instant::now();
-        let (model, tokenizer, template) = if path.is_dir() {
-            Self::load_hf_dir(path, opts)?
+        let (model, tokenizer, template, embedding) = if path.is_dir() {
+            let (model, tokenizer, template) = Self::load_hf_dir(path, opts)?;
+            (
+                model,
+                tokenizer,
+                template,
+                EmbeddingSpec::read_hf_dir(path)?,
+            )
         } else {
             if let Some(q) = opts.quant {
                 return Err(EngineError::Invalid(format!(
@@ -148,7 +156,8 @@ impl LoadedModel {
             let vocab = GgufVocab::from_gguf(&file)?;
             let tokenizer = Tokenizer::from_vocab(&vocab)?;
             let template = ChatTemplate::from_vocab(&vocab)?;
-            (model, tokenizer, template)
+            let embedding = EmbeddingSpec::from_gguf(&file)?;
+            (model, tokenizer, template, embedding)
         };
         let model = Arc::new(model);
         let plan = Arc::new(Plan::new(&model.config));
@@ -164,6 +173,7 @@ impl LoadedModel {
             template,
             tool_format,
             reasoning,
+            embedding,
             load_time: t0.elapsed(),
             guide: Arc::default(),
         })
@@ -208,6 +218,12 @@ impl LoadedModel {
     /// The cell [`LoadedModel::guide`] reads, for sessions to share.
     pub(crate) fn guide_cell(&self) -> Arc<GuideCell> {
         self.guide.clone()
+    }
+
+    /// Whether the model can generate text (its family has an output projection); `false`:
+    /// it only embeds.
+    pub fn generates(&self) -> bool {
+        self.model.config.arch.lm_head
     }
 
     /// The model's trained context length.

@@ -60,14 +60,46 @@ impl BatchSession {
         Ok(session)
     }
 
-    /// Sequences on any backend (one slot per sequence its cache holds).
+    /// Sequences on any backend (one slot per sequence its cache holds). A model that only
+    /// embeds is refused ([`EngineError::EmbeddingOnly`]): its plan has no logits.
     pub fn with_backend(
         model: &LoadedModel,
         opts: &EngineOptions,
         backend: Box<dyn Backend>,
     ) -> Result<BatchSession, EngineError> {
+        if !model.generates() {
+            return Err(EngineError::EmbeddingOnly(model.path.clone()));
+        }
+        Self::with_plan(model, opts, backend, model.plan.clone())
+    }
+
+    /// `n_slots` sequences of `n_ctx` positions over an embedding plan
+    /// ([`Plan::embedding`]), for [`crate::Embedder`].
+    pub(crate) fn for_embedding(
+        model: &LoadedModel,
+        opts: &EngineOptions,
+        n_slots: usize,
+        plan: Plan,
+        n_ctx: usize,
+    ) -> Result<BatchSession, EngineError> {
         let t0 = Instant::now();
-        let plan: Arc<Plan> = model.plan.clone();
+        let backend = flowrt_backends::open(
+            opts.backend,
+            model.model.clone(),
+            &opts.backend_settings(n_ctx, n_slots),
+        )?;
+        let mut session = Self::with_plan(model, opts, backend, Arc::new(plan))?;
+        session.setup_time = t0.elapsed();
+        Ok(session)
+    }
+
+    fn with_plan(
+        model: &LoadedModel,
+        opts: &EngineOptions,
+        backend: Box<dyn Backend>,
+        plan: Arc<Plan>,
+    ) -> Result<BatchSession, EngineError> {
+        let t0 = Instant::now();
         let costs = group_costs(&model.model, &plan);
         let dispatcher = Dispatcher::new(
             plan,
@@ -163,6 +195,24 @@ impl BatchSession {
     /// several steps). Returns the last token's logits of each item, `(items, vocab)`.
     pub fn step(&mut self, items: &[(usize, &[u32])]) -> Result<&[f32], EngineError> {
         self.run(items, LogitsWanted::Last)
+    }
+
+    /// One step of an embedding plan over whole texts: each item's slot is emptied first and
+    /// after (nothing is kept between steps). Returns the pooled rows, `(items, hidden)`.
+    pub(crate) fn embed_step(&mut self, items: &[(usize, &[u32])]) -> Result<&[f32], EngineError> {
+        for &(slot, _) in items {
+            if slot < self.n_slots() {
+                self.truncate(slot, 0);
+            }
+        }
+        let r = self.run(items, LogitsWanted::None).map(|_| ());
+        for &(slot, _) in items {
+            if slot < self.n_slots() {
+                self.truncate(slot, 0);
+            }
+        }
+        r?;
+        Ok(self.dispatcher.embeddings())
     }
 
     /// [`BatchSession::step`] with the logits to produce chosen: `Last` (one row per item),

@@ -83,7 +83,13 @@ impl Acc {
                 }
             })
             .sum();
-        let kl = kl.max(0.0);
+        // NaN logits (a broken model) are as far as can be, not "no difference" (which is
+        // what `f64::max` would make of them).
+        let kl = if kl.is_nan() {
+            f64::INFINITY
+        } else {
+            kl.max(0.0)
+        };
         self.positions += 1;
         self.top1 += usize::from(argmax(reference) == argmax(ours));
         self.kl_sum += kl;
@@ -360,4 +366,21 @@ fn topk_reference<'a>(
         logits: floats(logits.data()),
         lse: floats(lse.data()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_logits_are_infinitely_far_not_equal() {
+        // `f64::max(NaN, 0.0)` is 0: a model producing NaN logits once measured as a perfect
+        // match (KL 0) against its reference.
+        let mut acc = Acc::default();
+        acc.add(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.0]);
+        assert_eq!(acc.max_kl, 0.0);
+        acc.add(&[1.0, 2.0, 3.0], &[f32::NAN, 2.0, 3.0]);
+        assert_eq!(acc.max_kl, f64::INFINITY);
+        assert_eq!(acc.ratio().1, f64::INFINITY);
+    }
 }

@@ -402,9 +402,16 @@ impl Kernels {
     /// bytes. Q8_1's `s` is `d * sum(q)` with `d` before its rounding to f16. Q8_K uses the
     /// same rule with `d` kept in f32 (ggml's own Q8_K quantiser differs slightly).
     ///
-    /// Q5_0/Q5_1 follow ggml's reference quantisers. The k-quant quantisers (Q4_K, Q5_K,
-    /// Q6_K) are simple min/max ones, correct but not ggml's search-based ones: they serve
-    /// tests, not the production of model files.
+    /// Q4_0, Q4_1, Q5_0 and Q5_1 follow ggml's reference quantisers (the bytes llama.cpp's
+    /// `llama-quantize` writes for them without an importance matrix, and what gguf-py writes).
+    /// The k-quant quantisers (Q4_K, Q5_K, Q6_K) search for each block's scales: candidate
+    /// scales, a least-squares refit of scale and min for each rounding, the 6-bit (Q6_K:
+    /// 8-bit) sub-block scales chosen by the error they give, and a refit of the super-block
+    /// scales, minimising the squared error weighted by `sqrt(2 sigma^2) + |x|` (no importance
+    /// matrix). On real weights their relative RMS error is 11-12 % below the min/max
+    /// quantisers flowrt had and 2-4 % below llama.cpp's without an importance matrix
+    /// (`docs/quantisation.md`). Every table writes the same bytes (the x86 tables run the same
+    /// search on AVX registers); finite input gives finite scales.
     ///
     /// # Panics
     /// On an unsupported type or a length mismatch.

@@ -12,6 +12,8 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (Gemma).
     GeluTanh,
+    /// Exact GELU, `0.5 x (1 + erf(x / √2))` (BERT's `gelu`).
+    Gelu,
 }
 
 impl Activation {
@@ -20,6 +22,7 @@ impl Activation {
         match name {
             "silu" | "swish" => Some(Activation::Silu),
             "gelu_pytorch_tanh" | "gelu_tanh" | "gelu_new" => Some(Activation::GeluTanh),
+            "gelu" => Some(Activation::Gelu),
             _ => None,
         }
     }
@@ -53,6 +56,46 @@ pub enum Scalings {
     /// MiniCPM's muP scalings: residual branches × `scale_depth / √num_hidden_layers`, final
     /// hidden states ÷ (`hidden_size / dim_model_base`) before the output projection.
     MiniCpm,
+}
+
+/// How a block's input (or output) is normalised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormKind {
+    /// `x / √(mean(x²) + eps) · w` (decoders).
+    Rms,
+    /// LayerNorm with a bias: `(x - mean(x)) / √(var(x) + eps) · w + b` (BERT).
+    Layer,
+}
+
+/// Where each block's norm sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormPosition {
+    /// On the block's input, the residual stream left as it is: `x + block(norm(x))`
+    /// (decoders). The final norm precedes the output projection.
+    Pre,
+    /// On the residual stream after the block's output is added: `norm(x + block(x))` (BERT).
+    /// There is no final norm.
+    Post,
+}
+
+/// How a token's position enters the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Positions {
+    /// Q and K rotated by their positions in every layer.
+    Rope,
+    /// A learned embedding per absolute position, added to the token embeddings once (BERT).
+    Learned,
+}
+
+/// Which naming scheme a family's tensors follow in each format (see
+/// [`crate::names::TensorRole`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorNames {
+    /// `model.layers.{i}.self_attn.q_proj` (HF), `blk.{i}.attn_q` (GGUF).
+    Decoder,
+    /// `encoder.layer.{i}.attention.self.query` (HF `BertModel`, optionally under `bert.`);
+    /// `blk.{i}.attn_q` with llama.cpp's BERT names for the rest (GGUF).
+    Bert,
 }
 
 /// Defaults a family documents for config values its files may omit.
@@ -104,6 +147,35 @@ pub struct ArchSpec {
     pub longrope_by_max_position: bool,
     /// Config defaults.
     pub defaults: ArchDefaults,
+    /// Each position attends only to itself and earlier ones (decoders); `false`: to every
+    /// position of its own sequence (encoders). A batch of several sequences is masked per
+    /// sequence either way.
+    pub causal: bool,
+    /// How blocks normalise.
+    pub norm: NormKind,
+    /// Where each block's norm sits.
+    pub norm_position: NormPosition,
+    /// How positions enter the model.
+    pub positions: Positions,
+    /// Token-type ("segment") embeddings, of which flowrt adds type 0 to every token (one
+    /// text per sequence, as sentence-transformers encodes it).
+    pub token_types: bool,
+    /// A norm over the embeddings before the first layer.
+    pub embed_norm: bool,
+    /// Gated feed-forward `down(act(gate(x)) · up(x))`; `false`: `down(act(up(x)))`.
+    pub gated_ffn: bool,
+    /// Biases on the attention output projection and on the feed-forward matrices (Q/K/V
+    /// biases are `qkv_bias`).
+    pub dense_bias: bool,
+    /// An output projection to logits: the family generates text. `false`: the model only
+    /// embeds (its hidden states are pooled).
+    pub lm_head: bool,
+    /// Tensor naming scheme.
+    pub tensor_names: TensorNames,
+    /// HF tensors the family's checkpoints carry that flowrt does not use, by name after the
+    /// prefix (BERT: the position-id buffer, and the pooler that sentence-transformers does
+    /// not use).
+    pub hf_unused: &'static [&'static str],
 }
 
 const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
@@ -128,9 +200,23 @@ pub const LLAMA: ArchSpec = ArchSpec {
     sliding_window: false,
     longrope_by_max_position: false,
     defaults: PLAIN_DEFAULTS,
+    causal: true,
+    norm: NormKind::Rms,
+    norm_position: NormPosition::Pre,
+    positions: Positions::Rope,
+    token_types: false,
+    embed_norm: false,
+    gated_ffn: true,
+    dense_bias: false,
+    lm_head: true,
+    tensor_names: TensorNames::Decoder,
+    hf_unused: &[],
 };
 
-/// Mistral: Llama with a sliding attention window on every layer.
+/// Mistral: Llama with a sliding attention window on every layer. GGUF files of Mistral
+/// checkpoints say `llama` (llama.cpp's converter writes them so, and drops the window);
+/// flowrt's GGUF reader honours `llama.attention.sliding_window` when a file carries it, as
+/// `flowrt pack` writes it.
 pub const MISTRAL: ArchSpec = ArchSpec {
     name: "mistral",
     gguf_archs: &[],
@@ -183,12 +269,15 @@ pub const GEMMA3: ArchSpec = ArchSpec {
         local_rope_theta: Some(10_000.0),
         sliding_window_pattern: Some(6),
     },
+    ..LLAMA
 };
 
-/// MiniCPM (1/2/4, `MiniCPMForCausalLM`): Llama with muP scalings and LongRoPE.
+/// MiniCPM (1/2/4, `MiniCPMForCausalLM`): Llama with muP scalings and LongRoPE. GGUF files
+/// (llama.cpp's `minicpm`) carry the scalings as `minicpm.embedding_scale`, `residual_scale`
+/// and `logit_scale`, and LongRoPE's factors as `rope_factors_long` / `rope_factors_short`.
 pub const MINICPM: ArchSpec = ArchSpec {
     name: "minicpm",
-    gguf_archs: &[],
+    gguf_archs: &["minicpm"],
     hf_model_types: &["minicpm"],
     embed_scale: EmbedScale::FromConfig,
     scalings: Scalings::MiniCpm,
@@ -196,8 +285,37 @@ pub const MINICPM: ArchSpec = ArchSpec {
     ..LLAMA
 };
 
+/// BERT (`BertModel`, what sentence-transformers models such as all-MiniLM-L6-v2 are): a
+/// bidirectional encoder with learned absolute positions, token-type embeddings, post-norm
+/// LayerNorms with biases, a plain GELU (erf) feed-forward and biases on every matrix. It has
+/// no output projection: it embeds (see [`crate::pooling`]). GGUF: llama.cpp's `bert`.
+pub const BERT: ArchSpec = ArchSpec {
+    name: "bert",
+    gguf_archs: &["bert"],
+    hf_model_types: &["bert"],
+    activation: Activation::Gelu,
+    gguf_rope_pairing: RopePairing::HalfSplit,
+    qkv_bias: true,
+    causal: false,
+    norm: NormKind::Layer,
+    norm_position: NormPosition::Post,
+    positions: Positions::Learned,
+    token_types: true,
+    embed_norm: true,
+    gated_ffn: false,
+    dense_bias: true,
+    lm_head: false,
+    tensor_names: TensorNames::Bert,
+    hf_unused: &[
+        "embeddings.position_ids",
+        "pooler.dense.weight",
+        "pooler.dense.bias",
+    ],
+    ..LLAMA
+};
+
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
-pub const ARCHS: &[&ArchSpec] = &[&LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM];
+pub const ARCHS: &[&ArchSpec] = &[&LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &BERT];
 
 /// The family whose GGUF `general.architecture` is `arch`.
 pub fn by_gguf_arch(arch: &str) -> Option<&'static ArchSpec> {

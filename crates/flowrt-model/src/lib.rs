@@ -8,12 +8,14 @@
 //! - [`names`]: tensor roles and their names in each format.
 //! - [`weights`]: the model's tensors bound to roles, checked against the config.
 //! - [`plan`]: the forward pass as a sequence of per-layer command groups that a backend executes.
+//! - [`pooling`]: how an embedding model pools a sequence, as its files declare it.
 
 pub mod arch;
 pub mod config;
 pub mod error;
 pub mod names;
 pub mod plan;
+pub mod pooling;
 pub mod rope;
 pub mod safetensors_dir;
 pub mod weights;
@@ -23,6 +25,7 @@ pub use config::{LayerType, ModelConfig};
 pub use error::ModelError;
 pub use names::TensorRole;
 pub use plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op, Plan};
+pub use pooling::{EmbeddingSpec, Pooling};
 pub use rope::{RopeConfig, RopeFreqs, RopeScaling};
 pub use weights::{
     LayerWeights, LoadOptions, Model, ModelFormat, WeightData, WeightMatrix, LOAD_QUANT_TYPES,

@@ -1,6 +1,6 @@
 //! Tensor roles and their names in each format.
 
-use crate::arch::ArchSpec;
+use crate::arch::{ArchSpec, TensorNames};
 
 /// What a tensor is for. Per-layer roles carry the layer index in the name functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -10,6 +10,11 @@ pub enum TensorRole {
     Output,
     /// Per-dimension RoPE frequency divisors (GGUF llama 3 files).
     RopeFreqs,
+    /// LongRoPE's long-context frequency divisors (GGUF files with `rope.scaling.type`
+    /// `longrope`).
+    RopeFactorsLong,
+    /// LongRoPE's short-context frequency divisors.
+    RopeFactorsShort,
     AttnNorm,
     AttnQ,
     AttnK,
@@ -28,6 +33,25 @@ pub enum TensorRole {
     FfnDown,
     /// Norm of the feed-forward block's output (sandwich norms).
     FfnPostNorm,
+    /// Learned absolute position embeddings, `(max_position_embeddings, hidden)`.
+    PosEmbd,
+    /// Token-type embeddings, `(type_vocab_size, hidden)`.
+    TokenTypes,
+    /// Norm over the embeddings, and its bias.
+    EmbdNorm,
+    EmbdNormBias,
+    /// Bias of the attention output projection.
+    AttnOutputBias,
+    /// Post-norm families: the norm after the attention block's residual add, and its bias.
+    AttnOutNorm,
+    AttnOutNormBias,
+    /// Biases of the feed-forward matrices.
+    FfnUpBias,
+    FfnDownBias,
+    /// Post-norm families: the norm after the feed-forward block's residual add, and its
+    /// bias.
+    LayerOutNorm,
+    LayerOutNormBias,
 }
 
 impl TensorRole {
@@ -36,8 +60,29 @@ impl TensorRole {
         use TensorRole::*;
         matches!(
             self,
-            OutputNorm | AttnNorm | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnPostNorm
+            OutputNorm
+                | AttnNorm
+                | AttnQNorm
+                | AttnKNorm
+                | AttnPostNorm
+                | FfnNorm
+                | FfnPostNorm
+                | EmbdNorm
+                | AttnOutNorm
+                | LayerOutNorm
         )
+    }
+
+    /// The bias of a LayerNorm weight role, for the norms that families with
+    /// [`crate::arch::NormKind::Layer`] have.
+    pub fn norm_bias(self) -> Option<TensorRole> {
+        use TensorRole::*;
+        match self {
+            EmbdNorm => Some(EmbdNormBias),
+            AttnOutNorm => Some(AttnOutNormBias),
+            LayerOutNorm => Some(LayerOutNormBias),
+            _ => None,
+        }
     }
 
     /// Name of the tensor in a GGUF file (`layer` is ignored for global roles).
@@ -49,6 +94,8 @@ impl TensorRole {
             OutputNorm => "output_norm.weight".into(),
             Output => "output.weight".into(),
             RopeFreqs => "rope_freqs.weight".into(),
+            RopeFactorsLong => "rope_factors_long.weight".into(),
+            RopeFactorsShort => "rope_factors_short.weight".into(),
             AttnNorm => per_layer("attn_norm.weight"),
             AttnQ => per_layer("attn_q.weight"),
             AttnK => per_layer("attn_k.weight"),
@@ -65,6 +112,18 @@ impl TensorRole {
             FfnUp => per_layer("ffn_up.weight"),
             FfnDown => per_layer("ffn_down.weight"),
             FfnPostNorm => per_layer("post_ffw_norm.weight"),
+            // llama.cpp's BERT names.
+            PosEmbd => "position_embd.weight".into(),
+            TokenTypes => "token_types.weight".into(),
+            EmbdNorm => "token_embd_norm.weight".into(),
+            EmbdNormBias => "token_embd_norm.bias".into(),
+            AttnOutputBias => per_layer("attn_output.bias"),
+            AttnOutNorm => per_layer("attn_output_norm.weight"),
+            AttnOutNormBias => per_layer("attn_output_norm.bias"),
+            FfnUpBias => per_layer("ffn_up.bias"),
+            FfnDownBias => per_layer("ffn_down.bias"),
+            LayerOutNorm => per_layer("layer_output_norm.weight"),
+            LayerOutNormBias => per_layer("layer_output_norm.bias"),
         }
     }
 
@@ -72,13 +131,16 @@ impl TensorRole {
     /// decoder; the output projection is `lm_head.weight` outside it, see
     /// [`TensorRole::hf_in_decoder`]). `None`: the format has no such tensor.
     pub fn hf_name(self, arch: &ArchSpec, layer: usize) -> Option<String> {
+        if arch.tensor_names == TensorNames::Bert {
+            return self.hf_bert_name(layer);
+        }
         use TensorRole::*;
         let per_layer = |s: &str| Some(format!("layers.{layer}.{s}"));
         match self {
             TokenEmbd => Some("embed_tokens.weight".into()),
             OutputNorm => Some("norm.weight".into()),
             Output => Some("lm_head.weight".into()),
-            RopeFreqs => None,
+            RopeFreqs | RopeFactorsLong | RopeFactorsShort => None,
             AttnNorm => per_layer("input_layernorm.weight"),
             AttnQ => per_layer("self_attn.q_proj.weight"),
             AttnK => per_layer("self_attn.k_proj.weight"),
@@ -99,6 +161,42 @@ impl TensorRole {
             FfnUp => per_layer("mlp.up_proj.weight"),
             FfnDown => per_layer("mlp.down_proj.weight"),
             FfnPostNorm => per_layer("post_feedforward_layernorm.weight"),
+            AttnOutputBias => per_layer("self_attn.o_proj.bias"),
+            FfnUpBias => per_layer("mlp.up_proj.bias"),
+            FfnDownBias => per_layer("mlp.down_proj.bias"),
+            PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
+            | LayerOutNorm | LayerOutNormBias => None,
+        }
+    }
+
+    /// HF `BertModel` names (after an optional `bert.` prefix).
+    fn hf_bert_name(self, layer: usize) -> Option<String> {
+        use TensorRole::*;
+        let per_layer = |s: &str| Some(format!("encoder.layer.{layer}.{s}"));
+        match self {
+            TokenEmbd => Some("embeddings.word_embeddings.weight".into()),
+            PosEmbd => Some("embeddings.position_embeddings.weight".into()),
+            TokenTypes => Some("embeddings.token_type_embeddings.weight".into()),
+            EmbdNorm => Some("embeddings.LayerNorm.weight".into()),
+            EmbdNormBias => Some("embeddings.LayerNorm.bias".into()),
+            AttnQ => per_layer("attention.self.query.weight"),
+            AttnK => per_layer("attention.self.key.weight"),
+            AttnV => per_layer("attention.self.value.weight"),
+            AttnQBias => per_layer("attention.self.query.bias"),
+            AttnKBias => per_layer("attention.self.key.bias"),
+            AttnVBias => per_layer("attention.self.value.bias"),
+            AttnOutput => per_layer("attention.output.dense.weight"),
+            AttnOutputBias => per_layer("attention.output.dense.bias"),
+            AttnOutNorm => per_layer("attention.output.LayerNorm.weight"),
+            AttnOutNormBias => per_layer("attention.output.LayerNorm.bias"),
+            FfnUp => per_layer("intermediate.dense.weight"),
+            FfnUpBias => per_layer("intermediate.dense.bias"),
+            FfnDown => per_layer("output.dense.weight"),
+            FfnDownBias => per_layer("output.dense.bias"),
+            LayerOutNorm => per_layer("output.LayerNorm.weight"),
+            LayerOutNormBias => per_layer("output.LayerNorm.bias"),
+            OutputNorm | Output | RopeFreqs | RopeFactorsLong | RopeFactorsShort | AttnNorm
+            | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm => None,
         }
     }
 

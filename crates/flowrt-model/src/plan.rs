@@ -12,9 +12,13 @@
 //! - `Proj`   (n, hidden)        a projection back into the residual width
 //! - `Gate`/`Up` (n, intermediate)
 //! - `Logits` (n_out, vocab)     for the tokens whose logits were asked for
+//!
+//! An embedding plan ([`Plan::embedding`]) ends instead with one pooled row per sequence of
+//! the batch, `(n_seq, hidden)`, which a backend hands out as its embeddings.
 
-use crate::arch::Activation;
+use crate::arch::{Activation, NormKind, NormPosition, Positions};
 use crate::config::ModelConfig;
+use crate::pooling::Pooling;
 
 /// An activation buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +65,8 @@ impl Buf {
 /// Which normalisation weight an op uses (of the group's layer, or the final one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NormWeight {
+    /// The norm over the embeddings (families with one).
+    Embed,
     Attn,
     /// The attention block's output norm (sandwich norms).
     AttnPost,
@@ -88,8 +94,17 @@ pub enum MatRole {
 pub enum Op {
     /// `X[t] = token_embd[token[t]] · scale`.
     Embed { scale: f32 },
-    /// `dst = rms_norm(src) * weight`.
+    /// `X[t] += pos_embd[pos(t)]`, plus `token_types[0]` when `token_type` (learned absolute
+    /// positions; every token is of type 0, one text per sequence).
+    AddPositions { token_type: bool },
+    /// `dst = rms_norm(src) * weight` (`src` may be `dst`).
     RmsNorm {
+        src: Buf,
+        dst: Buf,
+        weight: NormWeight,
+    },
+    /// `dst = (src - mean) / √(var + eps) · weight + bias` per row (`src` may be `dst`).
+    LayerNorm {
         src: Buf,
         dst: Buf,
         weight: NormWeight,
@@ -104,16 +119,24 @@ pub enum Op {
     Rope { local: bool },
     /// Append `K` and `V` to the layer's cache at the batch positions.
     StoreKv,
-    /// `Attn = softmax(Q·Kᵀ·scale + causal mask)·V` over the layer's cache (GQA: each KV head
-    /// serves `num_attention_heads / num_key_value_heads` query heads; no replication). With a
-    /// window `w`, a query at position `p` sees positions `p - w + 1 ..= p`.
-    Attention { window: Option<usize> },
+    /// `Attn = softmax(Q·Kᵀ·scale + mask)·V` over the layer's cache (GQA: each KV head
+    /// serves `num_attention_heads / num_key_value_heads` query heads; no replication).
+    /// `causal`: a query at position `p` sees positions `..= p` (with a window `w`, `p - w + 1
+    /// ..= p`); otherwise it sees every position of its sequence up to the end of the
+    /// sequence's span in the batch (bidirectional: the whole text, which an encoder's batch
+    /// carries at once). Each sequence sees only its own keys.
+    Attention { window: Option<usize>, causal: bool },
     /// `Gate = act(Gate) * Up`.
     GatedAct(Activation),
+    /// `Up = act(Up)` (plain feed-forward).
+    Act(Activation),
     /// `X += src · scale`.
     AddResidual { src: Buf, scale: f32 },
     /// `Logits = softcap(Logits · scale)`, `softcap(x) = cap · tanh(x / cap)` when set.
     ScaleLogits { scale: f32, softcap: Option<f32> },
+    /// One row per sequence of the batch, pooled from `src`'s rows of that sequence's span
+    /// (see [`Pooling`]): the backend's embeddings, `(spans, hidden)`.
+    Pool { src: Buf, pooling: Pooling },
 }
 
 impl Op {
@@ -121,7 +144,9 @@ impl Op {
     pub fn name(&self) -> &'static str {
         match self {
             Op::Embed { .. } => "embed",
+            Op::AddPositions { .. } => "add_positions",
             Op::RmsNorm { .. } => "rms_norm",
+            Op::LayerNorm { .. } => "layer_norm",
             Op::MatMul { weight, .. } => match weight {
                 MatRole::Q => "matmul_q",
                 MatRole::K => "matmul_k",
@@ -137,8 +162,10 @@ impl Op {
             Op::StoreKv => "store_kv",
             Op::Attention { .. } => "attention",
             Op::GatedAct(_) => "gated_act",
+            Op::Act(_) => "act",
             Op::AddResidual { .. } => "add_residual",
             Op::ScaleLogits { .. } => "scale_logits",
+            Op::Pool { .. } => "pool",
         }
     }
 }
@@ -180,24 +207,38 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Compile the forward pass for a config. Branches only on the config's fields.
+    /// Compile the forward pass for a config. Branches only on the config's fields. A family
+    /// without an output projection ([`crate::ArchSpec::lm_head`] false) gets no output group:
+    /// it runs only as [`Plan::embedding`].
     pub fn new(cfg: &ModelConfig) -> Plan {
+        let arch = cfg.arch;
+        let norm = |src: Buf, dst: Buf, weight: NormWeight| match arch.norm {
+            NormKind::Rms => Op::RmsNorm { src, dst, weight },
+            NormKind::Layer => Op::LayerNorm { src, dst, weight },
+        };
+        let pre = arch.norm_position == NormPosition::Pre;
+        let mut embed = vec![Op::Embed {
+            scale: cfg.embedding_multiplier,
+        }];
+        if arch.positions == Positions::Learned {
+            embed.push(Op::AddPositions {
+                token_type: arch.token_types,
+            });
+        }
+        if arch.embed_norm {
+            embed.push(norm(Buf::X, Buf::X, NormWeight::Embed));
+        }
         let mut groups = vec![CommandGroup {
             kind: GroupKind::Embed,
-            ops: vec![Op::Embed {
-                scale: cfg.embedding_multiplier,
-            }],
+            ops: embed,
         }];
         let residual = cfg.residual_multiplier;
         // A block's output (in `Proj`) joins the residual stream, normalised first with
-        // sandwich norms (into `Xn`, free by then).
-        let add_block = |ops: &mut Vec<Op>, post: NormWeight| {
-            if cfg.arch.sandwich_norms {
-                ops.push(Op::RmsNorm {
-                    src: Buf::Proj,
-                    dst: Buf::Xn,
-                    weight: post,
-                });
+        // sandwich norms (into `Xn`, free by then); post-norm families then normalise the
+        // stream itself.
+        let add_block = |ops: &mut Vec<Op>, post: NormWeight, block: NormWeight| {
+            if arch.sandwich_norms {
+                ops.push(norm(Buf::Proj, Buf::Xn, post));
                 ops.push(Op::AddResidual {
                     src: Buf::Xn,
                     scale: residual,
@@ -208,41 +249,43 @@ impl Plan {
                     scale: residual,
                 });
             }
+            if !pre {
+                ops.push(norm(Buf::X, Buf::X, block));
+            }
+        };
+        // A block's input: the normalised stream (pre-norm) or the stream itself.
+        let input = |ops: &mut Vec<Op>, block: NormWeight| {
+            if pre {
+                ops.push(norm(Buf::X, Buf::Xn, block));
+                Buf::Xn
+            } else {
+                Buf::X
+            }
         };
         for layer in 0..cfg.num_hidden_layers {
             // Attention block: X += Wo · attention(rope(Wq·norm(X)), rope(Wk·norm(X)), Wv·norm(X))
-            let mut ops = vec![
-                Op::RmsNorm {
-                    src: Buf::X,
-                    dst: Buf::Xn,
-                    weight: NormWeight::Attn,
-                },
-                Op::MatMul {
-                    src: Buf::Xn,
-                    dst: Buf::Q,
-                    weight: MatRole::Q,
-                },
-                Op::MatMul {
-                    src: Buf::Xn,
-                    dst: Buf::K,
-                    weight: MatRole::K,
-                },
-                Op::MatMul {
-                    src: Buf::Xn,
-                    dst: Buf::V,
-                    weight: MatRole::V,
-                },
-            ];
-            if cfg.arch.qk_norm {
+            let mut ops = Vec::new();
+            let src = input(&mut ops, NormWeight::Attn);
+            for (dst, weight) in [
+                (Buf::Q, MatRole::Q),
+                (Buf::K, MatRole::K),
+                (Buf::V, MatRole::V),
+            ] {
+                ops.push(Op::MatMul { src, dst, weight });
+            }
+            if arch.qk_norm {
                 ops.push(Op::QkNorm);
             }
-            ops.extend([
-                Op::Rope {
+            if arch.positions == Positions::Rope {
+                ops.push(Op::Rope {
                     local: cfg.layer_uses_local_rope(layer),
-                },
+                });
+            }
+            ops.extend([
                 Op::StoreKv,
                 Op::Attention {
                     window: cfg.layer_window(layer),
+                    causal: arch.causal,
                 },
                 Op::MatMul {
                     src: Buf::Attn,
@@ -250,63 +293,110 @@ impl Plan {
                     weight: MatRole::O,
                 },
             ]);
-            add_block(&mut ops, NormWeight::AttnPost);
+            add_block(&mut ops, NormWeight::AttnPost, NormWeight::Attn);
             groups.push(CommandGroup {
                 kind: GroupKind::Attention { layer },
                 ops,
             });
-            // Feed-forward block: X += Wdown · (act(Wgate·norm(X)) * Wup·norm(X))
-            let mut ops = vec![
-                Op::RmsNorm {
-                    src: Buf::X,
-                    dst: Buf::Xn,
-                    weight: NormWeight::Ffn,
-                },
-                Op::MatMul {
-                    src: Buf::Xn,
-                    dst: Buf::Gate,
-                    weight: MatRole::Gate,
-                },
-                Op::MatMul {
-                    src: Buf::Xn,
-                    dst: Buf::Up,
-                    weight: MatRole::Up,
-                },
-                Op::GatedAct(cfg.activation),
-                Op::MatMul {
-                    src: Buf::Gate,
-                    dst: Buf::Proj,
-                    weight: MatRole::Down,
-                },
-            ];
-            add_block(&mut ops, NormWeight::FfnPost);
+            // Feed-forward block: X += Wdown · (act(Wgate·norm(X)) * Wup·norm(X)), or
+            // Wdown · act(Wup·X) without a gate.
+            let mut ops = Vec::new();
+            let src = input(&mut ops, NormWeight::Ffn);
+            if arch.gated_ffn {
+                ops.extend([
+                    Op::MatMul {
+                        src,
+                        dst: Buf::Gate,
+                        weight: MatRole::Gate,
+                    },
+                    Op::MatMul {
+                        src,
+                        dst: Buf::Up,
+                        weight: MatRole::Up,
+                    },
+                    Op::GatedAct(cfg.activation),
+                    Op::MatMul {
+                        src: Buf::Gate,
+                        dst: Buf::Proj,
+                        weight: MatRole::Down,
+                    },
+                ]);
+            } else {
+                ops.extend([
+                    Op::MatMul {
+                        src,
+                        dst: Buf::Up,
+                        weight: MatRole::Up,
+                    },
+                    Op::Act(cfg.activation),
+                    Op::MatMul {
+                        src: Buf::Up,
+                        dst: Buf::Proj,
+                        weight: MatRole::Down,
+                    },
+                ]);
+            }
+            add_block(&mut ops, NormWeight::FfnPost, NormWeight::Ffn);
             groups.push(CommandGroup {
                 kind: GroupKind::Ffn { layer },
                 ops,
             });
         }
-        let mut ops = vec![
-            Op::RmsNorm {
-                src: Buf::X,
-                dst: Buf::Xn,
-                weight: NormWeight::Output,
-            },
-            Op::MatMul {
-                src: Buf::Xn,
+        if arch.lm_head {
+            let mut ops = Vec::new();
+            let src = if pre {
+                ops.push(norm(Buf::X, Buf::Xn, NormWeight::Output));
+                Buf::Xn
+            } else {
+                Buf::X
+            };
+            ops.push(Op::MatMul {
+                src,
                 dst: Buf::Logits,
                 weight: MatRole::Output,
-            },
-        ];
-        if cfg.logit_multiplier != 1.0 || cfg.final_logit_softcapping.is_some() {
-            ops.push(Op::ScaleLogits {
-                scale: cfg.logit_multiplier,
-                softcap: cfg.final_logit_softcapping,
+            });
+            if cfg.logit_multiplier != 1.0 || cfg.final_logit_softcapping.is_some() {
+                ops.push(Op::ScaleLogits {
+                    scale: cfg.logit_multiplier,
+                    softcap: cfg.final_logit_softcapping,
+                });
+            }
+            groups.push(CommandGroup {
+                kind: GroupKind::Output,
+                ops,
             });
         }
-        groups.push(CommandGroup {
+        Plan { groups }
+    }
+
+    /// The forward pass of an embedding: the layers of [`Plan::new`], then the final norm
+    /// (pre-norm families) and `pooling` over each sequence of the batch.
+    pub fn embedding(cfg: &ModelConfig, pooling: Pooling) -> Plan {
+        let mut plan = Plan::new(cfg);
+        plan.groups.retain(|g| g.kind != GroupKind::Output);
+        let mut ops = Vec::new();
+        let src = if cfg.arch.norm_position == NormPosition::Pre {
+            ops.push(match cfg.arch.norm {
+                NormKind::Rms => Op::RmsNorm {
+                    src: Buf::X,
+                    dst: Buf::Xn,
+                    weight: NormWeight::Output,
+                },
+                NormKind::Layer => Op::LayerNorm {
+                    src: Buf::X,
+                    dst: Buf::Xn,
+                    weight: NormWeight::Output,
+                },
+            });
+            Buf::Xn
+        } else {
+            Buf::X
+        };
+        ops.push(Op::Pool { src, pooling });
+        plan.groups.push(CommandGroup {
             kind: GroupKind::Output,
             ops,
         });
-        Plan { groups }
+        plan
     }
 }

@@ -105,6 +105,60 @@ impl SafetensorsDir {
     pub fn bytes(&self, e: &StEntry) -> &[u8] {
         &self.maps[e.shard][e.start..e.end]
     }
+
+    /// Drops the resident pages of `data` (a slice [`SafetensorsDir::bytes`] gave) from this
+    /// process, so a reader that streams through the weights once (e.g. `flowrt pack`) does
+    /// not end with the whole checkpoint in its resident set. Later reads fault the pages back
+    /// in from the file. A slice from elsewhere is ignored.
+    pub fn release(&self, data: &[u8]) {
+        const PAGE: usize = 4096;
+        let addr = data.as_ptr() as usize;
+        for map in &self.maps {
+            let base = map.as_ptr() as usize;
+            if addr < base || addr + data.len() > base + map.len() {
+                continue;
+            }
+            let start = (addr - base).next_multiple_of(PAGE);
+            let end = (addr - base + data.len()) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is read-only and backed by the file, so dropping its pages
+                // loses nothing: later reads fault the unchanged contents back in. (The
+                // hazard this call is `unsafe` for is discarding private modified pages, which
+                // a read-only map has none of.) A failure only leaves the pages resident.
+                #[allow(unsafe_code)]
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+            return;
+        }
+    }
+
+    /// Where the text decoder's tensors sit: (prefix of the decoder's names, prefix of the
+    /// output projection's). Text decoders are under `model.`; multimodal wrappers nest them
+    /// (`model.language_model.`, or `language_model.model.` with the head under
+    /// `language_model.`); a base model saved on its own (sentence-transformers' decoder
+    /// embedders, e.g. Qwen3-Embedding) has no prefix.
+    pub fn decoder_prefixes(&self) -> (&'static str, &'static str) {
+        const LAYOUTS: [(&str, &str); 4] = [
+            ("model.", ""),
+            ("model.language_model.", ""),
+            ("language_model.model.", "language_model."),
+            ("", ""),
+        ];
+        LAYOUTS
+            .iter()
+            .find(|(p, _)| {
+                self.tensors
+                    .contains_key(&format!("{p}embed_tokens.weight"))
+            })
+            .copied()
+            .unwrap_or(LAYOUTS[0])
+    }
 }
 
 /// The distinct shard file names an index lists, in first-seen order. Names must be plain file

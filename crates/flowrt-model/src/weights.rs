@@ -8,7 +8,7 @@ use flowrt_dtype::GgmlType;
 use flowrt_gguf::GgufFile;
 use half::{bf16, f16};
 
-use crate::arch::ArchSpec;
+use crate::arch::{ArchSpec, NormKind, NormPosition, Positions, TensorNames};
 use crate::config::{file_name, ModelConfig};
 use crate::error::ModelError;
 use crate::names::TensorRole;
@@ -90,10 +90,13 @@ impl WeightMatrix {
     }
 }
 
-/// The weights of one decoder layer. Shapes are `[rows (out), cols (in)]`.
+/// The weights of one layer. Shapes are `[rows (out), cols (in)]`.
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,              // (hidden)
+    /// The attention block's norm: on its input (pre-norm) or after its residual add
+    /// (post-norm families).
+    pub attn_norm: Vec<f32>, // (hidden)
+    pub attn_norm_bias: Option<Vec<f32>>, // (hidden) LayerNorm families only
     pub wq: WeightMatrix,                 // (q_dim, hidden)
     pub wk: WeightMatrix,                 // (kv_dim, hidden)
     pub wv: WeightMatrix,                 // (kv_dim, hidden)
@@ -103,12 +106,27 @@ pub struct LayerWeights {
     pub q_norm: Option<Vec<f32>>,         // (head_dim)
     pub k_norm: Option<Vec<f32>>,         // (head_dim)
     pub wo: WeightMatrix,                 // (hidden, q_dim)
+    pub bo: Option<Vec<f32>>,             // (hidden) families with dense biases
     pub attn_post_norm: Option<Vec<f32>>, // (hidden) sandwich norms only
-    pub ffn_norm: Vec<f32>,               // (hidden)
-    pub w_gate: WeightMatrix,             // (intermediate, hidden)
+    /// The feed-forward block's norm, placed as `attn_norm` is.
+    pub ffn_norm: Vec<f32>, // (hidden)
+    pub ffn_norm_bias: Option<Vec<f32>>,  // (hidden) LayerNorm families only
+    pub w_gate: Option<WeightMatrix>,     // (intermediate, hidden) gated feed-forward only
     pub w_up: WeightMatrix,               // (intermediate, hidden)
+    pub b_up: Option<Vec<f32>>,           // (intermediate) families with dense biases
     pub w_down: WeightMatrix,             // (hidden, intermediate)
+    pub b_down: Option<Vec<f32>>,         // (hidden) families with dense biases
     pub ffn_post_norm: Option<Vec<f32>>,  // (hidden) sandwich norms only
+}
+
+impl LayerWeights {
+    /// Every matrix of the layer, in role order (Q, K, V, O, gate, up, down).
+    pub fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
+        [&self.wq, &self.wk, &self.wv, &self.wo]
+            .into_iter()
+            .chain(self.w_gate.as_ref())
+            .chain([&self.w_up, &self.w_down])
+    }
 }
 
 /// What a model was loaded from.
@@ -137,9 +155,18 @@ pub struct Model {
     pub path: PathBuf,
     pub format: ModelFormat,
     pub token_embd: WeightMatrix, // (vocab, hidden)
-    pub output_norm: Vec<f32>,    // (hidden)
-    /// Output projection; the same bytes as `token_embd` when the embeddings are tied.
-    pub output: WeightMatrix, // (vocab, hidden)
+    /// Learned absolute positions (families with them).
+    pub pos_embd: Option<WeightMatrix>, // (max_position_embeddings, hidden)
+    /// Token-type embeddings (families with them).
+    pub token_types: Option<WeightMatrix>, // (type_vocab_size, hidden)
+    /// Norm over the embeddings, and its bias (families with them).
+    pub embd_norm: Option<Vec<f32>>, // (hidden)
+    pub embd_norm_bias: Option<Vec<f32>>, // (hidden)
+    /// Final norm (pre-norm families; post-norm ones end each layer normalised).
+    pub output_norm: Option<Vec<f32>>, // (hidden)
+    /// Output projection (families that generate); the same bytes as `token_embd` when the
+    /// embeddings are tied. `None`: the model only embeds.
+    pub output: Option<WeightMatrix>, // (vocab, hidden)
     pub tied_embeddings: bool,
     pub layers: Vec<LayerWeights>,
 }
@@ -384,6 +411,42 @@ impl Binder<'_> {
         Some(v)
     }
 
+    /// A matrix that exists only when `present` (`layer` 0: global roles).
+    fn optional_matrix(
+        &mut self,
+        present: bool,
+        role: TensorRole,
+        rows: usize,
+        cols: usize,
+    ) -> Option<Option<WeightMatrix>> {
+        if present {
+            self.matrix(role, 0, rows, cols).map(Some)
+        } else {
+            Some(None)
+        }
+    }
+
+    /// The bias of LayerNorm weight `norm`, when `present`.
+    fn norm_bias(
+        &mut self,
+        present: bool,
+        norm: TensorRole,
+        layer: usize,
+        len: usize,
+    ) -> Option<Option<Vec<f32>>> {
+        if !present {
+            return Some(None);
+        }
+        match norm.norm_bias() {
+            Some(role) => self.vector(role, layer, len).map(Some),
+            None => {
+                self.problems
+                    .push(format!("{norm:?} has no LayerNorm bias in flowrt's names"));
+                None
+            }
+        }
+    }
+
     /// A per-layer vector that exists only when `present`.
     fn optional(
         &mut self,
@@ -459,6 +522,12 @@ impl Model {
             problems: Vec::new(),
         };
         let mut extra_used = Vec::new();
+        // LongRoPE's divisor tensors were read with the config.
+        if matches!(config.rope.scaling, RopeScaling::LongRope { .. }) {
+            extra_used.extend(
+                [TensorRole::RopeFactorsLong, TensorRole::RopeFactorsShort].map(|r| r.gguf_name(0)),
+            );
+        }
         if b.exists(TensorRole::RopeFreqs, 0) {
             extra_used.push(TensorRole::RopeFreqs.gguf_name(0));
             if config.rope.scaling != RopeScaling::None {
@@ -510,17 +579,17 @@ impl Model {
             }
         }
         let st = Arc::new(SafetensorsDir::open(dir)?);
-        // Text decoders are under `model.`; multimodal wrappers nest them.
-        let layouts = [
-            ("model.", ""),
-            ("model.language_model.", ""),
-            ("language_model.model.", "language_model."),
-        ];
-        let (prefix, head_prefix) = layouts
+        let (prefix, head_prefix) = match config.arch.tensor_names {
+            TensorNames::Decoder => st.decoder_prefixes(),
+            TensorNames::Bert => bert_prefixes(&st),
+        };
+        // Tensors the family's checkpoints carry that flowrt does not use.
+        let unused: Vec<String> = config
+            .arch
+            .hf_unused
             .iter()
-            .find(|(p, _)| st.tensors.contains_key(&format!("{p}embed_tokens.weight")))
-            .copied()
-            .unwrap_or(layouts[0]);
+            .map(|n| format!("{prefix}{n}"))
+            .collect();
         let source = Source::Hf {
             st,
             prefix: prefix.into(),
@@ -532,7 +601,7 @@ impl Model {
             ModelFormat::HfDir,
             &source,
             opts,
-            &[],
+            &unused,
         )
     }
 
@@ -559,27 +628,53 @@ impl Model {
             problems: Vec::new(),
         };
 
+        let arch = c.arch;
         let token_embd = b.matrix(TensorRole::TokenEmbd, 0, c.vocab_size, h);
-        let output_norm = b.vector(TensorRole::OutputNorm, 0, h);
-        let tied_embeddings = c
-            .tie_word_embeddings
-            .unwrap_or_else(|| !b.exists(TensorRole::Output, 0));
-        let output = if tied_embeddings {
+        let learned = arch.positions == Positions::Learned;
+        let pos_embd =
+            b.optional_matrix(learned, TensorRole::PosEmbd, c.max_position_embeddings, h);
+        let token_types = b.optional_matrix(
+            arch.token_types,
+            TensorRole::TokenTypes,
+            c.type_vocab_size,
+            h,
+        );
+        let layer_norm = arch.norm == NormKind::Layer;
+        let embd_norm = b.optional(arch.embed_norm, TensorRole::EmbdNorm, 0, h);
+        let embd_norm_bias = b.norm_bias(arch.embed_norm && layer_norm, TensorRole::EmbdNorm, 0, h);
+        let pre_norm = arch.norm_position == NormPosition::Pre;
+        let output_norm = b.optional(pre_norm, TensorRole::OutputNorm, 0, h);
+        if pre_norm && layer_norm {
+            b.problems.push(
+                "a LayerNorm before each block (with biases) is not supported; flowrt runs LayerNorm families post-norm".into(),
+            );
+        }
+        let tied_embeddings = arch.lm_head
+            && c.tie_word_embeddings
+                .unwrap_or_else(|| !b.exists(TensorRole::Output, 0));
+        let output = if !arch.lm_head {
+            Some(None)
+        } else if tied_embeddings {
             // A tied checkpoint may still store the output matrix (the same values).
             if let Some(n) = source.name(c.arch, TensorRole::Output, 0) {
                 b.used.insert(n);
             }
-            token_embd.clone()
+            token_embd.clone().map(Some)
         } else {
-            b.matrix(TensorRole::Output, 0, c.vocab_size, h)
+            b.matrix(TensorRole::Output, 0, c.vocab_size, h).map(Some)
+        };
+        // Which norm roles the blocks use: on the block's input, or after its residual add.
+        let (attn_norm_role, ffn_norm_role) = match arch.norm_position {
+            NormPosition::Pre => (TensorRole::AttnNorm, TensorRole::FfnNorm),
+            NormPosition::Post => (TensorRole::AttnOutNorm, TensorRole::LayerOutNorm),
         };
 
-        let arch = c.arch;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             use TensorRole::*;
             // Bind every tensor (so all problems are collected), then assemble.
-            let attn_norm = b.vector(AttnNorm, l, h);
+            let attn_norm = b.vector(attn_norm_role, l, h);
+            let attn_norm_bias = b.norm_bias(layer_norm, attn_norm_role, l, h);
             let wq = b.matrix(AttnQ, l, q, h);
             let wk = b.matrix(AttnK, l, kv, h);
             let wv = b.matrix(AttnV, l, kv, h);
@@ -589,15 +684,24 @@ impl Model {
             let q_norm = b.optional(arch.qk_norm, AttnQNorm, l, c.head_dim);
             let k_norm = b.optional(arch.qk_norm, AttnKNorm, l, c.head_dim);
             let wo = b.matrix(AttnOutput, l, h, q);
+            let bo = b.optional(arch.dense_bias, AttnOutputBias, l, h);
             let attn_post_norm = b.optional(arch.sandwich_norms, AttnPostNorm, l, h);
-            let ffn_norm = b.vector(FfnNorm, l, h);
-            let w_gate = b.matrix(FfnGate, l, ff, h);
+            let ffn_norm = b.vector(ffn_norm_role, l, h);
+            let ffn_norm_bias = b.norm_bias(layer_norm, ffn_norm_role, l, h);
+            let w_gate = if arch.gated_ffn {
+                b.matrix(FfnGate, l, ff, h).map(Some)
+            } else {
+                Some(None)
+            };
             let w_up = b.matrix(FfnUp, l, ff, h);
+            let b_up = b.optional(arch.dense_bias, FfnUpBias, l, ff);
             let w_down = b.matrix(FfnDown, l, h, ff);
+            let b_down = b.optional(arch.dense_bias, FfnDownBias, l, h);
             let ffn_post_norm = b.optional(arch.sandwich_norms, FfnPostNorm, l, h);
             let layer = (|| {
                 Some(LayerWeights {
                     attn_norm: attn_norm?,
+                    attn_norm_bias: attn_norm_bias?,
                     wq: wq?,
                     wk: wk?,
                     wv: wv?,
@@ -607,11 +711,15 @@ impl Model {
                     q_norm: q_norm?,
                     k_norm: k_norm?,
                     wo: wo?,
+                    bo: bo?,
                     attn_post_norm: attn_post_norm?,
                     ffn_norm: ffn_norm?,
+                    ffn_norm_bias: ffn_norm_bias?,
                     w_gate: w_gate?,
                     w_up: w_up?,
+                    b_up: b_up?,
                     w_down: w_down?,
+                    b_down: b_down?,
                     ffn_post_norm: ffn_post_norm?,
                 })
             })();
@@ -620,8 +728,25 @@ impl Model {
             }
         }
         b.check_all_used();
-        let (Some(token_embd), Some(output_norm), Some(output), true) =
-            (token_embd, output_norm, output, b.problems.is_empty())
+        let (
+            Some(token_embd),
+            Some(pos_embd),
+            Some(token_types),
+            Some(embd_norm),
+            Some(embd_norm_bias),
+            Some(output_norm),
+            Some(output),
+            true,
+        ) = (
+            token_embd,
+            pos_embd,
+            token_types,
+            embd_norm,
+            embd_norm_bias,
+            output_norm,
+            output,
+            b.problems.is_empty(),
+        )
         else {
             // Every `None` above was recorded as a problem.
             return Err(ModelError::Tensors {
@@ -634,6 +759,10 @@ impl Model {
             path,
             format,
             token_embd,
+            pos_embd,
+            token_types,
+            embd_norm,
+            embd_norm_bias,
             output_norm,
             output,
             tied_embeddings,
@@ -645,7 +774,7 @@ impl Model {
     /// for a layer role without a layer.
     pub fn matrix(&self, layer: Option<usize>, role: MatRole) -> Option<&WeightMatrix> {
         let lw = match (role, layer) {
-            (MatRole::Output, _) => return Some(&self.output),
+            (MatRole::Output, _) => return self.output.as_ref(),
             (_, Some(l)) => self.layers.get(l)?,
             (_, None) => return None,
         };
@@ -654,11 +783,25 @@ impl Model {
             MatRole::K => &lw.wk,
             MatRole::V => &lw.wv,
             MatRole::O => &lw.wo,
-            MatRole::Gate => &lw.w_gate,
+            MatRole::Gate => lw.w_gate.as_ref()?,
             MatRole::Up => &lw.w_up,
             MatRole::Down => &lw.w_down,
-            MatRole::Output => &self.output,
+            MatRole::Output => self.output.as_ref()?,
         })
+    }
+
+    /// The bias added after the matrix playing `role` in `layer`, if the family has one.
+    pub fn bias(&self, layer: Option<usize>, role: MatRole) -> Option<&Vec<f32>> {
+        let lw = self.layers.get(layer?)?;
+        match role {
+            MatRole::Q => lw.bq.as_ref(),
+            MatRole::K => lw.bk.as_ref(),
+            MatRole::V => lw.bv.as_ref(),
+            MatRole::O => lw.bo.as_ref(),
+            MatRole::Up => lw.b_up.as_ref(),
+            MatRole::Down => lw.b_down.as_ref(),
+            MatRole::Gate | MatRole::Output => None,
+        }
     }
 
     /// Bytes of weights read per decoded token (every matrix once; embeddings: one row).
@@ -667,10 +810,22 @@ impl Model {
         let layers: u64 = self
             .layers
             .iter()
-            .map(|l| {
-                m(&l.wq) + m(&l.wk) + m(&l.wv) + m(&l.wo) + m(&l.w_gate) + m(&l.w_up) + m(&l.w_down)
-            })
+            .map(|l| l.matrices().map(m).sum::<u64>())
             .sum();
-        layers + m(&self.output) + self.token_embd.row_bytes as u64
+        layers + self.output.as_ref().map_or(0, m) + self.token_embd.row_bytes as u64
     }
+}
+
+/// Where a BERT checkpoint's tensors sit: `BertModel` (sentence-transformers) at the top,
+/// the task models (`BertForMaskedLM`, ...) under `bert.`.
+fn bert_prefixes(st: &SafetensorsDir) -> (&'static str, &'static str) {
+    const LAYOUTS: [(&str, &str); 2] = [("", ""), ("bert.", "")];
+    LAYOUTS
+        .iter()
+        .find(|(p, _)| {
+            st.tensors
+                .contains_key(&format!("{p}embeddings.word_embeddings.weight"))
+        })
+        .copied()
+        .unwrap_or(LAYOUTS[0])
 }

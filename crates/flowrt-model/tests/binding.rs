@@ -125,3 +125,91 @@ fn mis_shaped_tensor_is_named_with_both_shapes() {
         "{msg}"
     );
 }
+
+/// `tiny` relabelled `arch` with `extra` metadata and `tensors` added.
+fn tiny_with(arch: &str, extra: &[(&str, f32)], tensors: &[(&str, Vec<f32>)]) -> GgufFile {
+    let mut b = GgufBuilder::new();
+    let f = tiny(&[], 2, arch);
+    for (k, v) in f.metadata() {
+        b.kv(k.as_str(), v.clone());
+    }
+    for (k, v) in extra {
+        b.kv(format!("{arch}.{k}").as_str(), *v);
+    }
+    for t in f.tensors() {
+        b.tensor(
+            t.name.as_str(),
+            &t.dims,
+            t.ggml_type,
+            f.tensor_data(t).to_vec(),
+        );
+    }
+    for (name, v) in tensors {
+        b.tensor(*name, &[v.len() as u64], GgmlType::F32, f32_bytes(v));
+    }
+    GgufFile::from_bytes(b.to_bytes()).unwrap()
+}
+
+#[test]
+fn minicpm_gguf_reads_its_scalings_and_names_a_missing_one() {
+    let keys = [
+        ("embedding_scale", 12.0),
+        ("residual_scale", 0.5),
+        ("logit_scale", 4.0),
+    ];
+    let m = Model::from_gguf(Arc::new(tiny_with("minicpm", &keys, &[]))).unwrap();
+    let c = &m.config;
+    assert_eq!(
+        (
+            c.embedding_multiplier,
+            c.residual_multiplier,
+            c.logit_multiplier
+        ),
+        (12.0, 0.5, 0.25)
+    );
+    let e = Model::from_gguf(Arc::new(tiny_with("minicpm", &keys[..2], &[]))).unwrap_err();
+    assert!(
+        matches!(e, ModelError::MissingKey { ref key, .. } if key == "minicpm.logit_scale"),
+        "{e}"
+    );
+}
+
+#[test]
+fn gguf_longrope_reads_its_factor_tensors_and_names_a_missing_one() {
+    // head_dim 2: one divisor per set. `rope.scaling.type` is a string key.
+    let with_type = |tensors: &[(&str, Vec<f32>)]| {
+        let f = tiny_with("llama", &[], tensors);
+        let mut b = GgufBuilder::new();
+        for (k, v) in f.metadata() {
+            b.kv(k.as_str(), v.clone());
+        }
+        b.kv("llama.rope.scaling.type", "longrope")
+            .kv("llama.rope.scaling.original_context_length", 16u32);
+        for t in f.tensors() {
+            b.tensor(
+                t.name.as_str(),
+                &t.dims,
+                t.ggml_type,
+                f.tensor_data(t).to_vec(),
+            );
+        }
+        Model::from_gguf(Arc::new(GgufFile::from_bytes(b.to_bytes()).unwrap()))
+    };
+    let m = with_type(&[
+        ("rope_factors_long.weight", vec![4.0]),
+        ("rope_factors_short.weight", vec![2.0]),
+    ])
+    .unwrap();
+    // Llama switches sets by position: short before 16, long from 16 on.
+    assert_eq!(
+        m.config.rope.scaling,
+        flowrt_model::RopeScaling::LongRope {
+            short_factor: vec![2.0],
+            long_factor: vec![4.0],
+            original_max_position_embeddings: 16,
+            attention_factor: flowrt_model::rope::longrope_attention_factor(64, 16),
+        }
+    );
+    let e = with_type(&[("rope_factors_long.weight", vec![4.0])]).unwrap_err();
+    assert!(e.to_string().contains("rope_factors_short.weight"), "{e}");
+}

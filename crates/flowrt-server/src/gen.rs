@@ -202,6 +202,15 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         ));
     }
     let runner = state.models.get(model).await?;
+    let Some(scheduler) = runner.scheduler.as_ref() else {
+        return Err(ApiError::invalid_param(
+            "model",
+            format!(
+                "model `{}` only embeds (it has no output projection): use POST /v1/embeddings or /api/embed",
+                runner.spec.id
+            ),
+        ));
+    };
     let model_arc = runner.model.clone();
     let prompt = req.prompt;
     let name = runner.spec.id.clone();
@@ -260,7 +269,7 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
         }
     };
     let (tx, rx) = mpsc::unbounded_channel();
-    runner.scheduler.submit(Job {
+    scheduler.submit(Job {
         prompt: tokens.clone(),
         max_tokens,
         sampler: req.sampler,

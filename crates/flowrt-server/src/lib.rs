@@ -15,11 +15,13 @@
 //! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and its batched
 //!   implementation ([`BatchStepper`]: every active sequence in one forward pass of at most
 //!   the batch size, long prompts fed in chunks over several steps);
-//! - `openai`, `ollama`: the routes; [`error`]: the one error type; [`metrics`]: Prometheus.
+//! - `openai`, `ollama`: the routes; `embed`: the embedding routes of both APIs; [`error`]:
+//!   the one error type; [`metrics`]: Prometheus.
 
 #[doc(hidden)]
 pub mod agent;
 pub mod details;
+mod embed;
 pub mod engine;
 pub mod error;
 mod extract;
@@ -140,6 +142,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(openai::get_model))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(embed::openai_embeddings))
+        .route("/api/embed", post(embed::ollama_embed))
+        .route("/api/embeddings", post(embed::ollama_embeddings))
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))

@@ -102,6 +102,13 @@ impl Metrics {
         });
     }
 
+    /// Tokens an embedding request ran (counted as prompt tokens).
+    pub fn embedded(&self, model: &str, tokens: usize) {
+        self.with(|m| {
+            *m.prompt_tokens.entry(model.to_string()).or_default() += tokens as u64;
+        });
+    }
+
     /// One finished sequence: tokens in and out, time to first token, decode speed.
     pub fn sequence(
         &self,

@@ -10,11 +10,11 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use flowrt_engine::LoadedModel;
+use flowrt_engine::{EmbedOptions, Embedder, LoadedModel};
 use flowrt_store::{Entry, ModelFormat, StoreError};
 use tokio::sync::watch;
 
@@ -148,7 +148,12 @@ impl ModelSpec {
 pub struct Runner {
     pub spec: Arc<ModelSpec>,
     pub model: Arc<LoadedModel>,
-    pub scheduler: Scheduler,
+    /// Generation; `None` for a model that only embeds.
+    pub scheduler: Option<Scheduler>,
+    /// Embeddings: made on the model's first embedding request; requests take turns.
+    pub embedder: Mutex<Option<Embedder>>,
+    /// Embedding requests waiting or running.
+    pub embedding: AtomicUsize,
     /// Context length of each sequence.
     pub n_ctx: usize,
     /// Estimated resident bytes: weights plus every slot's KV cache.
@@ -179,7 +184,13 @@ impl Runner {
         let Some(k) = *lock(&self.keep_alive) else {
             return false;
         };
-        self.scheduler.in_flight() == 0 && lock(&self.last_used).elapsed() >= k
+        self.in_flight() == 0 && lock(&self.last_used).elapsed() >= k
+    }
+
+    /// Requests queued or running: generations and embeddings.
+    pub fn in_flight(&self) -> usize {
+        self.scheduler.as_ref().map_or(0, Scheduler::in_flight)
+            + self.embedding.load(Ordering::SeqCst)
     }
 }
 
@@ -325,8 +336,13 @@ impl ModelManager {
                 let r = running.iter().find(|r| r.spec.id == s.id);
                 ModelGauges {
                     model: s.id.clone(),
-                    queued: r.map_or(0, |r| r.scheduler.counts().queued.load(Ordering::SeqCst)),
-                    active: r.map_or(0, |r| r.scheduler.counts().active.load(Ordering::SeqCst)),
+                    queued: r
+                        .and_then(|r| r.scheduler.as_ref())
+                        .map_or(0, |s| s.counts().queued.load(Ordering::SeqCst)),
+                    active: r
+                        .and_then(|r| r.scheduler.as_ref())
+                        .map_or(0, |s| s.counts().active.load(Ordering::SeqCst))
+                        + r.map_or(0, |r| r.embedding.load(Ordering::SeqCst)),
                     loaded: r.is_some(),
                 }
             })
@@ -442,7 +458,7 @@ impl ModelManager {
     /// Unload `id` now if it is resident and idle; returns whether it was unloaded.
     pub fn unload(&self, id: &str) -> bool {
         let mut map = lock(&self.resident);
-        let idle = matches!(map.get(id), Some(Resident::Ready(r)) if r.scheduler.in_flight() == 0);
+        let idle = matches!(map.get(id), Some(Resident::Ready(r)) if r.in_flight() == 0);
         if idle {
             map.remove(id);
             tracing::info!(model = %id, "model unloaded");
@@ -513,7 +529,7 @@ fn make_room(
         }
         let victim = ready
             .iter()
-            .filter(|r| r.scheduler.in_flight() == 0)
+            .filter(|r| r.in_flight() == 0)
             .min_by_key(|r| *lock(&r.last_used))
             .map(|r| r.spec.id.clone());
         match victim {
@@ -553,28 +569,39 @@ fn load_runner(
         RegistryModels::check_before_load(home, &spec).map_err(|e| failed(&e))?;
     }
     let model = Arc::new(LoadedModel::load(&spec.path).map_err(|e| failed(&e))?);
-    let parallel = config.parallel.max(1);
-    let engine = BatchStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;
-    let n_ctx = StepEngine::n_ctx(&engine);
     let c = &model.model.config;
     let kv_elem = config.engine.kv.bytes() as u64;
-    let kv_bytes = 2 * c.num_hidden_layers as u64 * n_ctx as u64 * c.kv_dim() as u64 * kv_elem;
-    let est_bytes = spec.size + kv_bytes * parallel as u64;
-    let scheduler = Scheduler::spawn(
-        spec.id.clone(),
-        model.clone(),
-        Box::new(engine),
-        &SchedulerConfig {
-            queue: config.queue,
-            retry_after_s: 1,
-        },
-        metrics,
-    )
-    .map_err(|e| failed(&e))?;
+    let kv_row = 2 * c.num_hidden_layers as u64 * c.kv_dim() as u64 * kv_elem;
+    // An embedder's cache: its sequences times its longest text (at most the batch).
+    let embed = EmbedOptions::default();
+    let embed_bytes = kv_row * (embed.batch_seqs * embed.batch_tokens) as u64;
+    let (scheduler, n_ctx, est_bytes) = if model.generates() {
+        let parallel = config.parallel.max(1);
+        let engine = BatchStepper::new(&model, &config.engine, parallel).map_err(|e| failed(&e))?;
+        let n_ctx = StepEngine::n_ctx(&engine);
+        let est_bytes = spec.size + kv_row * n_ctx as u64 * parallel as u64;
+        let scheduler = Scheduler::spawn(
+            spec.id.clone(),
+            model.clone(),
+            Box::new(engine),
+            &SchedulerConfig {
+                queue: config.queue,
+                retry_after_s: 1,
+            },
+            metrics,
+        )
+        .map_err(|e| failed(&e))?;
+        (Some(scheduler), n_ctx, est_bytes)
+    } else {
+        let n_ctx = model.n_ctx(&config.engine).map_err(|e| failed(&e))?;
+        (None, n_ctx, spec.size + embed_bytes)
+    };
     Ok(Arc::new(Runner {
         spec,
         model,
         scheduler,
+        embedder: Mutex::new(None),
+        embedding: AtomicUsize::new(0),
         n_ctx,
         est_bytes,
         loaded_at: SystemTime::now(),

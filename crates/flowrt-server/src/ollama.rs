@@ -221,7 +221,7 @@ fn ollama_defaults() -> SamplerConfig {
 
 /// Ollama's `keep_alive`: seconds as a number, or a duration string (`5m`, `1h`, `30s`);
 /// negative = forever.
-fn keep_alive(v: &Option<Value>) -> Result<Option<Option<Duration>>, ApiError> {
+pub(crate) fn keep_alive(v: &Option<Value>) -> Result<Option<Option<Duration>>, ApiError> {
     let bad = || {
         ApiError::invalid_param(
             "keep_alive",
@@ -399,7 +399,7 @@ fn stats_json(s: &Summary, total: Duration, load: Duration) -> serde_json::Map<S
 }
 
 /// Apply a request's `keep_alive`; `Some(0)` on a request with nothing to run unloads.
-fn apply_keep_alive(state: &AppState, model: &str, ka: Option<Option<Duration>>) {
+pub(crate) fn apply_keep_alive(state: &AppState, model: &str, ka: Option<Option<Duration>>) {
     if let (Some(ka), Some(r)) = (
         ka,
         state

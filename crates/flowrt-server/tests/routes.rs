@@ -502,10 +502,14 @@ async fn full_queue_is_429_with_retry_after_and_disconnect_cancels() {
     )
     .await;
     let runner = state.models.running().pop().unwrap();
+    let scheduler = runner
+        .scheduler
+        .as_ref()
+        .expect("a chat model has a scheduler");
     let counts = || {
         (
-            runner.scheduler.counts().queued.load(Ordering::SeqCst),
-            runner.scheduler.counts().active.load(Ordering::SeqCst),
+            scheduler.counts().queued.load(Ordering::SeqCst),
+            scheduler.counts().active.load(Ordering::SeqCst),
         )
     };
 

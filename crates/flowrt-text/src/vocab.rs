@@ -20,7 +20,8 @@ pub mod token_type {
 /// The `tokenizer.*` metadata of a GGUF file, under llama.cpp's key names.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece BPE).
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE), `"llama"` (SentencePiece BPE) or
+    /// `"bert"` (WordPiece).
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer of a `gpt2` vocab (`"smollm"`, `"llama-bpe"`, ...).
     pub pre: Option<String>,
@@ -44,6 +45,10 @@ pub struct GgufVocab {
     pub unk: Option<u32>,
     /// `tokenizer.ggml.padding_token_id`.
     pub pad: Option<u32>,
+    /// `tokenizer.ggml.seperator_token_id` (llama.cpp's spelling; `bert` vocabs: `[SEP]`).
+    pub sep: Option<u32>,
+    /// `tokenizer.ggml.add_sep_token` (`bert` vocabs).
+    pub add_sep: Option<bool>,
     /// `tokenizer.ggml.add_bos_token`; when absent, `llama` vocabs add BOS and `gpt2` ones do not.
     pub add_bos: Option<bool>,
     /// `tokenizer.ggml.add_eos_token`; absent means no.
@@ -102,6 +107,7 @@ impl GgufVocab {
             ("tokenizer.ggml.eom_token_id", self.eom),
             ("tokenizer.ggml.unknown_token_id", self.unk),
             ("tokenizer.ggml.padding_token_id", self.pad),
+            ("tokenizer.ggml.seperator_token_id", self.sep),
         ];
         for (key, id) in ids {
             if let Some(id) = id {

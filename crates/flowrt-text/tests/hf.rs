@@ -351,16 +351,16 @@ fn with_field(name: &str, key: &str, value: Value) -> String {
 
 #[test]
 fn unsupported_pipelines_are_refused_by_name() {
-    let wp = with_field(
+    let ctc = with_field(
         "bytelevel",
         "decoder",
-        serde_json::json!({"type": "WordPiece", "prefix": "##", "cleanup": true}),
+        serde_json::json!({"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": true}),
     );
     let msg = load_err(HfSources {
-        tokenizer_json: &wp,
+        tokenizer_json: &ctc,
         ..Default::default()
     });
-    assert!(msg.contains("WordPiece decoder is not supported"), "{msg}");
+    assert!(msg.contains("CTC decoder is not supported"), "{msg}");
 }
 
 #[test]

@@ -135,6 +135,14 @@ impl VulkanBackend {
             .check_options("vulkan", &[])
             .map_err(VulkanError::Unsupported)?;
         let c = &model.config;
+        let missing = lacks(c);
+        if !missing.is_empty() {
+            return Err(VulkanError::Unsupported(format!(
+                "the Vulkan backend cannot run the `{}` family: it has no {} (use --backend cpu)",
+                c.arch.name,
+                missing.join(", ")
+            )));
+        }
         if c.head_dim > ops::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
             return Err(VulkanError::Unsupported(format!(
                 "head_dim {} (the Vulkan attention kernel takes even head sizes up to {})",
@@ -143,9 +151,10 @@ impl VulkanBackend {
             )));
         }
         // Every matrix type first: a clear error before anything is uploaded.
-        let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd, &model.output];
+        let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd];
+        mats.extend(&model.output);
         for l in &model.layers {
-            mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+            mats.extend(l.matrices());
         }
         for m in &mats {
             if !crate::quant::supported(m.dtype) {
@@ -258,10 +267,15 @@ impl VulkanBackend {
             Ok(d)
         };
         let embd = up(&model.token_embd)?;
+        // `lacks` refused models without an output projection, a final norm or a gate.
+        let absent = |what: &str| VulkanError::Unsupported(format!("the model has no {what}"));
         let output = if model.tied_embeddings {
             None
         } else {
-            Some(up(&model.output)?)
+            Some(up(model
+                .output
+                .as_ref()
+                .ok_or_else(|| absent("output projection"))?)?)
         };
         let mut layer_mats = Vec::with_capacity(model.layers.len());
         for lw in &model.layers {
@@ -270,7 +284,10 @@ impl VulkanBackend {
                 up(&lw.wk)?,
                 up(&lw.wv)?,
                 up(&lw.wo)?,
-                up(&lw.w_gate)?,
+                up(lw
+                    .w_gate
+                    .as_ref()
+                    .ok_or_else(|| absent("feed-forward gate"))?)?,
                 up(&lw.w_up)?,
                 up(&lw.w_down)?,
             ]);
@@ -296,7 +313,13 @@ impl VulkanBackend {
                 bv: opt(&lw.bv, "V bias")?,
             });
         }
-        let output_norm = vec_buf("output norm", &model.output_norm)?;
+        let output_norm = vec_buf(
+            "output norm",
+            model
+                .output_norm
+                .as_ref()
+                .ok_or_else(|| absent("final norm"))?,
+        )?;
 
         // Every op of the plan, bound once.
         let plan = Plan::new(c);
@@ -543,10 +566,15 @@ impl VulkanBackend {
                             over: Over::Tokens,
                         });
                     }
-                    Op::Attention { window } => {
+                    Op::Attention { window, causal } => {
                         let l = layer.ok_or_else(|| {
                             VulkanError::Unsupported("attention outside a layer".into())
                         })?;
+                        if !causal {
+                            return Err(VulkanError::Unsupported(
+                                "bidirectional attention has no Vulkan kernel".into(),
+                            ));
+                        }
                         let p = b.uniform(&[
                             c.num_attention_heads as u32,
                             c.num_key_value_heads as u32,
@@ -577,6 +605,11 @@ impl VulkanBackend {
                         let a = match act {
                             Activation::Silu => 0,
                             Activation::GeluTanh => 1,
+                            Activation::Gelu => {
+                                return Err(VulkanError::Unsupported(
+                                    "exact (erf) GELU has no Vulkan kernel".into(),
+                                ))
+                            }
                         };
                         let p = b.uniform(&[c.intermediate_size as u32, a, 0, 0])?;
                         out.push(Cmd::Ew {
@@ -604,6 +637,15 @@ impl VulkanBackend {
                             per: c.hidden_size as u32,
                             over: Over::Tokens,
                         });
+                    }
+                    Op::AddPositions { .. }
+                    | Op::LayerNorm { .. }
+                    | Op::Act(_)
+                    | Op::Pool { .. } => {
+                        return Err(VulkanError::Unsupported(format!(
+                            "op `{}` has no Vulkan kernel (use --backend cpu)",
+                            op.name()
+                        )))
                     }
                     Op::ScaleLogits { scale, softcap } => {
                         let p = b.uniform(&[
@@ -1001,4 +1043,44 @@ impl Backend for VulkanBackend {
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
     }
+}
+
+/// What a model's family needs that this backend has no kernel for, in words (empty: it can
+/// run). Checked before anything is uploaded, so such a model is refused by name rather than
+/// run wrong.
+fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
+    use flowrt_model::arch::{NormKind, NormPosition, Positions};
+    let a = c.arch;
+    let mut missing = Vec::new();
+    if !a.causal {
+        missing.push("bidirectional attention");
+    }
+    if a.norm == NormKind::Layer {
+        missing.push("LayerNorm");
+    }
+    if a.norm_position == NormPosition::Post {
+        missing.push("post-norm blocks");
+    }
+    if a.positions == Positions::Learned {
+        missing.push("learned position embeddings");
+    }
+    if a.token_types {
+        missing.push("token-type embeddings");
+    }
+    if a.embed_norm {
+        missing.push("embedding norm");
+    }
+    if !a.gated_ffn {
+        missing.push("plain (ungated) feed-forward");
+    }
+    if c.activation == flowrt_model::Activation::Gelu {
+        missing.push("exact (erf) GELU");
+    }
+    if a.dense_bias {
+        missing.push("biases on the output and feed-forward projections");
+    }
+    if !a.lm_head {
+        missing.push("embedding-only models (no output projection; pooling)");
+    }
+    missing
 }

@@ -141,11 +141,12 @@ impl Heads {
     }
 }
 
-/// The positions a row at `pos` attends to: `(first, len)`, all of `0..=pos` or the last `w`
-/// of them under a sliding window.
-fn visible(window: Option<usize>, pos: usize) -> (usize, usize) {
-    let first = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    (first, pos + 1 - first)
+/// The positions a row attends to, `(first, len)`: all of `0..=last` or the last `w` of them
+/// under a sliding window. `last` is the row's own position (causal attention) or the last
+/// position of its sequence in the batch (bidirectional).
+fn visible(window: Option<usize>, last: usize) -> (usize, usize) {
+    let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
+    (first, last + 1 - first)
 }
 
 /// Floats one part slot holds for `group` heads of `hd` values: the un-normalised outputs
@@ -157,17 +158,32 @@ pub(super) fn slot_len(group: usize, hd: usize) -> usize {
 impl CpuBackend {
     /// `Attn[t, head] = softmax(Q[t, head] · K[s, g]ᵀ · scale) · V[s, g]` over positions
     /// `0..=p` of row `t`'s sequence `s` at position `p`, where `g = head / (n_heads /
-    /// n_kv_heads)`; with a window `w`, over positions `p+1-w ..= p` only.
+    /// n_kv_heads)`; with a window `w`, over positions `p+1-w ..= p` only. Not `causal`: `p`
+    /// is the last position of the row's span instead of its own.
     ///
     /// One task per row and KV head computes all the query heads that share it, so each
     /// cached key and value row is read once for the group (GQA), not once per query head;
     /// over an f16 cache, long ranges of few items are split (see the module docs).
-    pub(super) fn attention(&mut self, l: usize, window: Option<usize>, batch: &Batch) {
+    pub(super) fn attention(
+        &mut self,
+        l: usize,
+        window: Option<usize>,
+        causal: bool,
+        batch: &Batch,
+    ) {
         let n = batch.tokens.len();
         let items = n * self.model.config.num_key_value_heads;
-        let max_len = self.rows[..n]
+        // The last position each row sees.
+        self.row_see.clear();
+        if causal {
+            self.row_see
+                .extend(self.rows[..n].iter().map(|&(_, pos)| pos));
+        } else {
+            self.row_see.extend_from_slice(&self.row_last[..n]);
+        }
+        let max_len = self.row_see[..n]
             .iter()
-            .map(|&(_, pos)| visible(window, pos).1)
+            .map(|&last| visible(window, last).1)
             .max()
             .unwrap_or(0);
         let f16_cache = matches!(
@@ -203,11 +219,12 @@ impl CpuBackend {
         let q = &q[..n * qd];
         let per_thread = &self.per_thread;
         let rows = &self.rows;
+        let see = &self.row_see;
         // Heads g*group..(g+1)*group of a row are contiguous in `Attn`: one chunk per (t, g).
         self.pool
             .for_each_chunk_mut(&mut attn[..n * qd], group * hd, &|tid, i, out| {
                 let (t, g) = (i / nkv, i % nkv);
-                let (seq, pos) = rows[t];
+                let (seq, pos) = (rows[t].0, see[t]);
                 let (first, len) = visible(window, pos);
                 let qg = &q[t * qd + g * group * hd..t * qd + (g + 1) * group * hd];
                 let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
@@ -274,11 +291,12 @@ impl CpuBackend {
         let slots = &mut self.attn_parts[..n * nkv * parts * slot];
         let per_thread = &self.per_thread;
         let rows = &self.rows;
+        let see = &self.row_see;
         // Slot i * parts + s: part s of item i = (t, g).
         self.pool.for_each_chunk_mut(slots, slot, &|tid, j, out| {
             let (i, s) = (j / parts, j % parts);
             let (t, g) = (i / nkv, i % nkv);
-            let (seq, pos) = rows[t];
+            let (seq, pos) = (rows[t].0, see[t]);
             let (first, len) = visible(window, pos);
             let cut = split.parts_of(parts, len);
             let (outs, stats) = out.split_at_mut(group * hd);

@@ -1,20 +1,16 @@
 //! Scalar reference for Q5_0, Q5_1 and the k-quants (Q4_K, Q5_K, Q6_K, activation type Q8_K):
-//! quantisation, dequantisation and dots with the ggml activation types.
+//! dequantisation, dots with the ggml activation types, and the Q5_0, Q5_1 and Q8_K quantisers.
 //!
 //! Dequantisation computes exactly what ggml (and the `gguf` Python package) compute, in the
 //! same f32 operation order, so values are bit-identical (`tests/gguf_golden.rs`).
 //!
 //! Quantisers: Q5_0 and Q5_1 follow ggml's round-to-nearest reference quantisers (checked
-//! against `gguf` on fixed data). The k-quant and Q8_K quantisers are simple, correct ones of
-//! our own (per-sub-block min/max, sub-block scales rounded *up* to 6 or 8 bits so no value is
-//! clamped); they do NOT reproduce ggml's search-based k-quant quantisers and are meant for
-//! tests and for activations, not for producing model files.
-
-use half::f16;
+//! against `gguf` on fixed data); Q8_K is a simple one of our own for activations. The Q4_K,
+//! Q5_K and Q6_K weight quantisers are error-minimising searches (`search.rs`).
 
 use crate::blocks::{
-    f16_to_f32, f32_to_f16, get_scale_min_k4, pack_scale_min_k4, BlockQ4K, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockQ8_1, QK, QK_K,
+    f16_to_f32, f32_to_f16, get_scale_min_k4, BlockQ4K, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0, BlockQ8_1, QK, QK_K,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -179,107 +175,6 @@ pub(crate) fn dequantize_row_q8_k(row: &[u8], out: &mut [f32]) {
 // ---------------------------------------------------------------------------------------------
 // Q4_K / Q5_K
 
-/// The smallest f16 at least `v` (`v >= 0`; saturates at f16's largest finite value).
-fn f16_at_least(v: f32) -> f16 {
-    let h = f16::from_f32(v.min(f16::MAX.to_f32()));
-    if h.to_f32() < v && h < f16::MAX {
-        f16::from_bits(h.to_bits() + 1)
-    } else {
-        h
-    }
-}
-
-/// A 256-value super-block quantised as `x = d sc_j q - dmin m_j` with `q` in `0..=levels`.
-struct MinMaxK {
-    d: f16,
-    dmin: f16,
-    sc: [u8; 8],
-    mn: [u8; 8],
-    q: [u8; QK_K],
-}
-
-/// Per sub-block: the offset `m_j dmin` covers the sub-block's minimum (or 0 if positive),
-/// and the step `sc_j d` covers the rest of its range in `levels` steps. Both 6-bit factors are
-/// rounded up, so no value needs clamping; then `q = round((x + m) / step)`.
-fn quantize_minmax_k(x: &[f32], levels: u8) -> MinMaxK {
-    let sub = |j: usize| &x[32 * j..32 * j + 32];
-    let lo: [f32; 8] = std::array::from_fn(|j| sub(j).iter().copied().fold(0.0f32, f32::min));
-    let hi: [f32; 8] =
-        std::array::from_fn(|j| sub(j).iter().copied().fold(f32::NEG_INFINITY, f32::max));
-    let ceil6 = |v: f32, unit: f32| {
-        if unit > 0.0 {
-            (v / unit).ceil().clamp(0.0, 63.0) as u8
-        } else {
-            0
-        }
-    };
-    let dmin = f16_at_least(lo.iter().fold(0.0f32, |m, &v| m.max(-v)) / 63.0);
-    let dminf = dmin.to_f32();
-    let mn: [u8; 8] = std::array::from_fn(|j| ceil6(-lo[j], dminf));
-    let off: [f32; 8] = std::array::from_fn(|j| dminf * mn[j] as f32);
-    let step: [f32; 8] = std::array::from_fn(|j| ((hi[j] + off[j]) / levels as f32).max(0.0));
-    let d = f16_at_least(step.iter().fold(0.0f32, |m, &v| m.max(v)) / 63.0);
-    let df = d.to_f32();
-    let sc: [u8; 8] = std::array::from_fn(|j| ceil6(step[j], df));
-    let q = std::array::from_fn(|i| {
-        let j = i / 32;
-        let s = df * sc[j] as f32;
-        if s > 0.0 {
-            ((x[i] + off[j]) / s).round().clamp(0.0, levels as f32) as u8
-        } else {
-            0
-        }
-    });
-    MinMaxK { d, dmin, sc, mn, q }
-}
-
-/// Q4_K (simple min/max quantiser, see the module comment).
-pub(crate) fn quantize_row_q4_k(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(BlockQ4K::SIZE))
-    {
-        let k = quantize_minmax_k(xb, 15);
-        let mut qs = [0u8; QK_K / 2];
-        for (i, &q) in k.q.iter().enumerate() {
-            let (j, l) = (i / 32, i % 32);
-            qs[32 * (j / 2) + l] |= q << (4 * (j % 2));
-        }
-        BlockQ4K {
-            d: k.d.to_bits().to_le_bytes(),
-            dmin: k.dmin.to_bits().to_le_bytes(),
-            scales: pack_scale_min_k4(&k.sc, &k.mn),
-            qs,
-        }
-        .write(ob);
-    }
-}
-
-/// Q5_K (simple min/max quantiser, see the module comment).
-pub(crate) fn quantize_row_q5_k(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(BlockQ5K::SIZE))
-    {
-        let k = quantize_minmax_k(xb, 31);
-        let mut qs = [0u8; QK_K / 2];
-        let mut qh = [0u8; QK_K / 8];
-        for (i, &q) in k.q.iter().enumerate() {
-            let (j, l) = (i / 32, i % 32);
-            qs[32 * (j / 2) + l] |= (q & 0x0F) << (4 * (j % 2));
-            qh[l] |= (q >> 4) << j;
-        }
-        BlockQ5K {
-            d: k.d.to_bits().to_le_bytes(),
-            dmin: k.dmin.to_bits().to_le_bytes(),
-            scales: pack_scale_min_k4(&k.sc, &k.mn),
-            qh,
-            qs,
-        }
-        .write(ob);
-    }
-}
-
 /// `(d sc_j, dmin m_j)` for the 8 sub-blocks, as ggml computes them in f32.
 fn k4_sub_scales(d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) -> ([f32; 8], [f32; 8]) {
     let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
@@ -368,50 +263,6 @@ pub(crate) fn vec_dot_q5_k_q8_k(_k: usize, w: &[u8], a: &[u8]) -> f32 {
 
 // ---------------------------------------------------------------------------------------------
 // Q6_K
-
-/// Q6_K (simple quantiser, see the module comment): per 16 values `step = amax / 31`, the
-/// 8-bit sub-block scale rounded up, `q = round(x / (d sc))` in -32..=31.
-pub(crate) fn quantize_row_q6_k(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK_K)
-        .zip(out.chunks_exact_mut(BlockQ6K::SIZE))
-    {
-        let step: [f32; 16] = std::array::from_fn(|j| {
-            xb[16 * j..16 * j + 16]
-                .iter()
-                .fold(0.0f32, |m, v| m.max(v.abs()))
-                / 31.0
-        });
-        let d = f16_at_least(step.iter().fold(0.0f32, |m, &v| m.max(v)) / 127.0);
-        let df = d.to_f32();
-        let scales: [i8; 16] = std::array::from_fn(|j| {
-            if df > 0.0 {
-                (step[j] / df).ceil().clamp(0.0, 127.0) as i8
-            } else {
-                0
-            }
-        });
-        let mut blk = BlockQ6K {
-            ql: [0; QK_K / 2],
-            qh: [0; QK_K / 4],
-            scales,
-            d: d.to_bits().to_le_bytes(),
-        };
-        for (i, &v) in xb.iter().enumerate() {
-            let s = df * scales[i / 16] as f32;
-            let q = if s > 0.0 {
-                (v / s).round().clamp(-32.0, 31.0) as i32
-            } else {
-                0
-            };
-            let u = (q + 32) as u8;
-            let (h, sb, l) = (i / 128, (i % 128) / 32, i % 32);
-            blk.ql[64 * h + 32 * (sb % 2) + l] |= (u & 0x0F) << (4 * (sb / 2));
-            blk.qh[32 * h + l] |= (u >> 4) << (2 * sb);
-        }
-        blk.write(ob);
-    }
-}
 
 pub(crate) fn dequantize_row_q6_k(row: &[u8], out: &mut [f32]) {
     for (b, o) in row

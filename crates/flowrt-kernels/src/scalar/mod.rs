@@ -7,6 +7,7 @@ pub(crate) mod dot;
 pub(crate) mod elem;
 pub(crate) mod kquants;
 pub(crate) mod quant;
+pub(crate) mod search;
 
 use crate::{slot, ElemOps, Kernels, TypeOps, N_SLOTS, SLOT_TYPES};
 use flowrt_dtype::GgmlType;
@@ -60,17 +61,17 @@ fn type_ops(ty: GgmlType) -> TypeOps {
             Some(kquants::vec_dot_q5_1_q8_1 as _),
         ),
         Q4K => (
-            kquants::quantize_row_q4_k as _,
+            search::quantize_row_q4_k::<search::Lanes> as _,
             kquants::dequantize_row_q4_k as _,
             Some(kquants::vec_dot_q4_k_q8_k as _),
         ),
         Q5K => (
-            kquants::quantize_row_q5_k as _,
+            search::quantize_row_q5_k::<search::Lanes> as _,
             kquants::dequantize_row_q5_k as _,
             Some(kquants::vec_dot_q5_k_q8_k as _),
         ),
         Q6K => (
-            kquants::quantize_row_q6_k as _,
+            search::quantize_row_q6_k::<search::Lanes> as _,
             kquants::dequantize_row_q6_k as _,
             Some(kquants::vec_dot_q6_k_q8_k as _),
         ),

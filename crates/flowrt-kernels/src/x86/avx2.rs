@@ -34,6 +34,7 @@ pub(super) fn install_common(t: &mut Kernels) {
     t.types[s(GgmlType::F16)].vec_dot = Some(vec_dot_f16);
     t.types[s(GgmlType::BF16)].vec_dot = Some(vec_dot_bf16);
     super::elem::install(t);
+    super::search::install(t);
 }
 
 /// `acc + sum of 4 adjacent u * a` per i32 lane; `u <= 15` keeps `maddubs` from saturating.

@@ -14,6 +14,7 @@ mod elem;
 pub(crate) mod q16;
 mod q16k;
 mod quant;
+mod search;
 pub(crate) mod x8;
 
 use std::sync::OnceLock;

@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 
 use flowrt_gguf::{Array, GgufFile, Value};
 
-use super::{bad, LayerType, ModelConfig};
-use crate::arch::{self, EmbedScale, Scalings};
+use super::{bad, longrope_scaling, LayerType, ModelConfig};
+use crate::arch::{self, EmbedScale, NormKind, Scalings};
 use crate::error::ModelError;
+use crate::names::TensorRole;
 use crate::rope::{RopeConfig, RopeScaling};
 
 impl ModelConfig {
@@ -67,20 +68,80 @@ impl ModelConfig {
             }
         }
         let rope_dim = opt_u("rope.dimension_count")?.unwrap_or(head_dim);
-        let rms_norm_eps = f
-            .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| ModelError::MissingKey {
-                file: file.clone(),
-                key: key("attention.layer_norm_rms_epsilon"),
-            })?;
+        let eps_key = match arch.norm {
+            NormKind::Rms => key("attention.layer_norm_rms_epsilon"),
+            NormKind::Layer => key("attention.layer_norm_epsilon"),
+        };
+        let rms_norm_eps = f.get_f32(&eps_key)?.ok_or_else(|| ModelError::MissingKey {
+            file: file.clone(),
+            key: eps_key.clone(),
+        })?;
+        if !arch.causal {
+            if let Some(Value::Bool(true)) = f.get(&key("attention.causal")) {
+                return Err(bad(
+                    &file,
+                    format!(
+                        "`{}` is true: a causal `{arch_name}` is not supported",
+                        key("attention.causal")
+                    ),
+                ));
+            }
+        }
+        // Token types: llama.cpp writes their count as `tokenizer.ggml.token_type_count`;
+        // without it, the rows of the tensor.
+        let type_vocab_size = if arch.token_types {
+            match f.get_u64("tokenizer.ggml.token_type_count")? {
+                Some(n) => usize::try_from(n).map_err(|_| {
+                    bad(
+                        &file,
+                        format!("`tokenizer.ggml.token_type_count` = {n} does not fit"),
+                    )
+                })?,
+                None => {
+                    let name = TensorRole::TokenTypes.gguf_name(0);
+                    match f.tensors().iter().find(|t| t.name == name) {
+                        Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+                        _ => {
+                            return Err(ModelError::MissingKey {
+                                file,
+                                key: "tokenizer.ggml.token_type_count".into(),
+                            })
+                        }
+                    }
+                }
+            }
+        } else {
+            0
+        };
         let rope_theta = f
             .get_f32(&key("rope.freq_base"))?
             .unwrap_or(arch.defaults.rope_theta);
+        let req_f32 = |k: &str| -> Result<f32, ModelError> {
+            f.get_f32(&key(k))?.ok_or_else(|| ModelError::MissingKey {
+                file: file.clone(),
+                key: key(k),
+            })
+        };
         let scaling = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: f.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
             },
+            // LongRoPE as llama.cpp stores it: the two divisor sets as tensors, the original
+            // context length and the cos/sin factor as keys.
+            Some("longrope") => {
+                let orig = opt_u("rope.scaling.original_context_length")?
+                    .unwrap_or(max_position_embeddings);
+                let half = rope_dim / 2;
+                longrope_scaling(
+                    arch,
+                    factor_tensor(f, &file, TensorRole::RopeFactorsShort, half)?,
+                    factor_tensor(f, &file, TensorRole::RopeFactorsLong, half)?,
+                    orig,
+                    max_position_embeddings,
+                    f.get_f32(&key("rope.scaling.attn_factor"))?,
+                )
+            }
             Some(other) => {
                 return Err(bad(
                     &file,
@@ -103,12 +164,11 @@ impl ModelConfig {
         };
 
         // Sliding windows. Gemma 3 GGUFs give the window but (in most files) not which layers
-        // use it nor the local RoPE base: the family's defaults fill them in.
-        let sliding_window = if arch.sliding_window {
-            opt_u("attention.sliding_window")?.filter(|&w| w > 0)
-        } else {
-            None
-        };
+        // use it nor the local RoPE base: the family's defaults fill them in. The window is
+        // honoured whenever a file gives one, whatever the family: a Mistral checkpoint is
+        // written as `llama`, with `llama.attention.sliding_window` when `flowrt pack` writes
+        // it (llama.cpp's converter drops it).
+        let sliding_window = opt_u("attention.sliding_window")?.filter(|&w| w > 0);
         let layer_types = match (
             sliding_window,
             f.get(&key("attention.sliding_window_pattern")),
@@ -149,25 +209,28 @@ impl ModelConfig {
             )),
             _ => None,
         };
-        // Gemma 3 GGUFs carry no query_pre_attn_scalar; the family's value is head_dim for the
-        // published sizes up to 12B (27B uses hidden/heads and would need the key).
-        let attn_scale = 1.0 / (head_dim as f32).sqrt();
+        // The attention score scale: `attention.scale` when the file gives it (llama.cpp's
+        // name for it; `flowrt pack` writes Gemma 3's 1/√query_pre_attn_scalar there when it
+        // is not 1/√head_dim), else 1/√head_dim. Gemma 3 GGUFs from llama.cpp's converter carry
+        // no query_pre_attn_scalar; the family's value is head_dim for the published sizes up
+        // to 12B (27B uses hidden/heads and would need the key).
+        let attn_scale = match f.get_f32(&key("attention.scale"))? {
+            Some(s) => s,
+            None => 1.0 / (head_dim as f32).sqrt(),
+        };
         let embedding_multiplier = match arch.embed_scale {
             EmbedScale::None => 1.0,
             EmbedScale::SqrtHidden => (hidden_size as f32).sqrt(),
-            EmbedScale::FromConfig => {
-                return Err(bad(
-                    &file,
-                    format!("GGUF files of the `{}` family are not supported yet; load its Hugging Face directory", arch.name),
-                ))
-            }
+            EmbedScale::FromConfig => req_f32("embedding_scale")?,
         };
-        if arch.scalings != Scalings::None {
-            return Err(bad(
-                &file,
-                format!("GGUF files of the `{}` family are not supported yet; load its Hugging Face directory", arch.name),
-            ));
-        }
+        // llama.cpp's names: residual branches × `residual_scale`, logits ÷ `logit_scale`.
+        let (residual_multiplier, logit_multiplier) = match arch.scalings {
+            Scalings::None => (1.0, 1.0),
+            Scalings::MiniCpm => (
+                req_f32("residual_scale")?,
+                (1.0 / req_f32("logit_scale")? as f64) as f32,
+            ),
+        };
         let final_logit_softcapping = f
             .get_f32(&key("final_logit_softcapping"))?
             .filter(|&c| c > 0.0);
@@ -190,6 +253,7 @@ impl ModelConfig {
             head_dim,
             vocab_size,
             rms_norm_eps,
+            type_vocab_size,
             activation: arch.activation,
             rope: RopeConfig {
                 theta: rope_theta,
@@ -203,14 +267,44 @@ impl ModelConfig {
             sliding_window,
             layer_types,
             embedding_multiplier,
-            residual_multiplier: 1.0,
-            logit_multiplier: 1.0,
+            residual_multiplier,
+            logit_multiplier,
             final_logit_softcapping,
             tie_word_embeddings: None,
         };
         cfg.validate(&file)?;
         Ok(cfg)
     }
+}
+
+/// LongRoPE divisors stored as a 1-D f32 tensor of `len` values (`rope_factors_long.weight`,
+/// `rope_factors_short.weight`).
+fn factor_tensor(
+    f: &GgufFile,
+    file: &Path,
+    role: TensorRole,
+    len: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let name = role.gguf_name(0);
+    let t = f.tensors().iter().find(|t| t.name == name).ok_or_else(|| {
+        bad(
+            file,
+            format!("RoPE scaling `longrope` without the tensor `{name}`"),
+        )
+    })?;
+    if t.dims != [len as u64] || t.ggml_type != flowrt_gguf::GgmlType::F32 {
+        return Err(bad(
+            file,
+            format!(
+                "tensor `{name}` is {} {:?}, expected F32 [{len}] (rope dimension count / 2)",
+                t.ggml_type, t.dims
+            ),
+        ));
+    }
+    Ok(f.tensor_data(t)
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 pub(crate) fn file_name(f: &GgufFile) -> PathBuf {

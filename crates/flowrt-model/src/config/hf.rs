@@ -5,10 +5,10 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{bad, LayerType, ModelConfig};
-use crate::arch::{self, Activation, EmbedScale, RopePairing, Scalings};
+use super::{bad, longrope_scaling, LayerType, ModelConfig};
+use crate::arch::{self, Activation, EmbedScale, NormKind, Positions, RopePairing, Scalings};
 use crate::error::ModelError;
-use crate::rope::{longrope_attention_factor, RopeConfig, RopeScaling};
+use crate::rope::{RopeConfig, RopeScaling};
 
 /// Typed access to a JSON object, with errors naming the file and key.
 #[derive(Clone, Copy)]
@@ -148,14 +148,23 @@ impl ModelConfig {
         };
         let vocab_size = c.req_usize("vocab_size")?;
         let max_position_embeddings = c.req_usize("max_position_embeddings")?;
-        let rms_norm_eps = c.f32("rms_norm_eps")?.unwrap_or(1e-6);
+        // LayerNorm families say `layer_norm_eps` (BertConfig's default 1e-12).
+        let rms_norm_eps = match arch.norm {
+            NormKind::Rms => c.f32("rms_norm_eps")?.unwrap_or(1e-6),
+            NormKind::Layer => c.f32("layer_norm_eps")?.unwrap_or(1e-12),
+        };
+        let type_vocab_size = if arch.token_types {
+            c.usize("type_vocab_size")?.unwrap_or(2)
+        } else {
+            0
+        };
 
         let activation = match c.str("hidden_activation")?.or(c.str("hidden_act")?) {
             None => arch.activation,
             Some(name) => Activation::from_hf(name).ok_or_else(|| {
                 bad(
                     file,
-                    format!("activation `{name}` is not supported (silu, gelu_pytorch_tanh)"),
+                    format!("activation `{name}` is not supported (silu, gelu_pytorch_tanh, gelu)"),
                 )
             })?,
         };
@@ -163,8 +172,21 @@ impl ModelConfig {
         if c.bool("attention_bias")? == Some(true) && !arch.qkv_bias {
             return unsupported("`attention_bias: true` in this family");
         }
-        if c.bool("mlp_bias")? == Some(true) {
+        if c.bool("mlp_bias")? == Some(true) && !arch.dense_bias {
             return unsupported("`mlp_bias: true`");
+        }
+        if arch.positions == Positions::Learned {
+            match c.str("position_embedding_type")? {
+                None | Some("absolute") => {}
+                Some(other) => {
+                    return unsupported(&format!(
+                        "`position_embedding_type: {other}` (flowrt runs `absolute`)"
+                    ))
+                }
+            }
+        }
+        if !arch.causal && c.bool("is_decoder")? == Some(true) {
+            return unsupported("`is_decoder: true` (a causal BERT)");
         }
         if c.f32("attn_logit_softcapping")?.is_some() {
             return unsupported("attention logit soft-capping (`attn_logit_softcapping`)");
@@ -254,6 +276,7 @@ impl ModelConfig {
             head_dim,
             vocab_size,
             rms_norm_eps,
+            type_vocab_size,
             activation,
             rope,
             rope_local,
@@ -366,26 +389,14 @@ fn read_rope_scaling(
                 })
             };
             let (short, long) = (list("short_factor")?, list("long_factor")?);
-            // One set for every position when the family picks it from the configured length.
-            let short = match arch.longrope_by_max_position {
-                true if max_pos > orig => long.clone(),
-                true => short.clone(),
-                false => short,
-            };
-            let long = if arch.longrope_by_max_position {
-                short.clone()
-            } else {
-                long
-            };
-            RopeScaling::LongRope {
-                short_factor: short,
-                long_factor: long,
-                original_max_position_embeddings: orig,
-                attention_factor: match s.f32("attention_factor")? {
-                    Some(a) => a,
-                    None => longrope_attention_factor(max_pos, orig),
-                },
-            }
+            longrope_scaling(
+                arch,
+                short,
+                long,
+                orig,
+                max_pos,
+                s.f32("attention_factor")?,
+            )
         }
         other => {
             return Err(bad(

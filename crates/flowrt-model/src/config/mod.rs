@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::arch::{Activation, ArchSpec, RopePairing};
 use crate::error::ModelError;
-use crate::rope::RopeConfig;
+use crate::rope::{longrope_attention_factor, RopeConfig, RopeScaling};
 
 pub(crate) use gguf::file_name;
 
@@ -40,8 +40,11 @@ pub struct ModelConfig {
     pub head_dim: usize,
     /// Vocabulary size (rows of the embedding and output matrices).
     pub vocab_size: usize,
-    /// Epsilon of every RMSNorm.
+    /// Epsilon of every norm (RMSNorm, or LayerNorm for families that use it: HF's
+    /// `layer_norm_eps`).
     pub rms_norm_eps: f32,
+    /// Rows of the token-type embeddings (families with them; 0 otherwise).
+    pub type_vocab_size: usize,
     /// Feed-forward activation.
     pub activation: Activation,
     /// RoPE of full-attention layers (and of every layer when `rope_local` is `None`).
@@ -161,6 +164,9 @@ impl ModelConfig {
                 return err(format!("{name} = {v} must be positive"));
             }
         }
+        if self.arch.token_types && self.type_vocab_size == 0 {
+            return err("type_vocab_size is 0 in a family with token-type embeddings".into());
+        }
         if let Some(c) = self.final_logit_softcapping {
             if !(c.is_finite() && c > 0.0) {
                 return err(format!("final_logit_softcapping = {c} must be positive"));
@@ -203,6 +209,33 @@ impl ModelConfig {
                 }
             })
             .collect()
+    }
+}
+
+/// LongRoPE as `arch` runs it, from the configured `short` and `long` divisors (the same for
+/// `config.json` and GGUF files): a family that picks one set from the configured length
+/// ([`ArchSpec::longrope_by_max_position`]) gets that set for every position, the long one
+/// when `max_pos` exceeds `orig`. `attention_factor` defaults to LongRoPE's
+/// `√(1 + ln(max_pos / orig) / ln(orig))`.
+pub(crate) fn longrope_scaling(
+    arch: &ArchSpec,
+    short: Vec<f32>,
+    long: Vec<f32>,
+    orig: usize,
+    max_pos: usize,
+    attention_factor: Option<f32>,
+) -> RopeScaling {
+    let (short_factor, long_factor) = match arch.longrope_by_max_position {
+        true if max_pos > orig => (long.clone(), long),
+        true => (short.clone(), short),
+        false => (short, long),
+    };
+    RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: orig,
+        attention_factor: attention_factor
+            .unwrap_or_else(|| longrope_attention_factor(max_pos, orig)),
     }
 }
 

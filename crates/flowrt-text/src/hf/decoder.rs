@@ -5,8 +5,12 @@
 //! style tokenizers either map every token on its own (`ByteLevel`, `Replace`,
 //! `ByteFallback`, `Metaspace`, a `Strip` before `Fuse`) or act on the start of the whole
 //! text (`Metaspace` on the first token, a `Strip` after `Fuse`). The first kind becomes the
-//! token's piece; the second becomes the leading-space strip. Anything else (`WordPiece`,
-//! `BPEDecoder`, `CTC`, regex `Replace`) is refused by name rather than decoded differently.
+//! token's piece; the second becomes the leading-space strip. `WordPiece` (BERT) is the
+//! same shape: a continuation (`##ing`) is its text without the prefix, any other token a
+//! space and its text, and the text's leading space is dropped; its `cleanup` (spaces
+//! before punctuation removed) is not applied, like `clean_up_tokenization_spaces`. Anything
+//! else (`BPEDecoder`, `CTC`, regex `Replace`) is refused by name rather than decoded
+//! differently.
 //!
 //! Two known, documented differences with HF, both outside what valid generated text hits:
 //! - HF's `ByteFallback` turns an invalid run of `<0xNN>` bytes into one U+FFFD per byte;
@@ -39,6 +43,10 @@ enum Step {
         content: char,
         start: usize,
         stop: usize,
+    },
+    /// WordPiece: `prefix` marks a continuation; other tokens start a word (a space).
+    WordPiece {
+        prefix: String,
     },
 }
 
@@ -92,6 +100,21 @@ impl DecodePlan {
                 }
             }
             "ByteLevel" => self.steps.push(Step::ByteLevel),
+            "WordPiece" => {
+                let prefix = match d.get("prefix") {
+                    None | Some(Value::Null) => "##",
+                    Some(v) => v.as_str().filter(|p| !p.is_empty()).ok_or_else(|| {
+                        field(
+                            "decoder WordPiece.prefix",
+                            format!("expected a non-empty string, found {}", short(v)),
+                        )
+                    })?,
+                };
+                self.steps.push(Step::WordPiece {
+                    prefix: prefix.to_string(),
+                });
+                self.strip_leading_space = true;
+            }
             "ByteFallback" => self.steps.push(Step::ByteFallback),
             "Fuse" => *fused = true,
             "Replace" => {
@@ -199,6 +222,12 @@ impl DecodePlan {
                     start,
                     stop,
                 } => *text = strip_each(text, *content, *start, *stop),
+                Step::WordPiece { prefix } => {
+                    *text = match text.strip_prefix(prefix.as_str()) {
+                        Some(rest) => rest.to_string(),
+                        None => format!(" {text}"),
+                    }
+                }
             }
         }
         let mut bytes = match state {
@@ -344,9 +373,29 @@ mod tests {
     }
 
     #[test]
+    fn wordpiece_continuations_join_and_words_get_a_space() {
+        let (p, strip) = pieces(
+            json!({"type": "WordPiece", "prefix": "##", "cleanup": true}),
+            &["hello", "##world", "[CLS]", "."],
+        );
+        assert_eq!(
+            p,
+            [
+                b" hello".to_vec(),
+                b"world".to_vec(),
+                b" [CLS]".to_vec(),
+                b" .".to_vec()
+            ]
+        );
+        assert!(strip);
+        let e = DecodePlan::from_json(&json!({"type": "WordPiece", "prefix": ""})).unwrap_err();
+        assert!(matches!(e, TextError::HfField { .. }), "{e}");
+    }
+
+    #[test]
     fn unsupported_decoders_are_named() {
         for d in [
-            json!({"type": "WordPiece", "prefix": "##"}),
+            json!({"type": "CTC", "pad_token": "<pad>"}),
             json!({"type": "Replace", "pattern": {"Regex": "x"}, "content": ""}),
             json!({"type": "Sequence", "decoders": [{"type": "Fuse"},
                 {"type": "Strip", "content": " ", "start": 2, "stop": 0}]}),

@@ -112,11 +112,19 @@ pub fn load(src: &HfSources<'_>) -> Result<HfText, TextError> {
     };
 
     let head: Value = parse_json(TOKENIZER_JSON, src.tokenizer_json)?;
-    let hf: tokenizers::Tokenizer =
-        tokenizers::Tokenizer::from_str(src.tokenizer_json).map_err(|e| TextError::HfJson {
+    let mut hf: tokenizers::Tokenizer = tokenizers::Tokenizer::from_str(src.tokenizer_json)
+        .map_err(|e| TextError::HfJson {
             file: TOKENIZER_JSON.into(),
             message: format!("the tokenizers library refused it: {e}"),
         })?;
+    // A file's truncation and padding settings (sentence-transformers' BERT tokenizer.json
+    // files carry `truncation: 128` and fixed padding) would cut or pad every encode
+    // silently: flowrt checks lengths itself and never pads.
+    hf.with_truncation(None).map_err(|e| TextError::HfJson {
+        file: TOKENIZER_JSON.into(),
+        message: format!("cannot switch truncation off: {e}"),
+    })?;
+    hf.with_padding(None);
     let plan = DecodePlan::from_json(head.get("decoder").unwrap_or(&Value::Null))?;
     let model_type = head
         .pointer("/model/type")
@@ -126,10 +134,13 @@ pub fn load(src: &HfSources<'_>) -> Result<HfText, TextError> {
         "BPE" if plan.is_byte_level() => VocabKind::ByteLevelBpe,
         "BPE" => VocabKind::SentencePieceBpe,
         "Unigram" => VocabKind::SentencePieceUnigram,
+        "WordPiece" => VocabKind::WordPiece,
         other => {
             return Err(TextError::HfUnsupported {
                 file: TOKENIZER_JSON.into(),
-                what: format!("model type {other:?} (supported: \"BPE\", \"Unigram\")"),
+                what: format!(
+                    "model type {other:?} (supported: \"BPE\", \"Unigram\", \"WordPiece\")"
+                ),
             })
         }
     };

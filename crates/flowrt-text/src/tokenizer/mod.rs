@@ -4,6 +4,7 @@ pub(crate) mod build;
 mod shared;
 mod spm;
 mod stream;
+mod wordpiece;
 
 pub use build::supported_pre_tokenizers;
 pub use stream::TokenStreamDecoder;
@@ -35,6 +36,8 @@ pub enum VocabKind {
     SentencePieceBpe,
     /// A `tokenizer.json` Unigram model (SentencePiece unigram, e.g. T5-style vocabs).
     SentencePieceUnigram,
+    /// WordPiece (BERT): a `tokenizer.json` WordPiece model, or a GGUF `bert` vocabulary.
+    WordPiece,
 }
 
 /// The `tokenizers` pipeline behind a [`Tokenizer`]: built here from GGUF metadata, or read
@@ -151,6 +154,9 @@ impl Tokenizer {
     /// Build the tokenizer a GGUF vocabulary describes. Errors name the metadata key at fault
     /// (an unknown `tokenizer.ggml.pre` is an error, never a silent default).
     pub fn from_vocab(v: &GgufVocab) -> Result<Self, TextError> {
+        if v.model == "bert" {
+            return wordpiece::from_bert_vocab(v);
+        }
         let built = build::build(v)?;
         let kind = if v.model == "gpt2" {
             VocabKind::ByteLevelBpe
