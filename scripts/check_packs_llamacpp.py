@@ -41,7 +41,7 @@ here: the same function). This script needs only the standard library; the llama
 runs under --peer-python (default .venv-peer/bin/python).
 
 Usage:
-  python3 scripts/check_packs_llamacpp.py                       # the full matrix (about an hour on 2 cores)
+  python3 scripts/check_packs_llamacpp.py                       # the full matrix (30 min on 2 cores)
   python3 scripts/check_packs_llamacpp.py --sources llama-untied --types F16,Q4_0
 Sources: smollm2-135m ($FLOWRT_SMOLLM2_GGUF), gemma3-270m ($FLOWRT_GEMMA3_GGUF) and every directory of
 tests/fixtures/families (by name). flowrt: $FLOWRT, else target/ci/flowrt.

@@ -1,6 +1,7 @@
 //! `flowrt pack`'s files in llama.cpp (issue 15): `scripts/check_packs_llamacpp.py` on the two
 //! llama HF fixtures and a few types; each pack must load in llama.cpp and give flowrt's
-//! prompt ids and greedy tokens.
+//! prompt ids and greedy tokens (quantised types: up to a flip within the script's near-tie
+//! bounds).
 //!
 //! llama.cpp is llama-cpp-python in `.venv-peer` (`python3 scripts/compare_peers.py
 //! --install` builds it from source, too slow for `scripts/test` to do). Without it the test
@@ -15,7 +16,8 @@ use flowrt_testkit::coverage;
 const WHAT: &str = "packs in llama.cpp (scripts/check_packs_llamacpp.py, llama fixtures)";
 
 fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
 }
 
 /// `.venv-peer`'s python when it can import llama_cpp, else why not.
