@@ -30,6 +30,11 @@ rest Q5_K. Q6_K: every matrix Q6_K. A matrix whose row length is not a multiple 
 type's block (32, or 256 for K types) falls back to Q8_0 (rows a multiple of 32) or F16, \
 and the report lists it.
 
+Quantisers: Q4_K, Q5_K and Q6_K blocks are chosen by an error-minimising search over their \
+scales (weighted least squares; no importance matrix), with less RMS error than llama.cpp's \
+llama-quantize on the weights measured in docs/quantisation.md. Q4_0, Q4_1 and Q8_0 round as \
+ggml's reference does: the bytes llama-quantize writes without an importance matrix.
+
 Gate defaults (mean KL(source ‖ pack) at most / top-1 agreement at least): \
 F32 1e-6/0.99, F16 1e-3/0.95, BF16 1e-2/0.90, Q8_0 1e-2/0.90, Q6_K 2e-2/0.85, \
 Q5_K 5e-2/0.80, Q4_K 0.1/0.75, Q4_1 0.2/0.70, Q4_0 0.2/0.70.
