@@ -45,24 +45,25 @@ pub fn layer_norm_in_place(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
 
 /// `erf(x)` by Abramowitz & Stegun 7.1.28, `1 - 1 / (1 + a1 x + ... + a6 x⁶)¹⁶` for
 /// `x >= 0` (odd for negative `x`): absolute error at most 3e-7, no branches and no `exp`, so
-/// it vectorises.
+/// it vectorises. Evaluated in f64: in f32 the sixteenth power and `1 - 1/p` lose up to
+/// 1.4e-6 near 0.
 #[inline]
 pub fn erf(x: f32) -> f32 {
-    const A: [f32; 6] = [
-        0.070_523_08,
-        0.042_282_01,
-        0.009_270_527,
+    const A: [f64; 6] = [
+        0.070_523_078_4,
+        0.042_282_012_3,
+        0.009_270_527_2,
         0.000_152_014_3,
         0.000_276_567_2,
         0.000_043_063_8,
     ];
-    let t = x.abs();
+    let t = (x as f64).abs();
     let p = 1.0 + t * (A[0] + t * (A[1] + t * (A[2] + t * (A[3] + t * (A[4] + t * A[5])))));
     let p2 = p * p;
     let p4 = p2 * p2;
     let p8 = p4 * p4;
     let p16 = p8 * p8;
-    (1.0 - 1.0 / p16).copysign(x)
+    ((1.0 - 1.0 / p16) as f32).copysign(x)
 }
 
 /// `gelu(x) = 0.5 x (1 + erf(x / √2))`.
@@ -120,8 +121,9 @@ mod tests {
             let e = (erf(x as f32) as f64 - erf64(x)).abs();
             worst = worst.max(e);
         }
-        // Measured: 2.9e-7 (A&S's bound is 3e-7, plus f32 rounding).
-        assert!(worst < 4e-7, "worst erf error {worst:e}");
+        // A&S's bound is 3e-7 (plus the f32 result's rounding).
+        eprintln!("worst erf error {worst:e}");
+        assert!(worst < 3.2e-7, "worst erf error {worst:e}");
         assert_eq!(erf(0.0), 0.0);
         assert_eq!(erf(50.0), 1.0);
         assert_eq!(erf(-50.0), -1.0);
