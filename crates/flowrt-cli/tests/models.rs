@@ -427,3 +427,25 @@ fn ps_lists_what_the_server_reports_and_says_when_there_is_none() {
         ],
     );
 }
+
+/// all-minilm:l6-v2 runs as the directory unpacked from the catalog's archive: the figures the
+/// catalog records (its sha256 and size are the archive's) are what loading the directory
+/// reports.
+#[test]
+fn catalog_metadata_of_the_minilm_directory_matches_the_loaded_model() {
+    let Some(dir) = std::env::var_os("FLOWRT_MINILM_DIR") else {
+        panic!(
+            "FLOWRT_MINILM_DIR is not set. Run the tests with scripts/test, or `flowrt pull all-minilm:l6-v2` and point FLOWRT_MINILM_DIR at the directory it prints."
+        )
+    };
+    let home = tempfile::tempdir().unwrap();
+    let c = flowrt_store::find_entry("all-minilm:l6-v2").unwrap();
+    let s = json(&ok(home.path(), &["show", dir.to_str().unwrap(), "--json"]));
+    assert_eq!(s["architecture"], c.info.architecture);
+    assert_eq!(s["context_length"], c.info.context_length);
+    assert_eq!(s["parameters"], c.info.parameters);
+    assert_eq!(s["quantization"], c.info.quantization);
+    assert_eq!(s["generates"], false);
+    assert_eq!(s["embedding"]["pooling"], "mean");
+    assert_eq!(s["embedding"]["max_tokens"], 256);
+}

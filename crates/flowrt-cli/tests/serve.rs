@@ -371,3 +371,50 @@ fn without_model_arguments_and_nothing_registered_it_says_what_to_do() {
     assert!(err.contains("flowrt pull"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The official clients' embedding calls (`client.embeddings.create`, base64 by default and
+/// float; `ollama.embed`, `ollama.embeddings`) against `flowrt serve` of the tiny random BERT
+/// give what `flowrt embed` gives.
+#[test]
+fn official_clients_embed() {
+    let py = client_python();
+    let bert = repo_root().join("tests/fixtures/embed/tiny-bert");
+    let texts = ["hello", "A quick brown fox jumps over the lazy dog."];
+    let out = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .arg("embed")
+        .arg(&bert)
+        .args(texts)
+        .args(["--json", "-t", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut expected: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    expected["texts"] = serde_json::json!(texts);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("expected.json");
+    std::fs::write(&path, expected.to_string()).unwrap();
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowrt"));
+    cmd.arg("serve").arg(&bert);
+    let server = start(cmd);
+    let out = Command::new(py)
+        .arg(repo_root().join("scripts/e2e_embed_clients.py"))
+        .arg(format!("http://{}", server.addr))
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "embedding client checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("all embedding client checks passed"),
+        "{stdout}"
+    );
+}

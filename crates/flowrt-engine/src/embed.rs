@@ -85,6 +85,11 @@ impl Embedder {
         engine: &EngineOptions,
         opts: &EmbedOptions,
     ) -> Result<Embedder, EngineError> {
+        if let Some(problem) = &model.embedding_problem {
+            return Err(EngineError::Invalid(format!(
+                "cannot embed with this model: {problem}"
+            )));
+        }
         let declared = model.embedding.as_ref();
         let (pooling, source) = match (opts.pooling, declared) {
             (Some(p), _) => (p, "requested".to_string()),
@@ -106,7 +111,18 @@ impl Embedder {
                 "an embedding batch needs at least one text and one token".into(),
             ));
         }
-        let n_ctx = model.n_ctx(engine)?;
+        // `n_ctx` bounds a text, within the model's positions (a server's --ctx-len, sized
+        // for its chat models, may exceed an encoder's 512).
+        let n_ctx = match engine.n_ctx {
+            Some(0) => {
+                return Err(EngineError::BadContextLength {
+                    requested: 0,
+                    model_ctx: model.model_ctx(),
+                })
+            }
+            Some(n) => n.min(model.model_ctx()),
+            None => model.model_ctx(),
+        };
         let max_tokens = declared
             .and_then(|s| s.max_tokens)
             .unwrap_or(n_ctx)

@@ -89,6 +89,9 @@ pub struct LoadedModel {
     pub reasoning: ReasoningFormat,
     /// How the model embeds, when its files declare it (see [`crate::Embedder`]).
     pub embedding: Option<EmbeddingSpec>,
+    /// Why the files' embedding declaration cannot be used (an unsupported module, a
+    /// malformed file): the model still loads, and embedding with it fails saying this.
+    pub embedding_problem: Option<String>,
     pub load_time: Duration,
     /// The constrained-decoding token environment, built on first use (see
     /// [`LoadedModel::guide`]); shared with the model's sessions.
@@ -138,12 +141,7 @@ impl LoadedModel {
         let t0 = Instant::now();
         let (model, tokenizer, template, embedding) = if path.is_dir() {
             let (model, tokenizer, template) = Self::load_hf_dir(path, opts)?;
-            (
-                model,
-                tokenizer,
-                template,
-                EmbeddingSpec::read_hf_dir(path)?,
-            )
+            (model, tokenizer, template, EmbeddingSpec::read_hf_dir(path))
         } else {
             if let Some(q) = opts.quant {
                 return Err(EngineError::Invalid(format!(
@@ -156,8 +154,12 @@ impl LoadedModel {
             let vocab = GgufVocab::from_gguf(&file)?;
             let tokenizer = Tokenizer::from_vocab(&vocab)?;
             let template = ChatTemplate::from_vocab(&vocab)?;
-            let embedding = EmbeddingSpec::from_gguf(&file)?;
+            let embedding = EmbeddingSpec::from_gguf(&file);
             (model, tokenizer, template, embedding)
+        };
+        let (embedding, embedding_problem) = match embedding {
+            Ok(e) => (e, None),
+            Err(e) => (None, Some(e.to_string())),
         };
         let model = Arc::new(model);
         let plan = Arc::new(Plan::new(&model.config));
@@ -174,6 +176,7 @@ impl LoadedModel {
             tool_format,
             reasoning,
             embedding,
+            embedding_problem,
             load_time: t0.elapsed(),
             guide: Arc::default(),
         })

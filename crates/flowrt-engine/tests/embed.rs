@@ -408,3 +408,40 @@ fn minilm_matches_sentence_transformers_on_the_corpus() {
     // Measured: 0.99999992 (f16 KV cache, avx512 kernels).
     assert!(c >= 0.9999, "text {i} ({:?}): cosine {c}", r.texts[i]);
 }
+
+/// A sentence-transformers module flowrt does not run (`Dense`) makes embedding fail, naming
+/// it; the model itself still loads.
+#[test]
+fn an_unsupported_module_is_refused_by_name_when_embedding() {
+    let src = tiny("tiny-bert");
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+    std::fs::copy(
+        src.join("1_Pooling/config.json"),
+        dir.path().join("1_Pooling/config.json"),
+    )
+    .unwrap();
+    let modules = r#"[
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    ]"#;
+    std::fs::write(dir.path().join("modules.json"), modules).unwrap();
+    let model = LoadedModel::load(dir.path()).unwrap();
+    let err = Embedder::new(&model, &engine(), &EmbedOptions::default())
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string()
+            .contains("sentence_transformers.models.Dense"),
+        "{err}"
+    );
+}

@@ -133,9 +133,12 @@ async fn run(
         runner.embedding.fetch_sub(1, Ordering::SeqCst);
         return Err(ApiError::overloaded(&runner.spec.id, 1));
     }
+    // Counted until the work ends, even when the client goes away first.
+    let busy = Busy(runner.clone());
     let engine = state.config.engine.clone();
     let r = runner.clone();
     let out = tokio::task::spawn_blocking(move || {
+        let _busy = busy;
         let mut slot = r.embedder.lock().unwrap_or_else(|e| e.into_inner());
         if slot.is_none() {
             *slot = Some(
@@ -179,9 +182,18 @@ async fn run(
         Ok(out)
     })
     .await;
-    runner.embedding.fetch_sub(1, Ordering::SeqCst);
     runner.touch();
     out.map_err(|e| ApiError::internal("embedding", &e))?
+}
+
+/// One embedding request waiting or running on a model (see [`Runner::in_flight`]).
+struct Busy(Arc<Runner>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.embedding.fetch_sub(1, Ordering::SeqCst);
+        self.0.touch();
+    }
 }
 
 /// An engine error as the client's 4xx when it is about the request, else a 500.

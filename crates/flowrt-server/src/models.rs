@@ -593,7 +593,11 @@ fn load_runner(
         .map_err(|e| failed(&e))?;
         (Some(scheduler), n_ctx, est_bytes)
     } else {
-        let n_ctx = model.n_ctx(&config.engine).map_err(|e| failed(&e))?;
+        // What a text may hold: the context asked for, within the model's positions.
+        let n_ctx = config
+            .engine
+            .n_ctx
+            .map_or(model.model_ctx(), |n| n.min(model.model_ctx()));
         (None, n_ctx, spec.size + embed_bytes)
     };
     Ok(Arc::new(Runner {

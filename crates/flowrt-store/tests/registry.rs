@@ -282,7 +282,7 @@ fn model_arguments_accept_registered_tags() {
     );
     match store.parse_model_arg("mine") {
         Err(StoreError::UnknownModel { known, .. }) => {
-            assert_eq!(known, ["smollm2:135m", "gemma3:270m"])
+            assert_eq!(known, ["smollm2:135m", "gemma3:270m", "all-minilm:l6-v2"])
         }
         other => panic!("{other:?}"),
     }
@@ -310,7 +310,10 @@ fn model_arguments_accept_registered_tags() {
     );
     match store.parse_model_arg("mine:2b") {
         Err(StoreError::UnknownModel { known, .. }) => {
-            assert_eq!(known, ["smollm2:135m", "gemma3:270m", "mine:1b"])
+            assert_eq!(
+                known,
+                ["smollm2:135m", "gemma3:270m", "all-minilm:l6-v2", "mine:1b"]
+            )
         }
         other => panic!("{other:?}"),
     }

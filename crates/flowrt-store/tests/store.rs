@@ -132,7 +132,7 @@ fn parses_tags_aliases_paths_and_unknown_names() {
                 assert!(msg.contains("path"), "{msg}");
                 if let StoreError::UnknownModel { name: n, known } = e {
                     assert_eq!(n, name);
-                    assert_eq!(known, ["smollm2:135m", "gemma3:270m"]);
+                    assert_eq!(known, ["smollm2:135m", "gemma3:270m", "all-minilm:l6-v2"]);
                 }
             }
             other => panic!("{name}: {other:?}"),
