@@ -39,6 +39,17 @@ impl ModelDetails {
         }
     }
 
+    /// Whether the model's family can generate text (has an output projection), as the
+    /// server decides when a chat request names it; `Some(false)`: it only embeds; `None`: a
+    /// family flowrt does not know (loading it will say so).
+    pub fn generates(&self) -> Option<bool> {
+        let arch = match self.format {
+            "gguf" => flowrt_model::arch::by_gguf_arch(&self.architecture),
+            _ => flowrt_model::arch::by_hf_model_type(&self.architecture),
+        };
+        arch.map(|a| a.lm_head)
+    }
+
     /// Ollama's `parameter_size`, e.g. `135M`, `2.0B`.
     pub fn parameter_size(&self) -> String {
         match self.parameter_count {

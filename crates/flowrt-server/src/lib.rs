@@ -16,7 +16,7 @@
 //!   implementation ([`BatchStepper`]: every active sequence in one forward pass of at most
 //!   the batch size, long prompts fed in chunks over several steps);
 //! - `openai`, `ollama`: the routes; `embed`: the embedding routes of both APIs; [`error`]:
-//!   the one error type; [`metrics`]: Prometheus.
+//!   the one error type; [`metrics`]: Prometheus; `web`: the chat page at `/`.
 
 #[doc(hidden)]
 pub mod agent;
@@ -32,6 +32,7 @@ mod ollama;
 mod openai;
 mod registry;
 pub mod scheduler;
+mod web;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,7 +67,8 @@ pub struct ServerConfig {
     /// Most bytes (weights plus KV caches, estimated) resident models may take; `None` = no
     /// limit.
     pub memory_budget: Option<u64>,
-    /// With a key, every route but `/health` needs `Authorization: Bearer KEY`.
+    /// With a key, every route but `/health` and the chat page's files needs
+    /// `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
@@ -135,7 +137,8 @@ impl AppState {
 /// The router with every route, auth, metrics and request tracing.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route("/", get(root))
+        .route("/", get(web::root))
+        .merge(web::routes())
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/v1/models", get(openai::list_models))
@@ -157,11 +160,6 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
-}
-
-async fn root() -> &'static str {
-    // Ollama clients probe `/` for this text.
-    "flowrt is running (Ollama is running)"
 }
 
 async fn not_found() -> ApiError {
@@ -217,12 +215,12 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Bearer-token check on every route but `/health`.
+/// Bearer-token check on every route but `/health` and the chat page's files.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.config.api_key.as_deref() else {
         return next.run(req).await;
     };
-    if req.uri().path() == "/health" {
+    if req.uri().path() == "/health" || web::is_public(&req) {
         return next.run(req).await;
     }
     let given = req

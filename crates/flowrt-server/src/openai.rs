@@ -63,6 +63,8 @@ fn model_json(state: &AppState, s: &ModelSpec) -> Value {
         ),
         "max_context_length": s.details.context_length,
         "loaded": state.models.state(&s.id) == ModelState::Ready,
+        // false: an embedding-only model (chat and completions answer 400).
+        "generates": s.details.generates(),
     })
 }
 
