@@ -122,6 +122,9 @@ pub struct MessagesRequest {
     tool_choice: Option<Value>,
     #[serde(default)]
     thinking: Option<Value>,
+    /// `format` (structured output) is refused; `effort` is ignored.
+    #[serde(default)]
+    output_config: Option<Value>,
 }
 
 /// Set and not `null`.
@@ -239,6 +242,17 @@ fn refuse_unsupported(req: &MessagesRequest) -> Result<(), ApiError> {
         return Err(ApiError::invalid_param(
             "thinking",
             "`thinking` is not supported on /v1/messages (only `{\"type\": \"disabled\"}`)",
+        ));
+    }
+    if req
+        .output_config
+        .as_ref()
+        .and_then(|c| c.get("format"))
+        .is_some_and(|f| !f.is_null())
+    {
+        return Err(ApiError::invalid_param(
+            "output_config.format",
+            "`output_config.format` (structured output) is not supported on /v1/messages (/v1/chat/completions serves `response_format`)",
         ));
     }
     Ok(())
@@ -553,6 +567,7 @@ pub async fn count_tokens(
         tools: req.tools,
         tool_choice: req.tool_choice,
         thinking: req.thinking,
+        output_config: None,
     };
     let c = check(&req)?;
     let runner = state.models.get(&req.model).await?;

@@ -301,6 +301,10 @@ async fn bad_requests_are_400s_in_anthropics_shape_naming_the_field() {
             json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}),
             "thinking",
         ),
+        (
+            json!({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}}),
+            "output_config.format",
+        ),
         (json!({"temperature": 1.5}), "temperature"),
         (json!({"top_p": 1.5}), "top_p"),
         (json!({"top_k": -2}), "top_k"),
