@@ -514,13 +514,11 @@ impl Blocks {
         let mut out = Vec::new();
         for p in pieces {
             match p {
-                Piece::Reasoning(r) if !r.is_empty() => {
-                    // Reasoning after the text block opened would reorder the answer; it
-                    // cannot happen (the shaper splits reasoning off first).
-                    if !self.text_opened {
-                        out.extend(self.open(BlockKind::Thinking));
-                        out.push(self.delta(json!({"type": "thinking_delta", "thinking": r})));
-                    }
+                // Reasoning after the text block opened would reorder the answer; it cannot
+                // happen (the shaper splits reasoning off first).
+                Piece::Reasoning(r) if !r.is_empty() && !self.text_opened => {
+                    out.extend(self.open(BlockKind::Thinking));
+                    out.push(self.delta(json!({"type": "thinking_delta", "thinking": r})));
                 }
                 Piece::Content(t) if !t.is_empty() => {
                     out.extend(self.open(BlockKind::Text));

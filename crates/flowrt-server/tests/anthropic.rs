@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::*;
-use flowrt_server::{app, ServerConfig};
+use flowrt_engine::EngineOptions;
+use flowrt_server::{app, AppState, ModelSpec, ServerConfig};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -434,4 +435,102 @@ async fn x_api_key_or_bearer_authenticates_and_a_client_going_away_cancels() {
     .await
     .text();
     assert!(t.contains("finish=\"cancelled\"} 1"), "{t}");
+}
+
+/// The tiny random-weight Qwen3 with the real Qwen3 template (a model that thinks by
+/// default): `/v1/messages` switches thinking off, so its prompt and greedy answer are those
+/// of `/v1/chat/completions` with `enable_thinking: false`, and the stream (whose blocks open
+/// as their first piece arrives for such a model) gives the same blocks as the plain answer.
+#[tokio::test]
+async fn a_thinking_model_answers_with_thinking_switched_off() {
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let src = repo.join("tests/fixtures/families/qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::copy(
+        repo.join("tests/fixtures/text/templates/Qwen-Qwen3-0.6B.jinja"),
+        dir.path().join("chat_template.jinja"),
+    )
+    .unwrap();
+    let spec = ModelSpec::new(
+        "qwen3-tiny",
+        dir.path().to_path_buf(),
+        "cd".repeat(32),
+        1,
+        "t",
+    )
+    .unwrap();
+    let app = app(AppState::new(
+        vec![spec],
+        ServerConfig {
+            engine: EngineOptions {
+                threads: 2,
+                ..EngineOptions::default()
+            },
+            parallel: 1,
+            ..ServerConfig::default()
+        },
+    ));
+    let messages = json!([{"role": "user", "content": "Hello"}]);
+    let oa = post(
+        &app,
+        "/v1/chat/completions",
+        &json!({"model": "qwen3-tiny", "messages": messages, "temperature": 0, "max_tokens": 6,
+                "chat_template_kwargs": {"enable_thinking": false}}),
+    )
+    .await;
+    assert_eq!(oa.status, StatusCode::OK, "{}", oa.text());
+    let oa = oa.json();
+    let body =
+        json!({"model": "qwen3-tiny", "messages": messages, "temperature": 0, "max_tokens": 6});
+    let v = post(&app, "/v1/messages", &body).await.json();
+    assert_eq!(
+        v["usage"]["input_tokens"], oa["usage"]["prompt_tokens"],
+        "{v}"
+    );
+    let content = v["content"].as_array().unwrap();
+    let text = &content.last().unwrap();
+    assert_eq!(text["type"], "text", "{v}");
+    assert_eq!(
+        text["text"], oa["choices"][0]["message"]["content"],
+        "{v}\n{oa}"
+    );
+
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let r = post(&app, "/v1/messages", &stream).await;
+    let evs = events(&r);
+    let names: Vec<&str> = evs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names[..2], ["message_start", "ping"], "{names:?}");
+    assert_eq!(names[names.len() - 2..], ["message_delta", "message_stop"]);
+    // Blocks rebuilt from the events equal the plain answer's content.
+    let mut blocks: Vec<Value> = Vec::new();
+    for (name, d) in &evs {
+        match name.as_str() {
+            "content_block_start" => {
+                assert_eq!(d["index"], blocks.len());
+                blocks.push(d["content_block"].clone());
+            }
+            "content_block_delta" => {
+                let b = &mut blocks[d["index"].as_u64().unwrap() as usize];
+                let (field, piece) = match d["delta"]["type"].as_str().unwrap() {
+                    "text_delta" => ("text", &d["delta"]["text"]),
+                    "thinking_delta" => ("thinking", &d["delta"]["thinking"]),
+                    other => panic!("{other}"),
+                };
+                let joined = format!("{}{}", b[field].as_str().unwrap(), piece.as_str().unwrap());
+                b[field] = json!(joined);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(Value::from(blocks), v["content"], "{}", r.text());
 }
