@@ -583,3 +583,64 @@ pub async fn count_tokens(
     )
         .into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::header;
+
+    #[tokio::test]
+    async fn errors_keep_their_status_and_headers_in_anthropics_shape() {
+        for (e, status, ty) in [
+            (
+                ApiError::invalid_param("top_k", "bad"),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                ApiError::new(ErrorKind::ContextLength, "long"),
+                400,
+                "invalid_request_error",
+            ),
+            (
+                ApiError::new(ErrorKind::Unauthorized, "key"),
+                401,
+                "authentication_error",
+            ),
+            (ApiError::model_not_found("claude"), 404, "not_found_error"),
+            (
+                ApiError::new(ErrorKind::PayloadTooLarge, "big"),
+                413,
+                "request_too_large",
+            ),
+            (ApiError::overloaded("m", 1), 429, "rate_limit_error"),
+            (
+                ApiError::new(ErrorKind::Unavailable, "budget"),
+                503,
+                "overloaded_error",
+            ),
+            (ApiError::internal("testing", &"detail"), 500, "api_error"),
+        ] {
+            let kind = e.kind;
+            let resp = AnthropicError(e).into_response();
+            assert_eq!(resp.status().as_u16(), status, "{kind:?}");
+            assert_eq!(resp.extensions().get::<ErrorKind>(), Some(&kind));
+            if kind == ErrorKind::Overloaded {
+                assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+            }
+            let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+                .await
+                .unwrap();
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["type"], "error");
+            assert_eq!(v["error"]["type"], ty, "{kind:?}");
+            assert!(!v["error"]["message"].as_str().unwrap().is_empty());
+            if kind == ErrorKind::InvalidRequest {
+                assert!(v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("`top_k`"));
+            }
+        }
+    }
+}
