@@ -23,7 +23,8 @@ pub struct ServeArgs {
     /// Port to listen on (0 = any free port; the address is printed).
     #[arg(long, default_value_t = 8001)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every route but /health (also FLOWRT_API_KEY).
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but /health
+    /// (also FLOWRT_API_KEY).
     #[arg(long = "api-key")]
     pub api_key: Option<String>,
     /// Sequences each model generates at once.

@@ -1,6 +1,7 @@
 //! `flowrt serve` end to end: started on loopback (a free port), driven over HTTP. Greedy
 //! answers equal `flowrt run`'s; the official `openai` and `ollama` Python clients work
-//! against it (installed into `.venv-clients`); SIGTERM shuts it down cleanly.
+//! against it (installed into `.venv-clients`), and `anthropic` (into `.venv-anthropic`);
+//! SIGTERM shuts it down cleanly.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -11,6 +12,7 @@ use std::time::Duration;
 /// Pinned client versions the end-to-end test installs.
 const OPENAI_VERSION: &str = "3.57.0";
 const OLLAMA_VERSION: &str = "0.6.3";
+const ANTHROPIC_VERSION: &str = "2.15.0";
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn smollm2() -> PathBuf {
@@ -268,6 +270,75 @@ fn clients_pass(extra: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("all client checks passed"), "{stdout}");
+}
+
+/// The venv with the pinned `anthropic` client (`.venv-anthropic`), created on first use the
+/// way [`client_python`] creates its own.
+fn anthropic_python() -> PathBuf {
+    let venv = repo_root().join(".venv-anthropic");
+    let py = venv.join("bin/python");
+    let check = format!("import anthropic; assert anthropic.__version__ == '{ANTHROPIC_VERSION}'");
+    let ok = |py: &Path| {
+        Command::new(py)
+            .args(["-c", &check])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if py.is_file() && ok(&py) {
+        return py;
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let st = Command::new(&python).args(["-m", "venv"]).arg(&venv).status().unwrap_or_else(|e| {
+        panic!("this test needs Python 3 (with venv and pip) to install the anthropic client: running `{python}` failed: {e}")
+    });
+    assert!(
+        st.success(),
+        "`{python} -m venv {}` failed; install python3-venv",
+        venv.display()
+    );
+    let st = Command::new(&py)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .arg(format!("anthropic=={ANTHROPIC_VERSION}"))
+        .status()
+        .unwrap();
+    assert!(
+        st.success() && ok(&py),
+        "installing anthropic=={ANTHROPIC_VERSION} into {} failed",
+        venv.display()
+    );
+    py
+}
+
+/// The official `anthropic` client against `flowrt serve --api-key` (sent as `x-api-key`):
+/// `messages.create`, `messages.stream` (the same greedy text), stop sequences,
+/// `count_tokens`, and its NotFoundError, BadRequestError and AuthenticationError.
+#[test]
+fn official_anthropic_client_works() {
+    let py = anthropic_python();
+    let server = serve(&["--api-key", "s3cret"]);
+    let out = Command::new(py)
+        .arg(repo_root().join("scripts/e2e_anthropic_client.py"))
+        .arg(format!("http://{}", server.addr))
+        .arg(MODEL)
+        .arg("s3cret")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "anthropic client checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("all anthropic client checks passed"),
+        "{stdout}"
+    );
 }
 
 /// `flowrt` with `home` as its store; nothing may be fetched.

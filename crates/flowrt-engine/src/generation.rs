@@ -228,6 +228,12 @@ impl Generation {
         self.finish
     }
 
+    /// The stop string that ended the output, if one did (also one found in the tail given
+    /// back by [`Generation::flush`]).
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.stops.matched_stop()
+    }
+
     /// The generated tokens (stop strings included; end-of-generation excluded).
     pub fn tokens(&self) -> &[u32] {
         &self.out

@@ -304,9 +304,9 @@ fn constraint_error(param: &str, e: ConstraintError) -> ApiError {
 }
 
 /// The prompt's tokens, and for a chat the rest of its plan (constraint, answer shape).
-type Tokenized = (Vec<u32>, Option<crate::agent::ChatPlan>);
+pub(crate) type Tokenized = (Vec<u32>, Option<crate::agent::ChatPlan>);
 
-fn tokenize(
+pub(crate) fn tokenize(
     model: &flowrt_engine::LoadedModel,
     prompt: PromptInput,
     name: &str,

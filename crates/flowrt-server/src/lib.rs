@@ -15,11 +15,13 @@
 //! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and its batched
 //!   implementation ([`BatchStepper`]: every active sequence in one forward pass of at most
 //!   the batch size, long prompts fed in chunks over several steps);
-//! - `openai`, `ollama`: the routes; `embed`: the embedding routes of both APIs; [`error`]:
-//!   the one error type; [`metrics`]: Prometheus; `web`: the chat page at `/`.
+//! - `openai`, `ollama`, `anthropic` (`/v1/messages`): the routes; `embed`: the embedding
+//!   routes of both APIs; [`error`]: the one error type; [`metrics`]: Prometheus; `web`: the
+//!   chat page at `/`.
 
 #[doc(hidden)]
 pub mod agent;
+mod anthropic;
 pub mod details;
 mod embed;
 pub mod engine;
@@ -68,7 +70,7 @@ pub struct ServerConfig {
     /// limit.
     pub memory_budget: Option<u64>,
     /// With a key, every route but `/health` and the chat page's files needs
-    /// `Authorization: Bearer KEY`.
+    /// `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`).
     pub api_key: Option<String>,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
@@ -146,6 +148,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/embeddings", post(embed::openai_embeddings))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/embed", post(embed::ollama_embed))
         .route("/api/embeddings", post(embed::ollama_embeddings))
         .route("/api/version", get(ollama::version))
@@ -215,7 +219,8 @@ async fn metrics_text(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Bearer-token check on every route but `/health` and the chat page's files.
+/// API-key check on every route but `/health` and the chat page's files: `Authorization:
+/// Bearer KEY`, or `x-api-key: KEY` as Anthropic's clients send it.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.config.api_key.as_deref() else {
         return next.run(req).await;
@@ -223,21 +228,30 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
     if req.uri().path() == "/health" || web::is_public(&req) {
         return next.run(req).await;
     }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if constant_time_eq(given.as_bytes(), key.as_bytes()) {
-        next.run(req).await
-    } else {
-        ApiError::new(
-            ErrorKind::Unauthorized,
-            "missing or wrong API key: send `Authorization: Bearer KEY`",
-        )
-        .into_response()
+    if key_given(req.headers(), key) {
+        return next.run(req).await;
     }
+    let e = ApiError::new(
+        ErrorKind::Unauthorized,
+        "missing or wrong API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`",
+    );
+    if req.uri().path().starts_with("/v1/messages") {
+        anthropic::AnthropicError(e).into_response()
+    } else {
+        e.into_response()
+    }
+}
+
+/// Whether `Authorization: Bearer KEY` or `x-api-key: KEY` carries `key`.
+fn key_given(headers: &header::HeaderMap, key: &str) -> bool {
+    let header_str = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    [
+        header_str(header::AUTHORIZATION).and_then(|v| v.strip_prefix("Bearer ")),
+        header_str(header::HeaderName::from_static("x-api-key")),
+    ]
+    .into_iter()
+    .flatten()
+    .any(|given| constant_time_eq(given.as_bytes(), key.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -86,6 +86,8 @@ pub struct Summary {
     pub reused_tokens: usize,
     pub completion_tokens: usize,
     pub finish: FinishReason,
+    /// The stop string that ended the output, if one did.
+    pub stop_sequence: Option<String>,
     pub seed: u64,
     /// Waiting in the queue.
     pub queue_time: Duration,
@@ -426,6 +428,7 @@ impl Actor {
             reused_tokens: seq.reused,
             completion_tokens: generated,
             finish,
+            stop_sequence: seq.gen.matched_stop().map(str::to_string),
             seed: seq.gen.seed(),
             queue_time: seq.queue_time,
             prefill_time,

@@ -117,6 +117,12 @@ async fn hostile_requests_get_4xx_json_errors_and_the_server_keeps_serving() {
         (Method::GET, "/v1/nope", String::new()),
         (Method::GET, "/v1/models/nope%00x", String::new()),
         (Method::POST, "/api/tags", "{}".into()),
+        (Method::POST, "/v1/messages", deep.clone()),
+        (Method::POST, "/v1/messages", giant.clone()),
+        (Method::POST, "/v1/messages", "[]".into()),
+        (Method::POST, "/v1/messages", json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": long_prompt}]}).to_string()),
+        (Method::POST, "/v1/messages", json!({"model": MODEL, "max_tokens": 1e30, "messages": [{"role": "user", "content": "x"}]}).to_string()),
+        (Method::POST, "/v1/messages/count_tokens", json!({"model": "../../etc/passwd", "messages": [{"role": "user", "content": "x"}]}).to_string()),
     ];
     assert!(cases.len() >= 50, "{} cases", cases.len());
     for (i, (method, uri, body)) in cases.into_iter().enumerate() {
