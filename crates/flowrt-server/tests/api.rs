@@ -557,3 +557,28 @@ async fn bad_n_is_a_400_naming_it() {
     .await;
     assert_bad_param(&r, "n");
 }
+
+/// The n sequences of one request run at the same time (they share the scheduler's batch),
+/// not one after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_run_side_by_side() {
+    let state = state_with(config());
+    let app = app(state.clone());
+    let body = json!({"model": MODEL, "prompt": "Count: 1, 2, 3,", "temperature": 0,
+                      "max_tokens": 64, "ignore_eos": true, "n": 2});
+    let req = tokio::spawn(async move { post(&app, "/v1/completions", &body).await });
+    let active = || {
+        state
+            .models
+            .gauges()
+            .iter()
+            .find(|g| g.model == MODEL)
+            .map_or(0, |g| g.active)
+    };
+    wait_until("both choices active at once", || active() == 2).await;
+    let r = req.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["usage"]["completion_tokens"], 128);
+    assert_eq!(v["choices"][0]["text"], v["choices"][1]["text"]);
+}
