@@ -6,6 +6,7 @@ Exits non-zero on the first failed check; prints one line per check.
 """
 import json
 import sys
+import urllib.request
 
 import ollama
 import openai
@@ -17,6 +18,13 @@ def check(name, cond, detail=""):
         print(f"FAIL {name}: {detail}", flush=True)
         sys.exit(1)
     print(f"ok   {name}", flush=True)
+
+
+def post_json(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.load(resp)
 
 
 def main():
@@ -55,11 +63,31 @@ def main():
     except openai.NotFoundError as e:
         check("openai unknown model -> NotFoundError", e.status_code == 404, e)
 
+    # n = 2 greedy choices: both the start of the answer above (6 of its tokens).
+    r2 = oa.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=6, n=2)
+    check("openai chat n=2", [c.index for c in r2.choices] == [0, 1]
+          and r2.choices[0].message.content == r2.choices[1].message.content
+          and r.choices[0].message.content.startswith(r2.choices[0].message.content)
+          and r2.usage.completion_tokens == 12, r2)
+    texts = ["", ""]
+    for chunk in oa.chat.completions.create(model=model, messages=msgs, temperature=0, max_tokens=6,
+                                            n=2, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    check("openai chat n=2 streaming", texts == [r2.choices[0].message.content] * 2, texts)
     try:
-        oa.chat.completions.create(model=model, messages=msgs, n=2)
-        check("openai n=2 -> BadRequestError", False, "no error")
+        oa.chat.completions.create(model=model, messages=msgs, n=17)
+        check("openai n=17 -> BadRequestError", False, "no error")
     except openai.BadRequestError as e:
-        check("openai n=2 -> BadRequestError", e.status_code == 400, e)
+        check("openai n=17 -> BadRequestError", e.status_code == 400, e)
+
+    ids = post_json(f"{base}/tokenize", {"model": model, "content": " Lyon"})["tokens"]
+    text = post_json(f"{base}/detokenize", {"model": model, "tokens": ids})["content"]
+    check("tokenize/detokenize round trip", text == " Lyon", (ids, text))
+    first = post_json(f"{base}/detokenize", {"model": model, "tokens": ids[:1]})["content"]
+    c = oa.completions.create(model=model, prompt="The capital of France is", temperature=0, max_tokens=1,
+                              logit_bias={str(ids[0]): 100})
+    check("openai logit_bias forces a token", c.choices[0].text == first, (c, first))
 
     ol = ollama.Client(host=base)
     names = [x.model for x in ol.list().models]

@@ -44,11 +44,20 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 4 << 20)]
     pub max_body: usize,
+    /// Let web pages from ORIGIN (scheme://host[:port], or `*` for any) read the API (CORS);
+    /// repeatable. Off by default: without it no browser page of another site can read the
+    /// server's answers.
+    #[arg(long = "cors-origin", value_name = "ORIGIN", value_parser = parse_cors_origin)]
+    pub cors_origin: Vec<String>,
     /// Load models on their first request instead of at start.
     #[arg(long)]
     pub lazy: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+fn parse_cors_origin(s: &str) -> Result<String, String> {
+    flowrt_server::check_cors_origin(s).map(|()| s.to_string())
 }
 
 fn parse_duration(s: &str) -> Result<Option<Duration>> {
@@ -183,6 +192,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             .or_else(|| std::env::var("FLOWRT_API_KEY").ok())
             .filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body,
+        cors_origins: args.cors_origin.clone(),
     };
     let from_registry = args.models.is_empty();
     let state = if from_registry {

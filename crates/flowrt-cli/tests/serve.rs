@@ -489,3 +489,49 @@ fn official_clients_embed() {
         "{stdout}"
     );
 }
+
+/// `--cors-origin` reaches the server: a preflight from that origin is answered (without the
+/// API key), one from another origin is not; a value that is not an origin is refused.
+#[test]
+fn cors_origin_option_allows_that_origin_only() {
+    let server = serve(&[
+        "--lazy",
+        "--api-key",
+        "k",
+        "--cors-origin",
+        "http://app.example:8080",
+    ]);
+    let preflight = |origin: &str| {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            s,
+            "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type\r\nConnection: close\r\n\r\n",
+            server.addr
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp.to_ascii_lowercase()
+    };
+    let ok = preflight("http://app.example:8080");
+    assert!(ok.starts_with("http/1.1 200"), "{ok}");
+    assert!(
+        ok.contains("access-control-allow-origin: http://app.example:8080"),
+        "{ok}"
+    );
+    let other = preflight("http://evil.example");
+    assert!(!other.contains("access-control-allow-origin"), "{other}");
+    drop(server);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        .args(["serve", "--port", "0", "--cors-origin", "app.example"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cors-origin") && err.contains("is not an origin"),
+        "{err}"
+    );
+}

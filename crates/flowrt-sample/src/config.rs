@@ -30,6 +30,11 @@ pub struct SamplerConfig {
     pub frequency_penalty: f32,
     /// RNG seed; `None` draws one from OS entropy (see [`crate::Sampler::seed`]).
     pub seed: Option<u64>,
+    /// `(token id, bias)` pairs added to those tokens' logits before anything else (OpenAI's
+    /// `logit_bias`): a large negative bias bans a token, a large positive one forces it.
+    /// Ids must be below the vocabulary size and biases finite; an id listed twice gets both.
+    /// A token a constraint masked out stays out (`-inf` plus any bias is `-inf`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -46,6 +51,7 @@ impl Default for SamplerConfig {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -63,6 +69,7 @@ impl SamplerConfig {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: Some(0),
+            logit_bias: Vec::new(),
         }
     }
 
@@ -100,6 +107,9 @@ impl SamplerConfig {
                 value: self.frequency_penalty,
             });
         }
+        if let Some(&(id, value)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return Err(SampleError::InvalidLogitBias { id, value });
+        }
         Ok(())
     }
 
@@ -129,6 +139,10 @@ pub enum SampleError {
     InvalidPresencePenalty { value: f32 },
     #[error("frequency_penalty must be a finite number, got {value}")]
     InvalidFrequencyPenalty { value: f32 },
+    #[error("logit_bias of token {id} must be a finite number, got {value}")]
+    InvalidLogitBias { id: u32, value: f32 },
+    #[error("logit_bias names token {id}, outside the vocabulary of {vocab_size} tokens")]
+    LogitBiasOutOfVocab { id: u32, vocab_size: usize },
     #[error("vocabulary size must be between 1 and {max}, got {value}")]
     InvalidVocabSize { value: usize, max: usize },
     #[error("logits have {got} entries but the sampler was built for a vocabulary of {expected}")]

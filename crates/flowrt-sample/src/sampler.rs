@@ -1,4 +1,4 @@
-//! The token sampler: penalties, then greedy or top-k → temperature → softmax →
+//! The token sampler: logit biases, penalties, then greedy or top-k → temperature → softmax →
 //! top-p → min-p → draw.
 
 use std::cmp::Ordering;
@@ -42,7 +42,7 @@ pub struct Sampler {
     /// The seed `rng` started from (drawn from OS entropy when `cfg.seed` is `None`).
     seed: u64,
     rng: ChaCha20Rng,
-    /// (vocab_size) this step's logits after penalties.
+    /// (vocab_size) this step's logits after biases and penalties.
     penalized: Vec<f32>,
     /// (≤ vocab_size, capacity vocab_size) tokens still in play.
     candidates: Vec<Candidate>,
@@ -65,6 +65,13 @@ impl Sampler {
                 value: vocab_size,
                 max,
             });
+        }
+        if let Some(&(id, _)) = cfg
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= vocab_size)
+        {
+            return Err(SampleError::LogitBiasOutOfVocab { id, vocab_size });
         }
         let seed = cfg.seed.unwrap_or_else(rand::random::<u64>);
         let (history_cap, counts_len) = if cfg.penalties_active() {
@@ -128,7 +135,7 @@ impl Sampler {
 
     /// Picks the next token from `logits` (one entry per vocabulary id).
     ///
-    /// Steps: penalties from the accepted history; then, at temperature 0, the argmax
+    /// Steps: the configured logit biases; penalties from the accepted history; then, at temperature 0, the argmax
     /// (ties → lowest id); otherwise top-k → temperature → softmax → top-p → min-p → a
     /// draw from the seeded RNG. Does not record the token: call [`Sampler::accept`].
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SampleError> {
@@ -139,6 +146,9 @@ impl Sampler {
             });
         }
         self.penalized.copy_from_slice(logits);
+        for &(id, bias) in &self.cfg.logit_bias {
+            self.penalized[id as usize] += bias;
+        }
         self.apply_penalties();
         if self.cfg.temperature == 0.0 {
             return argmax(&self.penalized).ok_or(SampleError::NoFiniteLogits);

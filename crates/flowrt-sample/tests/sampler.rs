@@ -486,3 +486,79 @@ fn tiny_temperature_does_not_produce_nan() {
         assert_eq!(s.sample(&l).unwrap(), naive_argmax(&l));
     }
 }
+
+/// `logit_bias`: -100 bans the greedy token (the next best wins), +100 forces a token, a
+/// bias shifts the whole distribution like an edited logit, and a token masked to -inf stays
+/// out whatever its bias.
+#[test]
+fn logit_bias_bans_forces_and_shifts() {
+    let l = logits(50, 7);
+    let best = naive_argmax(&l);
+    let mut rest = l.clone();
+    rest[best as usize] = f32::NEG_INFINITY;
+    let second = naive_argmax(&rest);
+    let greedy = |bias: Vec<(u32, f32)>| {
+        let cfg = SamplerConfig {
+            logit_bias: bias,
+            ..SamplerConfig::greedy()
+        };
+        Sampler::new(cfg, 50).unwrap().sample(&l).unwrap()
+    };
+    assert_eq!(greedy(vec![]), best);
+    assert_eq!(greedy(vec![(best, -100.0)]), second);
+    let worst = l
+        .iter()
+        .enumerate()
+        .min_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0 as u32;
+    assert_eq!(greedy(vec![(worst, 100.0)]), worst);
+
+    // At temperature 1 a bias equals editing the logit: same seed, same draws.
+    let mut edited = l.clone();
+    edited[3] += 2.5;
+    edited[9] -= 1.0;
+    let biased = SamplerConfig {
+        logit_bias: vec![(3, 2.5), (9, -1.0)],
+        ..plain(11)
+    };
+    let mut a = Sampler::new(biased, 50).unwrap();
+    let mut b = Sampler::new(plain(11), 50).unwrap();
+    for _ in 0..200 {
+        assert_eq!(a.sample(&l).unwrap(), b.sample(&edited).unwrap());
+    }
+
+    let mut masked = l.clone();
+    masked[worst as usize] = f32::NEG_INFINITY;
+    let cfg = SamplerConfig {
+        logit_bias: vec![(worst, 100.0)],
+        ..SamplerConfig::greedy()
+    };
+    assert_eq!(
+        Sampler::new(cfg, 50).unwrap().sample(&masked).unwrap(),
+        best
+    );
+}
+
+#[test]
+fn logit_bias_outside_the_vocabulary_or_not_finite_is_refused() {
+    let cfg = SamplerConfig {
+        logit_bias: vec![(1, 1.0), (50, -1.0)],
+        ..SamplerConfig::greedy()
+    };
+    assert_eq!(
+        Sampler::new(cfg, 50).unwrap_err(),
+        SampleError::LogitBiasOutOfVocab {
+            id: 50,
+            vocab_size: 50
+        }
+    );
+    let cfg = SamplerConfig {
+        logit_bias: vec![(2, f32::NAN)],
+        ..SamplerConfig::greedy()
+    };
+    assert!(matches!(
+        Sampler::new(cfg, 50).unwrap_err(),
+        SampleError::InvalidLogitBias { id: 2, .. }
+    ));
+}

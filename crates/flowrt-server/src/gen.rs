@@ -8,11 +8,11 @@ use std::sync::Arc;
 use axum::body::{Body, Bytes};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use flowrt_engine::{ConstraintError, ConstraintSpec, FinishReason};
+use flowrt_engine::{Constraint, ConstraintError, ConstraintSpec, FinishReason};
 use flowrt_sample::{SampleError, SamplerConfig};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 
 use crate::agent::{plan_chat, ChatInput, OutputShape};
 use crate::error::{clip, ApiError, ErrorKind};
@@ -115,12 +115,60 @@ impl SamplingParams {
                 SampleError::InvalidRepeatLastN { .. } => "repeat_last_n",
                 SampleError::InvalidPresencePenalty { .. } => "presence_penalty",
                 SampleError::InvalidFrequencyPenalty { .. } => "frequency_penalty",
+                SampleError::InvalidLogitBias { .. } | SampleError::LogitBiasOutOfVocab { .. } => {
+                    "logit_bias"
+                }
                 _ => "sampling",
             };
             ApiError::invalid_param(param, e.to_string())
         })?;
         Ok(c)
     }
+}
+
+/// Most entries a `logit_bias` map may hold.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// OpenAI's `logit_bias`: a map from token id (a decimal string) to a bias in [-100, 100]
+/// added to that token's logit. Ids are checked against the model's vocabulary when the
+/// model is known ([`start`]).
+pub fn parse_logit_bias(
+    v: Option<&serde_json::Value>,
+    param: &str,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |m: String| ApiError::invalid_param(param, format!("`{param}` {m}"));
+    let map = match v {
+        None | Some(serde_json::Value::Null) => return Ok(Vec::new()),
+        Some(serde_json::Value::Object(m)) => m,
+        Some(_) => {
+            return Err(bad(
+                "must be an object mapping token ids to biases".to_string()
+            ))
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(bad(format!(
+            "may hold at most {MAX_LOGIT_BIAS} tokens, got {}",
+            map.len()
+        )));
+    }
+    map.iter()
+        .map(|(k, b)| {
+            let id: u32 = k.parse().map_err(|_| {
+                bad(format!(
+                    "keys must be token ids (decimal integers), got `{}`",
+                    clip(k, 40)
+                ))
+            })?;
+            match b.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(bad(format!(
+                    "values must be numbers between -100 and 100, got {} for token {id}",
+                    clip(&b.to_string(), 40)
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// `stop` as a string or a list of strings (at most 16, each at most 256 bytes).
@@ -195,6 +243,23 @@ impl Drop for UseGuard {
 
 /// Resolve the model, tokenize, check the context, and queue the job.
 pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Started, ApiError> {
+    let mut started = start_n(state, model, req, 1).await?;
+    Ok(started.remove(0))
+}
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
+/// [`start`] for `n` independent sequences of one prompt (OpenAI's `n`): tokenized once,
+/// queued together so the scheduler batches them, choice `i` sampling with seed `seed + i`
+/// when the request gives a seed (each draws its own otherwise) and with its own copy of the
+/// constraint. If any cannot be queued (429), the ones queued before it are cancelled.
+pub async fn start_n(
+    state: &AppState,
+    model: &str,
+    req: GenRequest,
+    choices: usize,
+) -> Result<Vec<Started>, ApiError> {
     if req.max_tokens == Some(0) {
         return Err(ApiError::invalid_param(
             req.max_tokens_param,
@@ -211,6 +276,18 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
             ),
         ));
     };
+    let vocab = runner.model.model.config.vocab_size;
+    if let Some(&(id, _)) = req
+        .sampler
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!("`logit_bias` names token {id}, outside the vocabulary of {vocab} tokens"),
+        ));
+    }
     let model_arc = runner.model.clone();
     let prompt = req.prompt;
     let name = runner.spec.id.clone();
@@ -253,40 +330,59 @@ pub async fn start(state: &AppState, model: &str, req: GenRequest) -> Result<Sta
     // Compiled before queueing, off the async workers (the first compile for a model also
     // builds its token environment), so a bad schema is this request's 400. A tool-call
     // constraint was compiled with the prompt (`plan_chat`); a request cannot have both.
-    let constraint = match req.constraint {
-        None => tool_constraint,
+    if choices > 1 && tool_constraint.is_some() {
+        return Err(ApiError::invalid_param(
+            "n",
+            "`n` > 1 is not supported together with `tools`: ask for one choice",
+        ));
+    }
+    let constraints: Vec<Option<Constraint>> = match req.constraint {
+        None => std::iter::once(tool_constraint)
+            .chain(std::iter::repeat_with(|| None))
+            .take(choices)
+            .collect(),
         Some(c) => {
             let model = runner.model.clone();
-            let compiled = tokio::task::spawn_blocking(move || {
-                model
-                    .guide()
-                    .and_then(|g| g.compile(&c.spec))
-                    .map_err(|e| constraint_error(c.param, e))
+            tokio::task::spawn_blocking(move || {
+                let guide = model.guide().map_err(|e| constraint_error(c.param, e))?;
+                (0..choices)
+                    .map(|_| {
+                        guide
+                            .compile(&c.spec)
+                            .map(Some)
+                            .map_err(|e| constraint_error(c.param, e))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
             })
             .await
-            .map_err(|e| ApiError::internal("compiling the constraint", &e))??;
-            Some(compiled)
+            .map_err(|e| ApiError::internal("compiling the constraint", &e))??
         }
     };
-    let (tx, rx) = mpsc::unbounded_channel();
-    scheduler.submit(Job {
-        prompt: tokens.clone(),
-        max_tokens,
-        sampler: req.sampler,
-        stop: req.stop,
-        logprobs: req.logprobs,
-        ignore_eos: req.ignore_eos,
-        constraint,
-        keep_special,
-        events: tx,
-    })?;
-    Ok(Started {
-        shape,
-        _guard: UseGuard(runner.clone()),
-        runner,
-        events: rx,
-        prompt_tokens: tokens,
-    })
+    let mut started = Vec::with_capacity(choices);
+    for (i, constraint) in constraints.into_iter().enumerate() {
+        let mut sampler = req.sampler.clone();
+        sampler.seed = sampler.seed.map(|s| s.wrapping_add(i as u64));
+        let (tx, rx) = mpsc::unbounded_channel();
+        scheduler.submit(Job {
+            prompt: tokens.clone(),
+            max_tokens,
+            sampler,
+            stop: req.stop.clone(),
+            logprobs: req.logprobs,
+            ignore_eos: req.ignore_eos,
+            constraint,
+            keep_special,
+            events: tx,
+        })?;
+        started.push(Started {
+            shape,
+            _guard: UseGuard(runner.clone()),
+            runner: runner.clone(),
+            events: rx,
+            prompt_tokens: tokens.clone(),
+        });
+    }
+    Ok(started)
 }
 
 /// A constraint that does not compile is the request's error, naming `param`; a failure
@@ -408,20 +504,37 @@ pub fn stream_response(content_type: &'static str, frames: mpsc::Receiver<String
         .into_response()
 }
 
-/// Drive a started job into `frames`: `on_event` turns each event into frames; returns when
-/// the job ends or the client goes away (then dropping the job's receiver cancels it).
-pub fn spawn_stream<F>(mut started: Started, frames: mpsc::Sender<String>, mut on_event: F)
+/// Drive a started job into `frames`: `on_event` turns each event into frames and says
+/// whether they were the last; returns when they were or the client goes away (then dropping
+/// the job's receiver cancels it).
+pub fn spawn_stream<F>(started: Started, frames: mpsc::Sender<String>, mut on_event: F)
 where
     F: FnMut(Event) -> (Vec<String>, bool) + Send + 'static,
 {
+    spawn_streams(vec![started], frames, move |_, ev| on_event(ev));
+}
+
+/// [`spawn_stream`] for several jobs (the choices of one request): their events interleave
+/// as they come, each with its job's index; `on_event` says when the stream is over (after
+/// the last job's end, or at a failure). A client that goes away cancels every job.
+pub fn spawn_streams<F>(started: Vec<Started>, frames: mpsc::Sender<String>, mut on_event: F)
+where
+    F: FnMut(usize, Event) -> (Vec<String>, bool) + Send + 'static,
+{
+    let mut guards = Vec::with_capacity(started.len());
+    let mut events =
+        futures_util::stream::select_all(started.into_iter().enumerate().map(|(i, s)| {
+            guards.push((s.runner, s._guard));
+            UnboundedReceiverStream::new(s.events).map(move |ev| (i, ev))
+        }));
     tokio::spawn(async move {
         loop {
             let ev = tokio::select! {
                 _ = frames.closed() => break,
-                ev = started.events.recv() => ev,
+                ev = events.next() => ev,
             };
-            let Some(ev) = ev else { break };
-            let (out, last) = on_event(ev);
+            let Some((i, ev)) = ev else { break };
+            let (out, last) = on_event(i, ev);
             for f in out {
                 if frames.send(f).await.is_err() {
                     return;
@@ -431,7 +544,8 @@ where
                 break;
             }
         }
-        drop(started);
+        drop(events);
+        drop(guards);
     });
 }
 

@@ -16,8 +16,8 @@
 //!   implementation ([`BatchStepper`]: every active sequence in one forward pass of at most
 //!   the batch size, long prompts fed in chunks over several steps);
 //! - `openai`, `ollama`, `anthropic` (`/v1/messages`): the routes; `embed`: the embedding
-//!   routes of both APIs; [`error`]: the one error type; [`metrics`]: Prometheus; `web`: the
-//!   chat page at `/`.
+//!   routes of both APIs; `tokenize`: llama-server's `/tokenize` and `/detokenize`;
+//!   [`error`]: the one error type; [`metrics`]: Prometheus; `web`: the chat page at `/`.
 
 #[doc(hidden)]
 pub mod agent;
@@ -34,6 +34,7 @@ mod ollama;
 mod openai;
 mod registry;
 pub mod scheduler;
+mod tokenize;
 mod web;
 
 use std::path::PathBuf;
@@ -41,13 +42,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use flowrt_engine::EngineOptions;
 use serde_json::json;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use engine::{BatchStepper, Fed, SessionStepper, SlotWork, StepEngine};
@@ -74,6 +76,10 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// Web origins (`https://app.example`, or `*` for any) whose pages may read this
+    /// server's answers (CORS). Empty: no CORS headers at all, so browsers keep other sites'
+    /// pages from reading a local server. See [`check_cors_origin`].
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -86,6 +92,7 @@ impl Default for ServerConfig {
             memory_budget: None,
             api_key: None,
             max_body_bytes: 4 << 20,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -136,9 +143,10 @@ impl AppState {
     }
 }
 
-/// The router with every route, auth, metrics and request tracing.
+/// The router with every route, auth, metrics, request tracing and (when origins are
+/// configured) CORS.
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/", get(web::root))
         .merge(web::routes())
         .route("/health", get(health))
@@ -152,6 +160,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/embed", post(embed::ollama_embed))
         .route("/api/embeddings", post(embed::ollama_embeddings))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
@@ -162,8 +172,77 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
+        .layer(TraceLayer::new_for_http());
+    // Outermost, so a preflight `OPTIONS` is answered before the API key is checked (browsers
+    // send preflights without credentials).
+    let router = match cors_layer(&state.config.cors_origins) {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router.with_state(state)
+}
+
+/// Checks a `--cors-origin` value: `*`, or `scheme://host[:port]` as a browser sends it in
+/// `Origin` (no path, no trailing slash).
+pub fn check_cors_origin(origin: &str) -> Result<(), String> {
+    if origin == "*" {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return Err(format!(
+            "`{origin}` is not an origin: write `*` or scheme://host[:port], e.g. http://localhost:3000"
+        ));
+    };
+    let ok_scheme = !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    let ok_rest = !rest.is_empty()
+        && !rest.contains(['/', '?', '#', '*'])
+        && rest.chars().all(|c| c.is_ascii_graphic());
+    if ok_scheme && ok_rest {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{origin}` is not an origin: write `*` or scheme://host[:port] with no path, e.g. http://localhost:3000"
+        ))
+    }
+}
+
+/// CORS for `origins` (`None` when there are none: no CORS headers). Preflights allow GET,
+/// POST and OPTIONS with `Authorization` and `Content-Type`, and Anthropic's `x-api-key` and
+/// `anthropic-version`.
+fn cors_layer(origins: &[String]) -> Option<CorsLayer> {
+    let valid: Vec<&String> = origins
+        .iter()
+        .filter(|o| match check_cors_origin(o) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("ignoring CORS origin: {e}");
+                false
+            }
+        })
+        .collect();
+    if valid.is_empty() {
+        return None;
+    }
+    let allow = if valid.iter().any(|o| o.as_str() == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(valid.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST, Method::OPTIONS])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                HeaderName::from_static("x-api-key"),
+                HeaderName::from_static("anthropic-version"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
 }
 
 async fn not_found() -> ApiError {

@@ -13,8 +13,9 @@ use crate::agent::{self, ChatInput, Piece, Shaped, Shaper};
 use crate::error::{clip, ApiError};
 use crate::extract::ApiJson;
 use crate::gen::{
-    collect, finish_reason, new_id, parse_stop, spawn_stream, start, stream_response, unix_now,
-    ConstraintRequest, GenRequest, PromptInput, SamplingParams,
+    collect, finish_reason, new_id, parse_logit_bias, parse_stop, spawn_streams, start_n,
+    stream_response, unix_now, ConstraintRequest, GenRequest, PromptInput, SamplingParams,
+    MAX_CHOICES,
 };
 use crate::models::{ModelSpec, ModelState};
 use crate::scheduler::{Event, Summary, TokenLogprob, MAX_TOP_LOGPROBS};
@@ -117,8 +118,10 @@ pub struct Common {
     temperature: Option<f32>,
     #[serde(default)]
     top_p: Option<f32>,
+    /// Read as any JSON value so a wrong type is a 400 naming `n` (serde loses the field's
+    /// name inside a flattened struct).
     #[serde(default)]
-    n: Option<u64>,
+    n: Option<Value>,
     #[serde(default)]
     stop: Option<Value>,
     #[serde(default)]
@@ -208,17 +211,7 @@ impl Common {
                 "`model` must name a model (GET /v1/models lists them)",
             ));
         }
-        if let Some(n) = self.n {
-            if n != 1 {
-                return Err(ApiError::invalid_param("n", format!("`n` = {n} is not supported: this server returns exactly one choice per request (n = 1)")));
-            }
-        }
-        if present(&self.logit_bias) {
-            return Err(ApiError::invalid_param(
-                "logit_bias",
-                "`logit_bias` is not supported",
-            ));
-        }
+        self.n()?;
         if self.stream_options.is_some() && self.stream != Some(true) {
             return Err(ApiError::invalid_param(
                 "stream_options",
@@ -226,6 +219,13 @@ impl Common {
             ));
         }
         Ok(())
+    }
+
+    /// The sampler's settings: the request's over OpenAI's defaults, with `logit_bias`.
+    fn sampler(&self) -> Result<SamplerConfig, ApiError> {
+        let mut c = self.sampling().to_config(&openai_defaults())?;
+        c.logit_bias = parse_logit_bias(self.logit_bias.as_ref(), "logit_bias")?;
+        Ok(c)
     }
 
     fn sampling(&self) -> SamplingParams {
@@ -240,6 +240,39 @@ impl Common {
             repeat_last_n: None,
             seed: self.seed,
         }
+    }
+
+    /// `n`: an integer from 1 to [`MAX_CHOICES`]; 1 when absent or null.
+    fn n(&self) -> Result<usize, ApiError> {
+        match &self.n {
+            None | Some(Value::Null) => Ok(1),
+            Some(v) => match v.as_u64() {
+                Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => Ok(n as usize),
+                _ => Err(ApiError::invalid_param(
+                    "n",
+                    format!(
+                        "`n` must be an integer between 1 and {MAX_CHOICES}, got {}",
+                        clip(&v.to_string(), 40)
+                    ),
+                )),
+            },
+        }
+    }
+
+    /// How many choices: `n` (checked by [`Common::check`]), at most the model's wait queue,
+    /// since every choice is a sequence queued at once.
+    fn choices(&self, state: &AppState) -> Result<usize, ApiError> {
+        let n = self.n()?;
+        let queue = state.config.queue.max(1);
+        if n > queue {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!(
+                    "`n` = {n} is more than this server queues for one model ({queue}, `--queue`)"
+                ),
+            ));
+        }
+        Ok(n)
     }
 
     fn include_usage(&self) -> bool {
@@ -461,12 +494,18 @@ fn out_tool_call(c: &flowrt_text::ParsedCall, id: &str, index: Option<usize>) ->
     v
 }
 
-fn usage_json(s: &Summary) -> Value {
+/// Usage of a request's choices: the prompt counted once (as OpenAI does: every choice
+/// continues the same prompt), the completion tokens of all choices summed. Cached tokens are
+/// the first choice's.
+fn usage_json(choices: &[Summary]) -> Value {
+    let prompt = choices.first().map_or(0, |s| s.prompt_tokens);
+    let cached = choices.first().map_or(0, |s| s.reused_tokens);
+    let completion: usize = choices.iter().map(|s| s.completion_tokens).sum();
     json!({
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "total_tokens": s.prompt_tokens + s.completion_tokens,
-        "prompt_tokens_details": { "cached_tokens": s.reused_tokens },
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": { "cached_tokens": cached },
     })
 }
 
@@ -556,7 +595,7 @@ pub async fn chat_completions(
         (None, m) => (m, "max_tokens"),
     };
     let messages = chat_messages(&req.messages)?;
-    let sampler = c.sampling().to_config(&openai_defaults())?;
+    let sampler = c.sampler()?;
     let stop = parse_stop(c.stop.as_ref(), "stop")?;
     let input = ChatInput {
         messages,
@@ -567,7 +606,8 @@ pub async fn chat_completions(
         kwargs,
         structured: structured.is_some().then_some("response_format"),
     };
-    let mut started = start(
+    let n = c.choices(&state)?;
+    let mut all = start_n(
         &state,
         &c.model,
         GenRequest {
@@ -584,13 +624,14 @@ pub async fn chat_completions(
                 param: "response_format",
             }),
         },
+        n,
     )
     .await?;
     let id = new_id("chatcmpl");
     let created = unix_now();
-    let model = started.runner.spec.id.clone();
-    let fp = fingerprint(&started.runner.spec.sha256);
-    let shape = started.shape;
+    let model = all[0].runner.spec.id.clone();
+    let fp = fingerprint(&all[0].runner.spec.sha256);
+    let shape = all[0].shape;
     // A finished answer with calls ends in `tool_calls`; one cut short keeps `length`.
     let finish_of = move |f: FinishReason, calls: usize| {
         if calls > 0 && f == FinishReason::Stop {
@@ -600,26 +641,37 @@ pub async fn chat_completions(
         }
     };
     if c.stream != Some(true) {
-        let out = collect(&mut started).await?;
-        let mut shaper = Shaper::new(shape);
-        let mut shaped = Shaped::default();
-        shaped.add(shaper.push(&out.text));
-        shaped.add(shaper.finish(out.summary.finish == FinishReason::Stop));
-        let mut message =
-            json!({ "role": "assistant", "content": shaped.content, "refusal": null });
-        if !shaped.calls.is_empty() {
-            let calls: Vec<Value> = shaped
-                .calls
-                .iter()
-                .map(|c| out_tool_call(c, &agent::call_id(shape.tools), None))
-                .collect();
-            message["tool_calls"] = json!(calls);
-            if shaped.content.is_empty() {
-                message["content"] = Value::Null;
+        let mut choices = Vec::with_capacity(n);
+        let mut summaries = Vec::with_capacity(n);
+        for (index, started) in all.iter_mut().enumerate() {
+            let out = collect(started).await?;
+            let mut shaper = Shaper::new(shape);
+            let mut shaped = Shaped::default();
+            shaped.add(shaper.push(&out.text));
+            shaped.add(shaper.finish(out.summary.finish == FinishReason::Stop));
+            let mut message =
+                json!({ "role": "assistant", "content": shaped.content, "refusal": null });
+            if !shaped.calls.is_empty() {
+                let calls: Vec<Value> = shaped
+                    .calls
+                    .iter()
+                    .map(|c| out_tool_call(c, &agent::call_id(shape.tools), None))
+                    .collect();
+                message["tool_calls"] = json!(calls);
+                if shaped.content.is_empty() {
+                    message["content"] = Value::Null;
+                }
             }
-        }
-        if !shaped.reasoning.is_empty() {
-            message["reasoning_content"] = json!(shaped.reasoning);
+            if !shaped.reasoning.is_empty() {
+                message["reasoning_content"] = json!(shaped.reasoning);
+            }
+            choices.push(json!({
+                "index": index,
+                "message": message,
+                "logprobs": if logprobs.is_some() { chat_logprobs(&out.logprobs) } else { Value::Null },
+                "finish_reason": finish_of(out.summary.finish, shaped.calls.len()),
+            }));
+            summaries.push(out.summary);
         }
         let body = json!({
             "id": id,
@@ -627,22 +679,17 @@ pub async fn chat_completions(
             "created": created,
             "model": model,
             "system_fingerprint": fp,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": if logprobs.is_some() { chat_logprobs(&out.logprobs) } else { Value::Null },
-                "finish_reason": finish_of(out.summary.finish, shaped.calls.len()),
-            }],
-            "usage": usage_json(&out.summary),
+            "choices": choices,
+            "usage": usage_json(&summaries),
         });
         return Ok(Json(body).into_response());
     }
     let include_usage = c.include_usage();
-    let chunk = move |delta: Value, lp: Value, finish: Value| {
+    let chunk = move |index: usize, delta: Value, lp: Value, finish: Value| {
         let mut v = json!({
             "id": id, "object": "chat.completion.chunk", "created": created,
             "model": model, "system_fingerprint": fp,
-            "choices": [{ "index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish }],
+            "choices": [{ "index": index, "delta": delta, "logprobs": lp, "finish_reason": finish }],
         });
         if include_usage {
             v["usage"] = Value::Null;
@@ -650,83 +697,96 @@ pub async fn chat_completions(
         v
     };
     let (tx, rx) = mpsc::channel(64);
-    let first = sse(&chunk(
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
-        Value::Null,
-    ));
-    let _ = tx.try_send(first);
-    let mut shaper = Shaper::new(shape);
-    // Logprobs of tokens whose text is still held back (a possible tool-call marker).
-    let mut held: Vec<TokenLogprob> = Vec::new();
+    for index in 0..n {
+        let first = sse(&chunk(
+            index,
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+            Value::Null,
+        ));
+        let _ = tx.try_send(first);
+    }
+    // Per choice: its answer's reader, and the logprobs of tokens whose text is still held
+    // back (a possible tool-call marker).
+    let mut shapers: Vec<Shaper> = (0..n).map(|_| Shaper::new(shape)).collect();
+    let mut held: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut summaries: Vec<Summary> = Vec::with_capacity(n);
     // Frames for the pieces of an answer; logprobs ride on the first content frame.
     let piece_chunk = chunk.clone();
-    let frames = move |pieces: Vec<Piece>, held: &mut Vec<TokenLogprob>, shaper: &Shaper| {
-        let chunk = &piece_chunk;
-        let calls_before = shaper.calls()
-            - pieces
-                .iter()
-                .filter(|p| matches!(p, Piece::Call(_)))
-                .count();
-        let mut k = calls_before;
-        let mut out = Vec::new();
-        for p in pieces {
-            match p {
-                Piece::Reasoning(r) => out.push(sse(&chunk(
-                    json!({ "reasoning_content": r }),
-                    Value::Null,
-                    Value::Null,
-                ))),
-                Piece::Content(t) => {
-                    let lp = if logprobs.is_some() {
-                        chat_logprobs(&std::mem::take(held))
-                    } else {
-                        Value::Null
-                    };
-                    out.push(sse(&chunk(json!({ "content": t }), lp, Value::Null)));
-                }
-                Piece::Call(c) => {
-                    let call = out_tool_call(&c, &agent::call_id(shape.tools), Some(k));
-                    k += 1;
-                    out.push(sse(&chunk(
-                        json!({ "tool_calls": [call] }),
+    let frames =
+        move |index: usize, pieces: Vec<Piece>, held: &mut Vec<TokenLogprob>, shaper: &Shaper| {
+            let chunk = &piece_chunk;
+            let calls_before = shaper.calls()
+                - pieces
+                    .iter()
+                    .filter(|p| matches!(p, Piece::Call(_)))
+                    .count();
+            let mut k = calls_before;
+            let mut out = Vec::new();
+            for p in pieces {
+                match p {
+                    Piece::Reasoning(r) => out.push(sse(&chunk(
+                        index,
+                        json!({ "reasoning_content": r }),
                         Value::Null,
                         Value::Null,
-                    )));
+                    ))),
+                    Piece::Content(t) => {
+                        let lp = if logprobs.is_some() {
+                            chat_logprobs(&std::mem::take(held))
+                        } else {
+                            Value::Null
+                        };
+                        out.push(sse(&chunk(index, json!({ "content": t }), lp, Value::Null)));
+                    }
+                    Piece::Call(c) => {
+                        let call = out_tool_call(&c, &agent::call_id(shape.tools), Some(k));
+                        k += 1;
+                        out.push(sse(&chunk(
+                            index,
+                            json!({ "tool_calls": [call] }),
+                            Value::Null,
+                            Value::Null,
+                        )));
+                    }
                 }
             }
-        }
-        out
-    };
-    spawn_stream(started, tx, move |ev| match ev {
+            out
+        };
+    spawn_streams(all, tx, move |i, ev| match ev {
         Event::Text {
             text,
             logprobs: lps,
         } => {
-            held.extend(lps);
-            let pieces = shaper.push(&text);
-            (frames(pieces, &mut held, &shaper), false)
+            held[i].extend(lps);
+            let pieces = shapers[i].push(&text);
+            (frames(i, pieces, &mut held[i], &shapers[i]), false)
         }
         Event::Done(s) => {
-            let pieces = shaper.finish(s.finish == FinishReason::Stop);
-            let mut out = frames(pieces, &mut held, &shaper);
-            if logprobs.is_some() && !held.is_empty() {
-                let lp = chat_logprobs(&std::mem::take(&mut held));
-                out.push(sse(&chunk(json!({}), lp, Value::Null)));
+            let pieces = shapers[i].finish(s.finish == FinishReason::Stop);
+            let mut out = frames(i, pieces, &mut held[i], &shapers[i]);
+            if logprobs.is_some() && !held[i].is_empty() {
+                let lp = chat_logprobs(&std::mem::take(&mut held[i]));
+                out.push(sse(&chunk(i, json!({}), lp, Value::Null)));
             }
             out.push(sse(&chunk(
+                i,
                 json!({}),
                 Value::Null,
-                json!(finish_of(s.finish, shaper.calls())),
+                json!(finish_of(s.finish, shapers[i].calls())),
             )));
-            if include_usage {
-                let mut u = chunk(json!({}), Value::Null, Value::Null);
-                u["choices"] = json!([]);
-                u["usage"] = usage_json(&s);
-                out.push(sse(&u));
+            summaries.push(s);
+            let last = summaries.len() == n;
+            if last {
+                if include_usage {
+                    let mut u = chunk(0, json!({}), Value::Null, Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage_json(&summaries);
+                    out.push(sse(&u));
+                }
+                out.push("data: [DONE]\n\n".to_string());
             }
-            out.push("data: [DONE]\n\n".to_string());
-            (out, true)
+            (out, last)
         }
         Event::Failed(e) => (vec![sse(&e.body()), "data: [DONE]\n\n".to_string()], true),
     });
@@ -803,9 +863,10 @@ pub async fn completions(
         k => k.map(|k| k as usize),
     };
     let prompt = completion_prompt(&req.prompt)?;
-    let sampler = c.sampling().to_config(&openai_defaults())?;
+    let sampler = c.sampler()?;
     let stop = parse_stop(c.stop.as_ref(), "stop")?;
-    let mut started = start(
+    let n = c.choices(&state)?;
+    let mut all = start_n(
         &state,
         &c.model,
         GenRequest {
@@ -819,36 +880,43 @@ pub async fn completions(
             ignore_eos: c.ignore_eos.unwrap_or(false),
             constraint: None,
         },
+        n,
     )
     .await?;
     let id = new_id("cmpl");
     let created = unix_now();
-    let model = started.runner.spec.id.clone();
-    let fp = fingerprint(&started.runner.spec.sha256);
+    let model = all[0].runner.spec.id.clone();
+    let fp = fingerprint(&all[0].runner.spec.sha256);
     if c.stream != Some(true) {
-        let out = collect(&mut started).await?;
+        let mut choices = Vec::with_capacity(n);
+        let mut summaries = Vec::with_capacity(n);
+        for (index, started) in all.iter_mut().enumerate() {
+            let out = collect(started).await?;
+            choices.push(json!({
+                "index": index,
+                "text": out.text,
+                "logprobs": if logprobs.is_some() { completion_logprobs(&out.logprobs, 0) } else { Value::Null },
+                "finish_reason": finish_reason(out.summary.finish),
+            }));
+            summaries.push(out.summary);
+        }
         return Ok(Json(json!({
             "id": id,
             "object": "text_completion",
             "created": created,
             "model": model,
             "system_fingerprint": fp,
-            "choices": [{
-                "index": 0,
-                "text": out.text,
-                "logprobs": if logprobs.is_some() { completion_logprobs(&out.logprobs, 0) } else { Value::Null },
-                "finish_reason": finish_reason(out.summary.finish),
-            }],
-            "usage": usage_json(&out.summary),
+            "choices": choices,
+            "usage": usage_json(&summaries),
         }))
         .into_response());
     }
     let include_usage = c.include_usage();
-    let chunk = move |text: &str, lp: Value, finish: Value| {
+    let chunk = move |index: usize, text: &str, lp: Value, finish: Value| {
         let mut v = json!({
             "id": id, "object": "text_completion", "created": created,
             "model": model, "system_fingerprint": fp,
-            "choices": [{ "index": 0, "text": text, "logprobs": lp, "finish_reason": finish }],
+            "choices": [{ "index": index, "text": text, "logprobs": lp, "finish_reason": finish }],
         });
         if include_usage {
             v["usage"] = Value::Null;
@@ -856,30 +924,40 @@ pub async fn completions(
         v
     };
     let (tx, rx) = mpsc::channel(64);
-    let mut offset = 0;
-    spawn_stream(started, tx, move |ev| match ev {
+    let mut offsets = vec![0; n];
+    let mut summaries: Vec<Summary> = Vec::with_capacity(n);
+    spawn_streams(all, tx, move |i, ev| match ev {
         Event::Text {
             text,
             logprobs: lps,
         } => {
             let lp = if logprobs.is_some() {
-                completion_logprobs(&lps, offset)
+                completion_logprobs(&lps, offsets[i])
             } else {
                 Value::Null
             };
-            offset += text.len();
-            (vec![sse(&chunk(&text, lp, Value::Null))], false)
+            offsets[i] += text.len();
+            (vec![sse(&chunk(i, &text, lp, Value::Null))], false)
         }
         Event::Done(s) => {
-            let mut out = vec![sse(&chunk("", Value::Null, json!(finish_reason(s.finish))))];
-            if include_usage {
-                let mut u = chunk("", Value::Null, Value::Null);
-                u["choices"] = json!([]);
-                u["usage"] = usage_json(&s);
-                out.push(sse(&u));
+            let mut out = vec![sse(&chunk(
+                i,
+                "",
+                Value::Null,
+                json!(finish_reason(s.finish)),
+            ))];
+            summaries.push(s);
+            let last = summaries.len() == n;
+            if last {
+                if include_usage {
+                    let mut u = chunk(0, "", Value::Null, Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage_json(&summaries);
+                    out.push(sse(&u));
+                }
+                out.push("data: [DONE]\n\n".to_string());
             }
-            out.push("data: [DONE]\n\n".to_string());
-            (out, true)
+            (out, last)
         }
         Event::Failed(e) => (vec![sse(&e.body()), "data: [DONE]\n\n".to_string()], true),
     });

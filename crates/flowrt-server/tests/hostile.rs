@@ -60,7 +60,7 @@ async fn hostile_requests_get_4xx_json_errors_and_the_server_keeps_serving() {
         (Method::POST, c, chat(json!({"max_tokens": 18446744073709551615u64}))),
         (Method::POST, c, chat(json!({"max_tokens": "ten"}))),
         (Method::POST, c, chat(json!({"max_completion_tokens": 0}))),
-        (Method::POST, c, chat(json!({"n": 2}))),
+        (Method::POST, c, chat(json!({"n": 17}))),
         (Method::POST, c, chat(json!({"n": 0}))),
         (Method::POST, c, chat(json!({"temperature": -1}))),
         (Method::POST, c, chat(json!({"temperature": 3}))),
@@ -78,7 +78,8 @@ async fn hostile_requests_get_4xx_json_errors_and_the_server_keeps_serving() {
         (Method::POST, c, chat(json!({"seed": "abc"}))),
         (Method::POST, c, chat(json!({"logprobs": true, "top_logprobs": 50}))),
         (Method::POST, c, chat(json!({"top_logprobs": 2}))),
-        (Method::POST, c, chat(json!({"logit_bias": {"50256": -100}}))),
+        (Method::POST, c, chat(json!({"logit_bias": {"99999999": -100}}))),
+        (Method::POST, c, chat(json!({"logit_bias": {"x": -100}}))),
         (Method::POST, c, chat(json!({"tools": [{"type": "function", "function": {"name": "f f"}}]}))),
         (Method::POST, c, chat(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": true}}}]}))),
         (Method::POST, c, chat(json!({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}))),
@@ -123,6 +124,12 @@ async fn hostile_requests_get_4xx_json_errors_and_the_server_keeps_serving() {
         (Method::POST, "/v1/messages", json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": long_prompt}]}).to_string()),
         (Method::POST, "/v1/messages", json!({"model": MODEL, "max_tokens": 1e30, "messages": [{"role": "user", "content": "x"}]}).to_string()),
         (Method::POST, "/v1/messages/count_tokens", json!({"model": "../../etc/passwd", "messages": [{"role": "user", "content": "x"}]}).to_string()),
+        (Method::POST, "/tokenize", "{}".into()),
+        (Method::POST, "/tokenize", json!({"content": ["a"]}).to_string()),
+        (Method::POST, "/tokenize", json!({"model": "nope", "content": "a"}).to_string()),
+        (Method::POST, "/detokenize", json!({"tokens": [99999999]}).to_string()),
+        (Method::POST, "/detokenize", json!({"tokens": "1 2"}).to_string()),
+        (Method::GET, "/tokenize", String::new()),
     ];
     assert!(cases.len() >= 50, "{} cases", cases.len());
     for (i, (method, uri, body)) in cases.into_iter().enumerate() {
