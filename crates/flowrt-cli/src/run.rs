@@ -168,8 +168,13 @@ fn render_chat(model: &LoadedModel, messages: &[ChatMessage]) -> Result<Vec<u32>
         .template
         .as_ref()
         .ok_or_else(|| EngineError::NoChatTemplate(model.path.clone()))?;
-    let text = template.render(messages, true)?;
-    Ok(model.tokenizer.encode(&text, false, true)?)
+    // As the server does: message text never becomes control tokens (see `ChatPrompt`).
+    let opts = flowrt_text::RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let prompt = template.render_prompt(messages, &opts, &model.tokenizer)?;
+    Ok(model.tokenizer.encode_chat(&prompt)?)
 }
 
 /// Generate and stream one answer to stdout; returns its statistics.

@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// server's answers.
     #[arg(long = "cors-origin", value_name = "ORIGIN", value_parser = parse_cors_origin)]
     pub cors_origin: Vec<String>,
+    /// Report `usage.prompt_tokens_details.cached_tokens`. Off by default: the prefix cache is
+    /// shared, so the count would let one client read another's prompt; for single-user setups.
+    #[arg(long = "report-cached-tokens")]
+    pub report_cached_tokens: bool,
     /// Load models on their first request instead of at start.
     #[arg(long)]
     pub lazy: bool,
@@ -193,6 +197,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             .filter(|k| !k.is_empty()),
         max_body_bytes: args.max_body,
         cors_origins: args.cors_origin.clone(),
+        report_cached_tokens: args.report_cached_tokens,
     };
     let from_registry = args.models.is_empty();
     let state = if from_registry {

@@ -9,8 +9,8 @@ use flowrt_text::reasoning::{prompt_ends_in_reasoning, template_reads_enable_thi
 use flowrt_text::reasoning::{ReasoningDelta, ReasoningSplitter};
 use flowrt_text::tools::{generic_messages, ToolDelta};
 use flowrt_text::{
-    ChatMessage, FunctionCall, ParsedCall, ReasoningFormat, RenderOptions, ToolCall, ToolFormat,
-    ToolStreamParser,
+    ChatMessage, ChatPrompt, FunctionCall, ParsedCall, ReasoningFormat, RenderOptions, ToolCall,
+    ToolFormat, ToolStreamParser,
 };
 use serde_json::{json, Map, Value};
 
@@ -352,7 +352,8 @@ pub struct OutputShape {
 
 /// A rendered chat prompt, the constraint its tools call for, and how to read its answer.
 pub struct ChatPlan {
-    pub text: String,
+    /// The prompt, with the stretches of message text to tokenise as plain text.
+    pub prompt: ChatPrompt,
     pub shape: OutputShape,
     /// The tool-call grammar (`tool_choice` auto/required/named), checked against the model.
     pub tool_constraint: Option<Constraint>,
@@ -445,17 +446,18 @@ pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<Ch
         generic_messages(&input.messages, &[])
     };
     let tools = (native && !input.tools.template.is_empty()).then_some(&input.tools.template[..]);
-    let text = template
-        .render_with(
+    let prompt = template
+        .render_prompt(
             &messages,
             &RenderOptions {
                 add_generation_prompt: true,
                 tools,
                 kwargs: Some(&kwargs),
             },
+            &model.tokenizer,
         )
         .map_err(template_error)?;
-    let in_reasoning = thinks && prompt_ends_in_reasoning(&text);
+    let in_reasoning = thinks && prompt_ends_in_reasoning(prompt.text());
     if in_reasoning && constrained {
         return Err(ApiError::invalid_param(
             input.structured.unwrap_or("tool_choice"),
@@ -481,7 +483,7 @@ pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<Ch
         keep_special = true;
     }
     Ok(ChatPlan {
-        text,
+        prompt,
         shape: OutputShape {
             tools: tools_active.then_some(format),
             reasoning: (model.reasoning == ReasoningFormat::Think).then_some(in_reasoning),

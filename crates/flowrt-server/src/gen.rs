@@ -418,12 +418,9 @@ pub(crate) fn tokenize(
     };
     match prompt {
         PromptInput::Chat(input) => {
-            let mut plan = plan_chat(model, input, name)?;
-            let text = std::mem::take(&mut plan.text);
-            let ids = model
-                .tokenizer
-                .encode(&text, false, true)
-                .map_err(enc_err)?;
+            let plan = plan_chat(model, input, name)?;
+            // Message text is never parsed into control tokens (see `ChatPrompt`).
+            let ids = model.tokenizer.encode_chat(&plan.prompt).map_err(enc_err)?;
             Ok((ids, Some(plan)))
         }
         PromptInput::Text { text, add_special } => model

@@ -80,6 +80,10 @@ pub struct ServerConfig {
     /// server's answers (CORS). Empty: no CORS headers at all, so browsers keep other sites'
     /// pages from reading a local server. See [`check_cors_origin`].
     pub cors_origins: Vec<String>,
+    /// Report `usage.prompt_tokens_details.cached_tokens` (prompt tokens reused from the
+    /// shared prefix cache). Off by default: with several clients it reveals how much of a
+    /// guessed prompt matches another client's (their system prompt, token by token).
+    pub report_cached_tokens: bool,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +97,7 @@ impl Default for ServerConfig {
             api_key: None,
             max_body_bytes: 4 << 20,
             cors_origins: Vec::new(),
+            report_cached_tokens: false,
         }
     }
 }

@@ -496,10 +496,15 @@ fn out_tool_call(c: &flowrt_text::ParsedCall, id: &str, index: Option<usize>) ->
 
 /// Usage of a request's choices: the prompt counted once (as OpenAI does: every choice
 /// continues the same prompt), the completion tokens of all choices summed. Cached tokens are
-/// the first choice's.
-fn usage_json(choices: &[Summary]) -> Value {
+/// the first choice's, and only with `report_cached` (`--report-cached-tokens`): the prefix
+/// cache is shared by all clients, so the count would tell one client how much of its prompt
+/// another's began with (issue 18); by default it is always 0.
+fn usage_json(choices: &[Summary], report_cached: bool) -> Value {
     let prompt = choices.first().map_or(0, |s| s.prompt_tokens);
-    let cached = choices.first().map_or(0, |s| s.reused_tokens);
+    let cached = match choices.first() {
+        Some(s) if report_cached => s.reused_tokens,
+        _ => 0,
+    };
     let completion: usize = choices.iter().map(|s| s.completion_tokens).sum();
     json!({
         "prompt_tokens": prompt,
@@ -607,6 +612,7 @@ pub async fn chat_completions(
         structured: structured.is_some().then_some("response_format"),
     };
     let n = c.choices(&state)?;
+    let report_cached = state.config.report_cached_tokens;
     let mut all = start_n(
         &state,
         &c.model,
@@ -680,7 +686,7 @@ pub async fn chat_completions(
             "model": model,
             "system_fingerprint": fp,
             "choices": choices,
-            "usage": usage_json(&summaries),
+            "usage": usage_json(&summaries, report_cached),
         });
         return Ok(Json(body).into_response());
     }
@@ -781,7 +787,7 @@ pub async fn chat_completions(
                 if include_usage {
                     let mut u = chunk(0, json!({}), Value::Null, Value::Null);
                     u["choices"] = json!([]);
-                    u["usage"] = usage_json(&summaries);
+                    u["usage"] = usage_json(&summaries, report_cached);
                     out.push(sse(&u));
                 }
                 out.push("data: [DONE]\n\n".to_string());
@@ -866,6 +872,7 @@ pub async fn completions(
     let sampler = c.sampler()?;
     let stop = parse_stop(c.stop.as_ref(), "stop")?;
     let n = c.choices(&state)?;
+    let report_cached = state.config.report_cached_tokens;
     let mut all = start_n(
         &state,
         &c.model,
@@ -907,7 +914,7 @@ pub async fn completions(
             "model": model,
             "system_fingerprint": fp,
             "choices": choices,
-            "usage": usage_json(&summaries),
+            "usage": usage_json(&summaries, report_cached),
         }))
         .into_response());
     }
@@ -952,7 +959,7 @@ pub async fn completions(
                 if include_usage {
                     let mut u = chunk(0, "", Value::Null, Value::Null);
                     u["choices"] = json!([]);
-                    u["usage"] = usage_json(&summaries);
+                    u["usage"] = usage_json(&summaries, report_cached);
                     out.push(sse(&u));
                 }
                 out.push("data: [DONE]\n\n".to_string());

@@ -880,47 +880,67 @@ fn qwen3_thinking_switches_render_as_the_template_says() {
     let m = qwen3_model();
     let on = plan_chat(&m, input(Some(true)), TINY).unwrap();
     assert!(
-        on.text.ends_with("<|im_start|>assistant\n"),
+        on.prompt.text().ends_with("<|im_start|>assistant\n"),
         "{:?}",
-        on.text
+        on.prompt.text()
     );
-    assert!(!on.text.contains("<think>"), "{:?}", on.text);
+    assert!(
+        !on.prompt.text().contains("<think>"),
+        "{:?}",
+        on.prompt.text()
+    );
     assert_eq!(on.shape.reasoning, Some(false));
     assert!(on.tool_constraint.is_none() && !on.keep_special);
 
     let none = plan_chat(&m, input(None), TINY).unwrap();
-    assert_eq!(none.text, on.text, "Qwen3 thinks by default");
+    assert_eq!(
+        none.prompt.text(),
+        on.prompt.text(),
+        "Qwen3 thinks by default"
+    );
 
     let off = plan_chat(&m, input(Some(false)), TINY).unwrap();
     assert!(
-        off.text
+        off.prompt
+            .text()
             .ends_with(&format!("<|im_start|>assistant\n{EMPTY_THINK}")),
         "{:?}",
-        off.text
+        off.prompt.text()
     );
     assert_eq!(off.shape.reasoning, Some(false));
 
     // reasoning_effort goes to the template as a variable, with thinking on.
     let mut i = input(Some(true));
     i.kwargs.insert("reasoning_effort".into(), json!("low"));
-    assert_eq!(plan_chat(&m, i, TINY).unwrap().text, on.text);
+    assert_eq!(
+        plan_chat(&m, i, TINY).unwrap().prompt.text(),
+        on.prompt.text()
+    );
 
     // Constrained answers start at once: thinking is switched off...
     let mut structured = input(None);
     structured.structured = Some("response_format");
     let p = plan_chat(&m, structured, TINY).unwrap();
-    assert!(p.text.ends_with(EMPTY_THINK), "{:?}", p.text);
+    assert!(
+        p.prompt.text().ends_with(EMPTY_THINK),
+        "{:?}",
+        p.prompt.text()
+    );
     assert!(p.tool_constraint.is_none());
 
     let mut calls = input(None);
     calls.tools = parse_tools(Some(&tools())).unwrap();
     calls.choice = ToolChoice::Required;
     let p = plan_chat(&m, calls.clone(), TINY).unwrap();
-    assert!(p.text.ends_with(EMPTY_THINK), "{:?}", p.text);
     assert!(
-        p.text.contains("<tools>") && p.text.contains("\"get_weather\""),
+        p.prompt.text().ends_with(EMPTY_THINK),
         "{:?}",
-        p.text
+        p.prompt.text()
+    );
+    assert!(
+        p.prompt.text().contains("<tools>") && p.prompt.text().contains("\"get_weather\""),
+        "{:?}",
+        p.prompt.text()
     );
     assert!(p.tool_constraint.is_some() && p.keep_special);
     assert_eq!(p.shape.tools, Some(ToolFormat::Hermes));
@@ -930,7 +950,8 @@ fn qwen3_thinking_switches_render_as_the_template_says() {
     calls.think = Some((false, "think"));
     assert!(plan_chat(&m, calls.clone(), TINY)
         .unwrap()
-        .text
+        .prompt
+        .text()
         .ends_with(EMPTY_THINK));
     calls.think = Some((true, "think"));
     let e = plan_chat(&m, calls.clone(), TINY).err().expect("a 400");
@@ -941,7 +962,11 @@ fn qwen3_thinking_switches_render_as_the_template_says() {
     calls.choice = ToolChoice::None;
     let p = plan_chat(&m, calls, TINY).unwrap();
     assert!(p.tool_constraint.is_none() && p.shape.tools.is_none());
-    assert!(p.text.ends_with("<|im_start|>assistant\n"), "{:?}", p.text);
+    assert!(
+        p.prompt.text().ends_with("<|im_start|>assistant\n"),
+        "{:?}",
+        p.prompt.text()
+    );
 }
 
 /// Every way of cutting `text` into three pieces (and one-character pieces), through a
@@ -1131,19 +1156,28 @@ async fn smollm2_renders_tool_turns_in_the_generic_format() {
     i.tools = parse_tools(Some(&tools())).unwrap();
     let p = plan_chat(&m, i, MODEL).unwrap();
     assert!(
-        p.text
+        p.prompt
+            .text()
             .contains("You are a weather bot.\n\nYou can call functions"),
         "{}",
-        p.text
+        p.prompt.text()
     );
     assert!(
-        p.text.contains("{\"tool_calls\":[{\"arguments\":{\"city\":\"Paris\",\"unit\":\"celsius\"},\"name\":\"get_weather\"}]}")
-            || p.text.contains("{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"unit\":\"celsius\"}}]}"),
+        p.prompt.text().contains("{\"tool_calls\":[{\"arguments\":{\"city\":\"Paris\",\"unit\":\"celsius\"},\"name\":\"get_weather\"}]}")
+            || p.prompt.text().contains("{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"unit\":\"celsius\"}}]}"),
         "{}",
-        p.text
+        p.prompt.text()
     );
-    assert!(p.text.contains("Tool results:\n"), "{}", p.text);
-    assert!(p.text.contains("18 degrees, sunny"), "{}", p.text);
+    assert!(
+        p.prompt.text().contains("Tool results:\n"),
+        "{}",
+        p.prompt.text()
+    );
+    assert!(
+        p.prompt.text().contains("18 degrees, sunny"),
+        "{}",
+        p.prompt.text()
+    );
     assert_eq!(p.shape.tools, Some(ToolFormat::Generic));
 }
 
@@ -1175,9 +1209,21 @@ fn real_templates_render_tool_turns() {
             i.tools = parse_tools(Some(&tools())).unwrap();
             i.choice = choice.clone();
             let p = plan_chat(&m, i, "tiny").unwrap_or_else(|e| panic!("{file} {choice:?}: {e:?}"));
-            assert!(p.text.contains("18 degrees, sunny"), "{file}: {}", p.text);
-            assert!(p.text.contains("get_weather"), "{file}: {}", p.text);
-            assert!(p.text.contains("\"city\": \"Paris\""), "{file}: {}", p.text);
+            assert!(
+                p.prompt.text().contains("18 degrees, sunny"),
+                "{file}: {}",
+                p.prompt.text()
+            );
+            assert!(
+                p.prompt.text().contains("get_weather"),
+                "{file}: {}",
+                p.prompt.text()
+            );
+            assert!(
+                p.prompt.text().contains("\"city\": \"Paris\""),
+                "{file}: {}",
+                p.prompt.text()
+            );
             assert_eq!(
                 p.tool_constraint.is_some(),
                 choice != ToolChoice::None,

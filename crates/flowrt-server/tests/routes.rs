@@ -106,7 +106,11 @@ async fn chat_completion_has_exact_usage_and_names_the_model() {
 
 #[tokio::test]
 async fn streaming_chat_equals_the_plain_answer_and_reports_usage() {
-    let app = router();
+    // `cached_tokens` is reported only when asked for (see `prompt_security.rs`).
+    let app = app(state_with(ServerConfig {
+        report_cached_tokens: true,
+        ..config()
+    }));
     let plain = post(
         &app,
         "/v1/chat/completions",

@@ -24,7 +24,7 @@ mod tokenizer;
 pub mod tools;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate, FunctionCall, RenderOptions, ToolCall};
+pub use chat::{ChatMessage, ChatPrompt, ChatTemplate, FunctionCall, RenderOptions, ToolCall};
 pub use error::TextError;
 pub use reasoning::{ReasoningFormat, ReasoningSplitter};
 pub use tokenizer::{supported_pre_tokenizers, TokenStreamDecoder, Tokenizer, VocabKind};

@@ -13,7 +13,11 @@
 //! (`tests/fixtures/text/tool_templates.json`). One known difference: `{% for x in none %}`
 //! loops zero times here where jinja2 raises (Hermes 2 Pro's template without tools).
 
+mod guard;
 mod pyfmt;
+
+pub use guard::ChatPrompt;
+use guard::Guard;
 
 use minijinja::value::Kwargs;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
@@ -61,7 +65,7 @@ impl ChatMessage {
     }
 
     /// The dict a template sees (see the type's documentation).
-    fn template_value(&self) -> Result<Value, TextError> {
+    fn template_value(&self) -> Result<serde_json::Value, TextError> {
         let json = serde_json::to_value(self).map_err(|e| TextError::TemplateInput {
             what: "message",
             message: e.to_string(),
@@ -77,7 +81,7 @@ impl ChatMessage {
             map.insert("thinking".into(), serde_json::Value::String(r.clone()));
         }
         map.extend(fields);
-        Ok(Value::from_serialize(&map))
+        Ok(serde_json::Value::Object(map))
     }
 }
 
@@ -235,6 +239,46 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         opts: &RenderOptions<'_>,
     ) -> Result<String, TextError> {
+        let msgs = messages
+            .iter()
+            .map(ChatMessage::template_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools = opts.tools.map(|t| serde_json::Value::Array(t.to_vec()));
+        self.render_values(msgs, tools, opts)
+    }
+
+    /// Render a conversation for `tokenizer` as [`Self::render_with`] does, recording which
+    /// stretches of the prompt are message or tool-definition text that spells a special
+    /// token, so that [`Tokenizer::encode_chat`] keeps them plain text (see [`ChatPrompt`]).
+    /// This is the one way flowrt turns a conversation into a prompt.
+    pub fn render_prompt(
+        &self,
+        messages: &[ChatMessage],
+        opts: &RenderOptions<'_>,
+        tokenizer: &crate::Tokenizer,
+    ) -> Result<ChatPrompt, TextError> {
+        let mut guard = Guard::new(tokenizer)?;
+        let mut msgs = Vec::with_capacity(messages.len());
+        for m in messages {
+            let mut v = m.template_value()?;
+            guard.value(&mut v);
+            msgs.push(v);
+        }
+        let tools = opts.tools.map(|t| {
+            let mut v = serde_json::Value::Array(t.to_vec());
+            guard.value(&mut v);
+            v
+        });
+        let text = self.render_values(msgs, tools, opts)?;
+        Ok(guard.restore(text))
+    }
+
+    fn render_values(
+        &self,
+        msgs: Vec<serde_json::Value>,
+        tools: Option<serde_json::Value>,
+        opts: &RenderOptions<'_>,
+    ) -> Result<String, TextError> {
         let tmpl = self
             .env
             .get_template(NAME)
@@ -253,14 +297,11 @@ impl ChatTemplate {
             }
             ctx.insert(k.clone(), Value::from_serialize(v));
         }
-        let msgs = messages
-            .iter()
-            .map(ChatMessage::template_value)
-            .collect::<Result<Vec<_>, _>>()?;
+        let msgs: Vec<Value> = msgs.iter().map(Value::from_serialize).collect();
         ctx.insert("messages".into(), Value::from(msgs));
         ctx.insert(
             "tools".into(),
-            match opts.tools {
+            match &tools {
                 Some(t) => Value::from_serialize(t),
                 None => Value::from(()),
             },

@@ -136,6 +136,8 @@ pub struct Tokenizer {
     /// Decoding drops one leading space (the one the SentencePiece prefix added).
     strip_leading_space: bool,
     eog: Vec<u32>,
+    /// Finds special tokens' text (leftmost-longest), built on first use.
+    special_matcher: std::sync::OnceLock<Result<aho_corasick::AhoCorasick, String>>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -221,6 +223,7 @@ impl Tokenizer {
             add_special: p.add_special,
             strip_leading_space: p.strip_leading_space,
             eog: Vec::new(),
+            special_matcher: std::sync::OnceLock::new(),
         };
 
         let mut eog: Vec<u32> = [p.eos, p.eot, p.eom].into_iter().flatten().collect();
@@ -329,6 +332,25 @@ impl Tokenizer {
             self.types.get(id as usize),
             Some(&token_type::CONTROL) | Some(&token_type::UNKNOWN)
         )
+    }
+
+    /// A matcher for the text of every special token (what `parse_special` would match).
+    pub(crate) fn special_matcher(&self) -> Result<&aho_corasick::AhoCorasick, TextError> {
+        let built = self.special_matcher.get_or_init(|| {
+            let texts: Vec<&str> = (0..self.vocab_size())
+                .filter(|&i| self.is_special(i as u32))
+                .map(|i| self.token_text_of(i))
+                .filter(|t| !t.is_empty())
+                .collect();
+            aho_corasick::AhoCorasick::builder()
+                .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                .build(texts)
+                .map_err(|e| e.to_string())
+        });
+        built.as_ref().map_err(|e| TextError::Tokenizers {
+            context: "special-token matcher",
+            message: e.clone(),
+        })
     }
 
     pub fn vocab_size(&self) -> usize {
