@@ -56,6 +56,14 @@ pub struct ServeArgs {
     /// Load models on their first request instead of at start.
     #[arg(long)]
     pub lazy: bool,
+    /// On SIGTERM or Ctrl-C, how long open requests may run on (seconds or 30s/5m) before
+    /// they are cut off and the server exits; new requests get 503 meanwhile.
+    #[arg(
+        long = "shutdown-timeout",
+        visible_alias = "shutdown-grace",
+        default_value = "10s"
+    )]
+    pub shutdown_timeout: String,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -64,7 +72,7 @@ fn parse_cors_origin(s: &str) -> Result<String, String> {
     flowrt_server::check_cors_origin(s).map(|()| s.to_string())
 }
 
-fn parse_duration(s: &str) -> Result<Option<Duration>> {
+fn parse_duration(opt: &str, s: &str) -> Result<Option<Duration>> {
     let s = s.trim();
     let (num, mult) = match s.find(|c: char| c.is_ascii_alphabetic()) {
         Some(i) => (
@@ -73,16 +81,16 @@ fn parse_duration(s: &str) -> Result<Option<Duration>> {
                 "s" => 1.0,
                 "m" => 60.0,
                 "h" => 3600.0,
-                u => bail!("--keep-alive {s}: unknown unit `{u}` (use s, m or h)"),
+                u => bail!("{opt} {s}: unknown unit `{u}` (use s, m or h)"),
             },
         ),
         None => (s, 1.0),
     };
     let n: f64 = num
         .parse()
-        .with_context(|| format!("--keep-alive {s}: not a duration"))?;
+        .with_context(|| format!("{opt} {s}: not a duration"))?;
     if !n.is_finite() {
-        bail!("--keep-alive {s}: not a duration");
+        bail!("{opt} {s}: not a duration");
     }
     Ok((n >= 0.0).then(|| Duration::from_secs_f64(n * mult)))
 }
@@ -188,17 +196,19 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         engine: args.engine.options()?,
         parallel: args.parallel,
         queue: args.queue,
-        keep_alive: parse_duration(&args.keep_alive)?,
+        keep_alive: parse_duration("--keep-alive", &args.keep_alive)?,
         memory_budget: args.max_memory.as_deref().map(parse_bytes).transpose()?,
-        api_key: args
-            .api_key
-            .clone()
-            .or_else(|| std::env::var("FLOWRT_API_KEY").ok())
-            .filter(|k| !k.is_empty()),
+        api_key: api_key(
+            args.api_key.clone(),
+            std::env::var_os("FLOWRT_API_KEY").map(|v| v.to_string_lossy().into_owned()),
+        )?,
         max_body_bytes: args.max_body,
         cors_origins: args.cors_origin.clone(),
         report_cached_tokens: args.report_cached_tokens,
     };
+    let grace = parse_duration("--shutdown-timeout", &args.shutdown_timeout)?
+        .context("--shutdown-timeout must be 0 or more seconds")?;
+    let grace_text = args.shutdown_timeout.clone();
     let from_registry = args.models.is_empty();
     let state = if from_registry {
         registry_state(config)?
@@ -243,14 +253,50 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                 }
             });
         }
-        axum::serve(listener, app(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving")?;
-        eprintln!("flowrt serve: stopped");
+        let draining = state.draining.clone();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let signal = async move {
+            shutdown_signal().await;
+            draining.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = stop_tx.send(true);
+        };
+        let server = axum::serve(listener, app(state)).with_graceful_shutdown(signal);
+        // After the signal, open requests get `grace`; then they are cut off (a half-sent
+        // request header or an endless stream cannot hold the exit).
+        let deadline = async move {
+            let mut rx = stop_rx;
+            let _ = rx.wait_for(|stop| *stop).await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            r = server => {
+                r.context("serving")?;
+                eprintln!("flowrt serve: stopped");
+            }
+            () = deadline => {
+                eprintln!("flowrt serve: stopped after --shutdown-timeout {grace_text}, cutting off the requests still open");
+            }
+        }
         Ok::<_, anyhow::Error>(())
     })?;
+    // Connections still open were cut off above; their tasks end with the runtime, and work
+    // on blocking threads (a prompt being tokenized) is not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(100));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The API key from `--api-key` or else `FLOWRT_API_KEY`. An empty one is an error: it would
+/// otherwise turn authentication off without a word.
+fn api_key(arg: Option<String>, env: Option<String>) -> Result<Option<String>> {
+    let (key, from) = match (arg, env) {
+        (Some(k), _) => (k, "--api-key"),
+        (None, Some(k)) => (k, "FLOWRT_API_KEY"),
+        (None, None) => return Ok(None),
+    };
+    if key.trim().is_empty() {
+        bail!("{from} is empty: give a non-empty key, or leave {from} unset to serve without one");
+    }
+    Ok(Some(key))
 }
 
 /// Ctrl-C or SIGTERM: stop accepting connections and let the open ones finish.
@@ -273,7 +319,7 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
-    eprintln!("flowrt serve: shutting down (finishing open requests)");
+    eprintln!("flowrt serve: shutting down (finishing open requests; new ones get 503)");
 }
 
 #[cfg(test)]
@@ -283,12 +329,15 @@ mod tests {
     #[test]
     fn durations_and_sizes() {
         assert_eq!(
-            parse_duration("5m").unwrap(),
+            parse_duration("--keep-alive", "5m").unwrap(),
             Some(Duration::from_secs(300))
         );
-        assert_eq!(parse_duration("30").unwrap(), Some(Duration::from_secs(30)));
-        assert_eq!(parse_duration("-1").unwrap(), None);
-        assert!(parse_duration("5x").is_err());
+        assert_eq!(
+            parse_duration("--keep-alive", "30").unwrap(),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(parse_duration("--keep-alive", "-1").unwrap(), None);
+        assert!(parse_duration("--keep-alive", "5x").is_err());
         assert_eq!(parse_bytes("8G").unwrap(), 8 << 30);
         assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_bytes("1000").unwrap(), 1000);

@@ -535,3 +535,137 @@ fn cors_origin_option_allows_that_origin_only() {
         "{err}"
     );
 }
+
+/// Issue 18: `--api-key ""` (or an empty `FLOWRT_API_KEY`) silently served without
+/// authentication. Both are refused at start, naming the option.
+#[test]
+fn an_empty_api_key_is_refused_at_start() {
+    for (args, env, named) in [
+        (vec!["--api-key", ""], None, "--api-key is empty"),
+        (
+            vec!["--api-key", "  "],
+            Some("s3cret"),
+            "--api-key is empty",
+        ),
+        (vec![], Some(""), "FLOWRT_API_KEY is empty"),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowrt"));
+        cmd.arg("serve")
+            .arg(smollm2())
+            .args(["--port", "0"])
+            .args(&args);
+        match env {
+            Some(v) => cmd.env("FLOWRT_API_KEY", v),
+            None => cmd.env_remove("FLOWRT_API_KEY"),
+        };
+        // A server that starts anyway is killed (and the test fails) instead of running on.
+        let mut child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{args:?} {env:?}: started: {err}"
+        );
+        assert!(err.contains(named), "{args:?} {env:?}: {err}");
+    }
+}
+
+/// Send SIGTERM to `server` and wait for its exit (at most `limit`): (exit success, seconds).
+#[cfg(unix)]
+fn terminate(server: &mut Server, limit: Duration) -> (bool, f64) {
+    let pid = server.child.id().to_string();
+    let t0 = std::time::Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    while t0.elapsed() < limit {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            return (status.success(), t0.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("flowrt serve did not stop within {limit:?} of SIGTERM");
+}
+
+/// Issue 18: SIGTERM waited without bound for open requests (an `ignore_eos` stream ran on
+/// for 30 s+). With `--shutdown-timeout 2`, a stream still generating is cut off after 2 s
+/// and the process exits 0.
+#[cfg(unix)]
+#[test]
+fn sigterm_cuts_off_an_endless_stream_after_the_shutdown_timeout() {
+    let mut server = serve(&["--shutdown-timeout", "2"]);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    let body = format!(
+        r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"Count to a million."}}],"max_tokens":900,"ignore_eos":true,"stream":true}}"#
+    );
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.addr,
+        body.len()
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut first = [0u8; 512];
+    let n = s.read(&mut first).unwrap();
+    let head = String::from_utf8_lossy(&first[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let reader = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        String::from_utf8_lossy(&rest).into_owned()
+    });
+    let (ok, secs) = terminate(&mut server, Duration::from_secs(20));
+    assert!(ok, "exit status not 0");
+    assert!(
+        (1.5..5.0).contains(&secs),
+        "stopped {secs:.1} s after SIGTERM (timeout 2 s)"
+    );
+    let rest = reader.join().unwrap();
+    assert!(
+        !rest.contains("[DONE]"),
+        "the stream finished instead of being cut off"
+    );
+}
+
+/// Issue 18: a connection that sends half a request header and stops held the shutdown
+/// forever. It cannot hold it past `--shutdown-timeout`.
+#[cfg(unix)]
+#[test]
+fn a_half_sent_header_does_not_block_the_exit() {
+    let mut server = serve(&["--shutdown-timeout", "1"]);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(
+        s,
+        "GET /health HTTP/1.1\r\nHost: {}\r\nX-Slow: ",
+        server.addr
+    )
+    .unwrap();
+    s.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let (ok, secs) = terminate(&mut server, Duration::from_secs(20));
+    assert!(ok, "exit status not 0");
+    assert!(
+        secs < 4.0,
+        "stopped {secs:.1} s after SIGTERM (timeout 1 s)"
+    );
+    drop(s);
+}

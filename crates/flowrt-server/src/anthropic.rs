@@ -48,6 +48,8 @@ fn error_type(kind: ErrorKind) -> &'static str {
         ErrorKind::Unauthorized => "authentication_error",
         ErrorKind::ModelNotFound | ErrorKind::NotFound => "not_found_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
+        ErrorKind::UnsupportedMediaType => "invalid_request_error",
+        ErrorKind::ForbiddenHost => "permission_error",
         ErrorKind::Overloaded => "rate_limit_error",
         ErrorKind::Unavailable => "overloaded_error",
         ErrorKind::Internal => "api_error",
@@ -68,6 +70,7 @@ impl IntoResponse for AnthropicError {
         let body = error_body(&e);
         // The status, `Retry-After` and the metrics' kind as the other routes set them.
         let mut resp = e.clone().into_response();
+        resp.extensions_mut().remove::<crate::error::OpenAiShaped>();
         let (parts, _) = resp.into_parts();
         resp = Response::from_parts(parts, axum::body::Body::from(body.to_string()));
         resp
@@ -569,13 +572,8 @@ pub async fn count_tokens(
     };
     let c = check(&req)?;
     let runner = state.models.get(&req.model).await?;
-    let model = runner.model.clone();
-    let name = runner.spec.id.clone();
     let input = PromptInput::Chat(chat_input(c.messages));
-    let (tokens, _) =
-        tokio::task::spawn_blocking(move || crate::gen::tokenize(&model, input, &name))
-            .await
-            .map_err(|e| ApiError::internal("tokenizing the prompt", &e))??;
+    let (tokens, _) = crate::gen::tokenize_bounded(&state, &runner, input).await?;
     runner.touch();
     Ok((
         StatusCode::OK,

@@ -26,6 +26,10 @@ pub enum ErrorKind {
     Unauthorized,
     /// The request body is larger than the server accepts.
     PayloadTooLarge,
+    /// A JSON route was sent a body that is not `Content-Type: application/json`.
+    UnsupportedMediaType,
+    /// The `Host` header names a host this server does not answer for (DNS rebinding).
+    ForbiddenHost,
     /// The model's wait queue is full.
     Overloaded,
     /// The model could not be loaded, or does not fit the memory budget.
@@ -45,6 +49,8 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::Unauthorized => "invalid_api_key",
             ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::UnsupportedMediaType => "unsupported_media_type",
+            ErrorKind::ForbiddenHost => "forbidden_host",
             ErrorKind::Overloaded => "queue_full",
             ErrorKind::Unavailable => "model_unavailable",
             ErrorKind::Internal => "internal_error",
@@ -58,6 +64,8 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::ForbiddenHost => StatusCode::FORBIDDEN,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -160,6 +168,33 @@ impl ApiError {
         resp
     }
 
+    /// The error a response of `status` that axum or a layer made before any handler ran
+    /// (a plain-text rejection) stands for, with `text` (its body) as the message.
+    pub fn from_rejection(status: StatusCode, text: &str) -> ApiError {
+        let kind = match status {
+            StatusCode::NOT_FOUND => ErrorKind::NotFound,
+            StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
+            StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
+            StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorKind::UnsupportedMediaType,
+            StatusCode::FORBIDDEN => ErrorKind::ForbiddenHost,
+            StatusCode::TOO_MANY_REQUESTS => ErrorKind::Overloaded,
+            StatusCode::SERVICE_UNAVAILABLE => ErrorKind::Unavailable,
+            s if s.is_client_error() => ErrorKind::InvalidRequest,
+            _ => ErrorKind::Internal,
+        };
+        let text = text.trim();
+        let message = if text.is_empty() {
+            status
+                .canonical_reason()
+                .unwrap_or("request refused")
+                .to_string()
+        } else {
+            clip(text, 300)
+        };
+        ApiError::new(kind, message)
+    }
+
     /// The OpenAI-shaped body.
     pub fn body(&self) -> serde_json::Value {
         json!({
@@ -176,7 +211,36 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let resp = (self.status(), axum::Json(self.body())).into_response();
-        self.with_headers(resp)
+        let mut resp = self.with_headers(resp);
+        resp.extensions_mut().insert(OpenAiShaped(self));
+        resp
+    }
+}
+
+/// Marks a response answered in OpenAI's shape, so that [`crate::shape_errors`] can answer
+/// it in the shape of the route's API instead (errors from extractors, auth and fallbacks).
+#[derive(Clone, Debug)]
+pub struct OpenAiShaped(pub ApiError);
+
+/// Which API's error shape a path answers in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    OpenAi,
+    /// `/api/*`: `{"error": "message"}`.
+    Ollama,
+    /// `/v1/messages*`: `{"type": "error", "error": {...}}`.
+    Anthropic,
+}
+
+impl Shape {
+    pub fn of_path(path: &str) -> Shape {
+        if path.starts_with("/api/") || path == "/api" {
+            Shape::Ollama
+        } else if path.starts_with("/v1/messages") {
+            Shape::Anthropic
+        } else {
+            Shape::OpenAi
+        }
     }
 }
 

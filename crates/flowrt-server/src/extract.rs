@@ -17,6 +17,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        check_content_type(req.headers())?;
         let limit = state.config.max_body_bytes;
         let too_large = || {
             ApiError::new(
@@ -40,6 +41,38 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
         };
         parse_json(&bytes).map(ApiJson)
     }
+}
+
+/// A JSON body must say so: `Content-Type: application/json` (parameters such as `charset`
+/// allowed, and `application/*+json`). Refusing the rest keeps a web page from posting to
+/// the server with a "simple" cross-site request (`text/plain`, forms, no type), which a
+/// browser sends without asking the server first.
+fn check_content_type(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let given = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let essence = given.as_deref().map(|v| {
+        v.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    });
+    let ok = essence.as_deref().is_some_and(|m| {
+        m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+    });
+    if ok {
+        return Ok(());
+    }
+    let got = match &given {
+        Some(v) => format!("got `{}`", clip(v, 100)),
+        None => "the header is missing".to_string(),
+    };
+    Err(ApiError::new(
+        ErrorKind::UnsupportedMediaType,
+        format!("the `Content-Type` header must be `application/json` for this route ({got})"),
+    )
+    .with_param("Content-Type"))
 }
 
 /// Parse `bytes` as `T`; errors name the JSON path of the bad field.

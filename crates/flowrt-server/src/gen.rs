@@ -288,12 +288,7 @@ pub async fn start_n(
             format!("`logit_bias` names token {id}, outside the vocabulary of {vocab} tokens"),
         ));
     }
-    let model_arc = runner.model.clone();
-    let prompt = req.prompt;
-    let name = runner.spec.id.clone();
-    let (tokens, plan) = tokio::task::spawn_blocking(move || tokenize(&model_arc, prompt, &name))
-        .await
-        .map_err(|e| ApiError::internal("tokenizing the prompt", &e))??;
+    let (tokens, plan) = tokenize_bounded(state, &runner, req.prompt).await?;
     let (shape, keep_special, tool_constraint) = match plan {
         Some(p) => (p.shape, p.keep_special, p.tool_constraint),
         None => (OutputShape::default(), false, None),
@@ -402,11 +397,53 @@ fn constraint_error(param: &str, e: ConstraintError) -> ApiError {
 /// The prompt's tokens, and for a chat the rest of its plan (constraint, answer shape).
 pub(crate) type Tokenized = (Vec<u32>, Option<crate::agent::ChatPlan>);
 
-pub(crate) fn tokenize(
-    model: &flowrt_engine::LoadedModel,
+/// Tokenize `prompt` for `runner`'s model with bounded work: at most one prompt per
+/// `--parallel` slot is tokenized at once, off the async workers, and a prompt whose text is
+/// longer than the context could hold is refused before the tokenizer sees it.
+pub(crate) async fn tokenize_bounded(
+    state: &AppState,
+    runner: &Arc<Runner>,
     prompt: PromptInput,
-    name: &str,
 ) -> Result<Tokenized, ApiError> {
+    let _permit = runner
+        .tokenizing
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal("waiting to tokenize the prompt", &e))?;
+    let r = runner.clone();
+    let metrics = state.metrics.clone();
+    tokio::task::spawn_blocking(move || tokenize(&r, prompt, &metrics))
+        .await
+        .map_err(|e| ApiError::internal("tokenizing the prompt", &e))?
+}
+
+/// A prompt of `len` bytes of text (`param` names the request field it came from) cannot
+/// fit `runner`'s context when it is longer than `n_ctx` tokens of the vocabulary's longest
+/// token could spell: a 400 before any tokenizing.
+fn check_prompt_bytes(runner: &Runner, len: usize, param: &str) -> Result<(), ApiError> {
+    let max = runner.n_ctx.saturating_mul(runner.max_token_bytes);
+    if len <= max {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorKind::ContextLength,
+        format!(
+            "`{param}` holds {len} bytes of prompt text, more than the context of model `{id}` ({n_ctx} tokens of at most {b} bytes each, {max} bytes) could hold; shorten the prompt",
+            id = runner.spec.id,
+            n_ctx = runner.n_ctx,
+            b = runner.max_token_bytes,
+        ),
+    )
+    .with_param(param))
+}
+
+pub(crate) fn tokenize(
+    runner: &Runner,
+    prompt: PromptInput,
+    metrics: &crate::Metrics,
+) -> Result<Tokenized, ApiError> {
+    let model = &runner.model;
+    let name = runner.spec.id.as_str();
     let enc_err = |e: flowrt_text::TextError| {
         ApiError::invalid_param(
             "prompt",
@@ -419,15 +456,22 @@ pub(crate) fn tokenize(
     match prompt {
         PromptInput::Chat(input) => {
             let plan = plan_chat(model, input, name)?;
+            let text = plan.prompt.text();
+            check_prompt_bytes(runner, text.len(), "messages")?;
+            metrics.tokenized(text.len());
             // Message text is never parsed into control tokens (see `ChatPrompt`).
             let ids = model.tokenizer.encode_chat(&plan.prompt).map_err(enc_err)?;
             Ok((ids, Some(plan)))
         }
-        PromptInput::Text { text, add_special } => model
-            .tokenizer
-            .encode(&text, add_special, true)
-            .map(|ids| (ids, None))
-            .map_err(enc_err),
+        PromptInput::Text { text, add_special } => {
+            check_prompt_bytes(runner, text.len(), "prompt")?;
+            metrics.tokenized(text.len());
+            model
+                .tokenizer
+                .encode(&text, add_special, true)
+                .map(|ids| (ids, None))
+                .map_err(enc_err)
+        }
         PromptInput::Tokens(ids) => {
             let vocab = model.model.config.vocab_size;
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {

@@ -38,6 +38,7 @@ mod tokenize;
 mod web;
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ use axum::{Json, Router};
 use flowrt_engine::EngineOptions;
 use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use engine::{BatchStepper, Fed, SessionStepper, SlotWork, StepEngine};
 pub use error::{ApiError, ErrorKind};
@@ -109,6 +110,8 @@ pub struct AppState {
     pub models: Arc<ModelManager>,
     pub metrics: Arc<Metrics>,
     pub started: Instant,
+    /// Set when the server is shutting down: new requests get 503 while open ones finish.
+    pub draining: Arc<AtomicBool>,
 }
 
 impl AppState {
@@ -122,6 +125,7 @@ impl AppState {
             models,
             metrics,
             started: Instant::now(),
+            draining: Arc::default(),
         }
     }
 
@@ -144,6 +148,7 @@ impl AppState {
             models,
             metrics,
             started: Instant::now(),
+            draining: Arc::default(),
         })
     }
 }
@@ -176,8 +181,19 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(middleware::from_fn_with_state(state.clone(), refuse_when_draining))
+        .layer(middleware::from_fn(shape_errors))
         .layer(middleware::from_fn_with_state(state.clone(), track))
-        .layer(TraceLayer::new_for_http());
+        .layer(
+            // The path only (a query string may hold what a client meant to keep private);
+            // a 5xx the server makes itself is logged where it is made (`ApiError::internal`,
+            // model loading), so a `/health` 503 while loading is no ERROR line.
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    tracing::info_span!("request", method = %req.method(), path = %req.uri().path())
+                })
+                .on_failure(DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+        );
     // Outermost, so a preflight `OPTIONS` is answered before the API key is checked (browsers
     // send preflights without credentials).
     let router = match cors_layer(&state.config.cors_origins) {
@@ -344,6 +360,54 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= x ^ b.get(i % b.len().max(1)).copied().unwrap_or(0);
     }
     diff == 0
+}
+
+/// While the server shuts down, new requests get 503 (open ones run on).
+async fn refuse_when_draining(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if state.draining.load(Ordering::SeqCst) {
+        let mut resp = ApiError::new(
+            ErrorKind::Unavailable,
+            "the server is shutting down; retry against another instance or after it restarts",
+        )
+        .into_response();
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
+    next.run(req).await
+}
+
+/// Answer every error in the shape of the route's API (see [`error::Shape`]), whoever made
+/// it: a handler, an extractor's rejection, auth, a fallback, or axum itself (whose
+/// rejections are plain text: bad path segments, body limits).
+async fn shape_errors(req: Request, next: Next) -> Response {
+    let shape = error::Shape::of_path(req.uri().path());
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let e = if let Some(error::OpenAiShaped(e)) = resp.extensions().get().cloned() {
+        if shape == error::Shape::OpenAi {
+            return resp;
+        }
+        e
+    } else if resp.extensions().get::<ErrorKind>().is_some() {
+        // Already in its API's shape.
+        return resp;
+    } else {
+        // A plain rejection: read its (short) text as the message.
+        let text = match axum::body::to_bytes(resp.into_body(), 4096).await {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(_) => String::new(),
+        };
+        ApiError::from_rejection(status, &text)
+    };
+    match shape {
+        error::Shape::OpenAi => e.into_response(),
+        error::Shape::Ollama => error::OllamaError(e).into_response(),
+        error::Shape::Anthropic => anthropic::AnthropicError(e).into_response(),
+    }
 }
 
 /// Count every request by route and status, and errors by kind.

@@ -64,6 +64,8 @@ struct Inner {
     /// (route, status) → count.
     requests: BTreeMap<(String, u16), u64>,
     errors: BTreeMap<ErrorKind, u64>,
+    /// Bytes of prompt text handed to a tokenizer.
+    tokenized_bytes: u64,
     /// Per model.
     prompt_tokens: BTreeMap<String, u64>,
     completion_tokens: BTreeMap<String, u64>,
@@ -100,6 +102,11 @@ impl Metrics {
                 *m.errors.entry(k).or_default() += 1;
             }
         });
+    }
+
+    /// `bytes` of prompt text about to be tokenized.
+    pub fn tokenized(&self, bytes: usize) {
+        self.with(|m| m.tokenized_bytes += bytes as u64);
     }
 
     /// Tokens an embedding request ran (counted as prompt tokens).
@@ -156,6 +163,9 @@ impl Metrics {
             for (k, n) in &m.errors {
                 let _ = writeln!(out, "flowrt_errors_total{{kind=\"{}\"}} {n}", k.as_str());
             }
+            let _ = writeln!(out, "# HELP flowrt_tokenized_prompt_bytes_total Bytes of prompt text handed to a tokenizer (prompts refused by size are not).");
+            let _ = writeln!(out, "# TYPE flowrt_tokenized_prompt_bytes_total counter");
+            let _ = writeln!(out, "flowrt_tokenized_prompt_bytes_total {}", m.tokenized_bytes);
             let counters = [
                 ("flowrt_prompt_tokens_total", "Prompt tokens processed.", &m.prompt_tokens),
                 ("flowrt_completion_tokens_total", "Tokens generated.", &m.completion_tokens),

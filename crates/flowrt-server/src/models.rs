@@ -156,6 +156,13 @@ pub struct Runner {
     pub embedding: AtomicUsize,
     /// Context length of each sequence.
     pub n_ctx: usize,
+    /// Most bytes of text one token of the vocabulary stands for (the longer of its spelling
+    /// and its decoded bytes): a prompt longer than `n_ctx` times this cannot fit the context,
+    /// so it is refused before it is tokenized.
+    pub max_token_bytes: usize,
+    /// Prompts of this model tokenized at once (one per `--parallel` slot), so many huge
+    /// prompts at once cannot take memory without bound before the queue admits them.
+    pub tokenizing: tokio::sync::Semaphore,
     /// Estimated resident bytes: weights plus every slot's KV cache.
     pub est_bytes: u64,
     pub loaded_at: SystemTime,
@@ -600,6 +607,7 @@ fn load_runner(
             .map_or(model.model_ctx(), |n| n.min(model.model_ctx()));
         (None, n_ctx, spec.size + embed_bytes)
     };
+    let max_token_bytes = longest_token_bytes(&model.tokenizer);
     Ok(Arc::new(Runner {
         spec,
         model,
@@ -607,9 +615,30 @@ fn load_runner(
         embedder: Mutex::new(None),
         embedding: AtomicUsize::new(0),
         n_ctx,
+        max_token_bytes,
+        tokenizing: tokio::sync::Semaphore::new(config.parallel.max(1)),
         est_bytes,
         loaded_at: SystemTime::now(),
         last_used: Mutex::new(Instant::now()),
         keep_alive: Mutex::new(config.keep_alive),
     }))
+}
+
+/// The most bytes of prompt text any one token of `tok` stands for, at least 1: its
+/// decoded bytes (what byte-level BPE and SentencePiece tokens consume of the text: `Ġthe` is
+/// ` the`, `▁the` is ` the`, a byte-fallback token one byte), or for a special token the
+/// longer of that and its spelling (`<|im_start|>` is matched in the text as spelled).
+pub fn longest_token_bytes(tok: &flowrt_text::Tokenizer) -> usize {
+    (0..tok.vocab_size() as u32)
+        .map(|id| {
+            let piece = tok.token_to_piece(id).map_or(0, <[u8]>::len);
+            let spelled = match tok.is_special(id) {
+                true => tok.id_to_token(id).map_or(0, str::len),
+                false => 0,
+            };
+            piece.max(spelled)
+        })
+        .max()
+        .unwrap_or(0)
+        .max(1)
 }

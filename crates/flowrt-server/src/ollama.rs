@@ -655,6 +655,16 @@ pub async fn generate(
     .await
 }
 
+/// `/api/generate` renders its `prompt` as a chat: an error about the chat's `messages` is
+/// about the request's `prompt`.
+fn messages_as_prompt(mut e: ApiError) -> ApiError {
+    if e.param.as_deref() == Some("messages") {
+        e.param = Some("prompt".into());
+        e.message = e.message.replace("`messages`", "`prompt`");
+    }
+    e
+}
+
 /// Generate for `/api/chat` (`chat`) or `/api/generate` with Ollama's options, apply the
 /// keep-alive, and answer (NDJSON when `stream`), reporting load time when this request loaded
 /// the model.
@@ -695,7 +705,8 @@ async fn run(
             }),
         },
     )
-    .await?;
+    .await
+    .map_err(|e| if chat { e } else { messages_as_prompt(e) })?;
     apply_keep_alive(state, &started.runner.spec.id, ka);
     let load = if loaded_before {
         Duration::ZERO

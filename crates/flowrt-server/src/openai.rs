@@ -81,8 +81,17 @@ pub async fn list_models(State(state): State<AppState>) -> Json<Value> {
 
 pub async fn get_model(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Path(id) = id.map_err(|e| {
+        ApiError::invalid_param(
+            "model",
+            format!(
+                "the model name in the path is not valid: {}",
+                clip(&e.body_text(), 200)
+            ),
+        )
+    })?;
     let spec = state.models.find(&id)?;
     Ok(Json(model_json(&state, &spec)))
 }

@@ -165,3 +165,249 @@ async fn hostile_requests_get_4xx_json_errors_and_the_server_keeps_serving() {
     assert_eq!(r.status.as_u16(), 200, "{}", r.text());
     assert_eq!(get(&app, "/health").await.json()["status"], "ok");
 }
+
+/// `flowrt_tokenized_prompt_bytes_total` from `/metrics`.
+async fn tokenized_bytes(app: &axum::Router) -> u64 {
+    let t = get(app, "/metrics").await.text();
+    t.lines()
+        .find_map(|l| l.strip_prefix("flowrt_tokenized_prompt_bytes_total "))
+        .unwrap_or_else(|| panic!("no tokenized-bytes counter: {t}"))
+        .parse()
+        .unwrap()
+}
+
+/// Issue 18: a ~4 MB prompt was tokenised whole (hundreds of MB of memory, seconds of CPU)
+/// before the context check refused it. A prompt whose text is longer than the context could
+/// spell (n_ctx times the vocabulary's longest token, in bytes) is refused before the
+/// tokenizer sees it; one just under the bound is tokenized and gets the usual token count.
+#[tokio::test]
+async fn a_prompt_longer_than_the_context_could_hold_is_refused_before_tokenizing() {
+    let app = router();
+    let huge = "hello ".repeat(400_000);
+    let r = send(
+        &app,
+        request(
+            Method::POST,
+            "/v1/chat/completions",
+            chat(json!({"messages": [{"role": "user", "content": huge}]})),
+        ),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 400, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["error"]["param"], "messages", "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains(&format!("({N_CTX} tokens")), "{msg}");
+    assert_eq!(
+        tokenized_bytes(&app).await,
+        0,
+        "the huge prompt was tokenized"
+    );
+    // The same on Ollama's route, naming `prompt`.
+    let r = send(
+        &app,
+        request(
+            Method::POST,
+            "/api/generate",
+            json!({"model": MODEL, "prompt": huge, "stream": false}).to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 400, "{}", r.text());
+    let m = r.json()["error"].as_str().unwrap().to_string();
+    assert!(m.contains("`prompt`") && m.contains("context"), "{m}");
+    assert_eq!(
+        tokenized_bytes(&app).await,
+        0,
+        "the huge prompt was tokenized"
+    );
+
+    // "… ({N_CTX} tokens of at most B bytes each, MAX bytes) …": just under MAX is tokenized
+    // and refused by its token count as before.
+    let max: usize = msg
+        .split(" bytes each, ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no byte bound in {msg}"));
+    assert!((16 * N_CTX..1 << 20).contains(&max), "bound {max}");
+    let under = "hello ".repeat((max - 200) / 6);
+    let r = send(
+        &app,
+        request(
+            Method::POST,
+            "/v1/chat/completions",
+            chat(json!({"messages": [{"role": "user", "content": under}]})),
+        ),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 400, "{}", r.text());
+    let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        m.starts_with("the prompt has ") && m.contains(" tokens"),
+        "{m}"
+    );
+    assert!(tokenized_bytes(&app).await >= under.len() as u64);
+}
+
+fn with_type(method: Method, uri: &str, content_type: Option<&str>, body: &str) -> Request<Body> {
+    let mut b = Request::builder().method(method).uri(uri);
+    if let Some(t) = content_type {
+        b = b.header("content-type", t);
+    }
+    b.body(Body::from(body.to_string())).unwrap()
+}
+
+/// Issue 18: errors made before a handler ran (bad JSON, 405, 404, 413, 401) answered
+/// `/api/*` in OpenAI's shape, and an invalid UTF-8 path segment got a plain-text 400. Each
+/// route answers in its API's shape: Ollama `{"error": "…"}`, Anthropic
+/// `{"type": "error", "error": {…}}`, OpenAI `{"error": {"message", …}}`.
+#[tokio::test]
+async fn errors_before_the_handler_answer_in_the_routes_own_shape() {
+    let app = flowrt_server::app(state_with(flowrt_server::ServerConfig {
+        max_body_bytes: 1000,
+        ..config()
+    }));
+    let json = Some("application/json");
+    let big = format!("{{\"model\":\"x\",\"prompt\":\"{}\"}}", "a".repeat(2000));
+    let ollama: Vec<(Request<Body>, u16, &str)> = vec![
+        (
+            with_type(Method::POST, "/api/chat", json, "{not json"),
+            400,
+            "key must be a string",
+        ),
+        (with_type(Method::GET, "/api/chat", None, ""), 405, "method"),
+        (
+            with_type(Method::POST, "/api/nope", json, "{}"),
+            404,
+            "route",
+        ),
+        (
+            with_type(Method::POST, "/api/generate", json, &big),
+            413,
+            "limit",
+        ),
+        (
+            with_type(Method::POST, "/api/chat", Some("text/plain"), "{}"),
+            415,
+            "Content-Type",
+        ),
+        (
+            with_type(Method::POST, "/api/chat", None, "{}"),
+            415,
+            "Content-Type",
+        ),
+    ];
+    for (req, status, word) in ollama {
+        let what = format!("{} {}", req.method(), req.uri());
+        let r = send(&app, req).await;
+        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text());
+        let v = r.json();
+        let m = v["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: not Ollama's shape: {v}"));
+        assert!(m.contains(word), "{what}: {m}");
+    }
+    let anthropic: Vec<(Request<Body>, u16, &str)> = vec![
+        (
+            with_type(Method::POST, "/v1/messages", json, "{not json"),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            with_type(Method::GET, "/v1/messages", None, ""),
+            405,
+            "invalid_request_error",
+        ),
+        (
+            with_type(Method::POST, "/v1/messages", Some("text/plain"), "{}"),
+            415,
+            "invalid_request_error",
+        ),
+    ];
+    for (req, status, ty) in anthropic {
+        let what = format!("{} {}", req.method(), req.uri());
+        let r = send(&app, req).await;
+        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["type"], "error", "{what}: {v}");
+        assert_eq!(v["error"]["type"], ty, "{what}: {v}");
+    }
+    let openai: Vec<(Request<Body>, u16, &str)> = vec![
+        (
+            with_type(Method::GET, "/v1/models/%FF", None, ""),
+            400,
+            "model",
+        ),
+        (
+            with_type(
+                Method::POST,
+                "/v1/chat/completions",
+                Some("text/plain"),
+                "{}",
+            ),
+            415,
+            "Content-Type",
+        ),
+        (
+            with_type(
+                Method::POST,
+                "/v1/completions",
+                Some("application/x-www-form-urlencoded"),
+                "a=b",
+            ),
+            415,
+            "Content-Type",
+        ),
+    ];
+    for (req, status, param) in openai {
+        let what = format!("{} {}", req.method(), req.uri());
+        let r = send(&app, req).await;
+        assert_eq!(r.status.as_u16(), status, "{what}: {}", r.text());
+        let v = r.json();
+        assert_eq!(v["error"]["param"], param, "{what}: {v}");
+    }
+    // A 401 on `/api/*` is Ollama's shape too.
+    let app = flowrt_server::app(state_with(flowrt_server::ServerConfig {
+        api_key: Some("s3cret".into()),
+        ..config()
+    }));
+    let r = get(&app, "/api/tags").await;
+    assert_eq!(r.status.as_u16(), 401);
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .is_some_and(|m| m.contains("API key")),
+        "{}",
+        r.text()
+    );
+}
+
+/// Issue 18: while the server shuts down (SIGTERM), new requests get 503 in their route's
+/// shape instead of starting work the exit would cut off.
+#[tokio::test]
+async fn requests_while_draining_get_503() {
+    let state = state_with(config());
+    let app = flowrt_server::app(state.clone());
+    assert_eq!(get(&app, "/v1/models").await.status.as_u16(), 200);
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = send(
+        &app,
+        request(Method::POST, "/v1/chat/completions", chat(json!({}))),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+    let r = get(&app, "/api/tags").await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("shutting down"));
+}
