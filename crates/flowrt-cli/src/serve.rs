@@ -49,6 +49,12 @@ pub struct ServeArgs {
     /// server's answers.
     #[arg(long = "cors-origin", value_name = "ORIGIN", value_parser = parse_cors_origin)]
     pub cors_origin: Vec<String>,
+    /// Also answer requests whose `Host` header is NAME (a host name or address, without a
+    /// port; repeatable; `*` turns the check off). A server bound to loopback answers only to
+    /// localhost, 127.0.0.1 and [::1] by default (against DNS rebinding); one bound elsewhere
+    /// checks `Host` only when this option is given (then also against the bound address).
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_host: Vec<String>,
     /// Report `usage.prompt_tokens_details.cached_tokens`. Off by default: the prefix cache is
     /// shared, so the count would let one client read another's prompt; for single-user setups.
     #[arg(long = "report-cached-tokens")]
@@ -205,6 +211,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         max_body_bytes: args.max_body,
         cors_origins: args.cors_origin.clone(),
         report_cached_tokens: args.report_cached_tokens,
+        allowed_hosts: allowed_hosts(&args.host, &args.allowed_host),
     };
     let grace = parse_duration("--shutdown-timeout", &args.shutdown_timeout)?
         .context("--shutdown-timeout must be 0 or more seconds")?;
@@ -322,9 +329,59 @@ async fn shutdown_signal() {
     eprintln!("flowrt serve: shutting down (finishing open requests; new ones get 503)");
 }
 
+/// The `Host` names the server answers to (`None`: any). See `--allowed-host`.
+fn allowed_hosts(bind: &str, extra: &[String]) -> Option<Vec<String>> {
+    if extra.iter().any(|h| h.trim() == "*") {
+        return None;
+    }
+    let ip: Option<std::net::IpAddr> = bind.parse().ok();
+    let loopback = ip.is_some_and(|ip| ip.is_loopback());
+    if !loopback && extra.is_empty() {
+        return None;
+    }
+    let mut hosts: Vec<String> = flowrt_server::LOOPBACK_HOSTS
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
+    if let Some(ip) = ip.filter(|ip| !ip.is_unspecified()) {
+        let own = match ip {
+            std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+            v4 => v4.to_string(),
+        };
+        if !hosts.contains(&own) {
+            hosts.push(own);
+        }
+    }
+    for h in extra {
+        let h = h.trim().to_string();
+        if !hosts.contains(&h) {
+            hosts.push(h);
+        }
+    }
+    Some(hosts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_hosts_follow_the_bind_address_and_the_option() {
+        let loopback = ["localhost", "127.0.0.1", "[::1]"];
+        assert_eq!(allowed_hosts("127.0.0.1", &[]).unwrap(), loopback);
+        assert_eq!(allowed_hosts("::1", &[]).unwrap(), loopback);
+        assert_eq!(
+            allowed_hosts("127.0.0.1", &["box.lan".into()]).unwrap(),
+            ["localhost", "127.0.0.1", "[::1]", "box.lan"]
+        );
+        // Bound elsewhere: no check unless asked for, then also the bound address.
+        assert_eq!(allowed_hosts("0.0.0.0", &[]), None);
+        assert_eq!(
+            allowed_hosts("192.168.1.5", &["box.lan".into()]).unwrap(),
+            ["localhost", "127.0.0.1", "[::1]", "192.168.1.5", "box.lan"]
+        );
+        assert_eq!(allowed_hosts("127.0.0.1", &["*".into()]), None);
+    }
 
     #[test]
     fn durations_and_sizes() {

@@ -536,6 +536,37 @@ fn cors_origin_option_allows_that_origin_only() {
     );
 }
 
+/// Issue 18 (DNS rebinding): a loopback server answers only to loopback names in `Host`
+/// unless `--allowed-host` adds one.
+#[test]
+fn a_loopback_server_refuses_foreign_host_names() {
+    let server = serve(&["--lazy", "--allowed-host", "box.lan"]);
+    let status = |host: &str| {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(
+            s,
+            "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        resp
+    };
+    let port = server.addr.rsplit(':').next().unwrap();
+    for host in [
+        server.addr.clone(),
+        format!("localhost:{port}"),
+        format!("box.lan:{port}"),
+    ] {
+        let r = status(&host);
+        assert!(r.starts_with("HTTP/1.1 200"), "{host}: {r}");
+    }
+    let r = status(&format!("evil.example:{port}"));
+    assert!(r.starts_with("HTTP/1.1 403"), "{r}");
+    assert!(r.contains("--allowed-host"), "{r}");
+}
+
 /// Issue 18: `--api-key ""` (or an empty `FLOWRT_API_KEY`) silently served without
 /// authentication. Both are refused at start, naming the option.
 #[test]

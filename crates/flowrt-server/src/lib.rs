@@ -85,6 +85,10 @@ pub struct ServerConfig {
     /// shared prefix cache). Off by default: with several clients it reveals how much of a
     /// guessed prompt matches another client's (their system prompt, token by token).
     pub report_cached_tokens: bool,
+    /// The names a request's `Host` header may carry (any port), against DNS rebinding: a
+    /// page on a name the attacker controls, re-pointed at 127.0.0.1, reaches a loopback
+    /// server with its own name in `Host`. `None`: no check. See [`host_allowed`].
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 impl Default for ServerConfig {
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             cors_origins: Vec::new(),
             report_cached_tokens: false,
+            allowed_hosts: None,
         }
     }
 }
@@ -182,6 +187,7 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), auth))
         .layer(middleware::from_fn_with_state(state.clone(), refuse_when_draining))
+        .layer(middleware::from_fn_with_state(state.clone(), check_host))
         .layer(middleware::from_fn(shape_errors))
         .layer(middleware::from_fn_with_state(state.clone(), track))
         .layer(
@@ -363,6 +369,60 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// While the server shuts down, new requests get 503 (open ones run on).
+/// The names a loopback server answers to whatever `--allowed-host` adds.
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// Whether the `Host` header value `host` (`name`, `name:port`, `[v6]:port`; any case, a
+/// trailing dot) names one of `allowed` (names or addresses as `--allowed-host` takes them,
+/// without ports).
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    let name = if host.starts_with('[') {
+        match host.find(']') {
+            Some(end) => &host[..=end],
+            None => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host.as_str(),
+        }
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    !name.is_empty()
+        && allowed.iter().any(|a| {
+            let a = a.trim().to_ascii_lowercase();
+            a.strip_suffix('.').unwrap_or(&a) == name
+        })
+}
+
+/// 403 for a request whose `Host` names none of [`ServerConfig::allowed_hosts`]. A request
+/// without `Host` (HTTP/1.0 tools) passes: a browser always sends one.
+async fn check_host(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(allowed) = state.config.allowed_hosts.as_deref() else {
+        return next.run(req).await;
+    };
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
+    match host {
+        Some(h) if !host_allowed(&h, allowed) => ApiError::new(
+            ErrorKind::ForbiddenHost,
+            format!(
+                "this server does not answer to the `Host` `{}` (it answers to {}); a page on another name may be a DNS-rebinding attack. Start it with `--allowed-host NAME` to add a name",
+                error::clip(&h, 100),
+                allowed.join(", ")
+            ),
+        )
+        .with_param("Host")
+        .into_response(),
+        _ => next.run(req).await,
+    }
+}
+
 async fn refuse_when_draining(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if state.draining.load(Ordering::SeqCst) {
         let mut resp = ApiError::new(

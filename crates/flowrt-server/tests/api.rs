@@ -10,7 +10,9 @@ use axum::http::{Method, Request, StatusCode};
 use axum::Router;
 use common::*;
 use flowrt_engine::{EngineOptions, LoadedModel, Session};
-use flowrt_server::{app, check_cors_origin, AppState, ModelSpec, ServerConfig};
+use flowrt_server::{
+    app, check_cors_origin, host_allowed, AppState, ModelSpec, ServerConfig, LOOPBACK_HOSTS,
+};
 use serde_json::{json, Value};
 
 /// The engine's own view of SmolLM2, to check the server against.
@@ -588,4 +590,81 @@ async fn n_choices_run_side_by_side() {
     let v = r.json();
     assert_eq!(v["usage"]["completion_tokens"], 128);
     assert_eq!(v["choices"][0]["text"], v["choices"][1]["text"]);
+}
+
+// ---- Host check (DNS rebinding) ----------------------------------------------------------
+
+fn with_host(method: Method, uri: &str, host: &str) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("host", host)
+        .header("content-type", "application/json")
+        .body(Body::empty())
+        .unwrap()
+}
+
+#[test]
+fn host_names_are_matched_without_port_case_or_trailing_dot() {
+    let allowed: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
+    for ok in [
+        "localhost",
+        "localhost:8001",
+        "LOCALHOST.:8001",
+        "127.0.0.1:9",
+        "[::1]:8001",
+        "[::1]",
+    ] {
+        assert!(host_allowed(ok, &allowed), "{ok}");
+    }
+    for bad in [
+        "evil.example",
+        "evil.example:8001",
+        "localhost.evil.example",
+        "127.0.0.1.nip.io:8001",
+        "localhost:80x",
+        "[::1:8001",
+        "",
+        ":8001",
+    ] {
+        assert!(!host_allowed(bad, &allowed), "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn a_foreign_host_is_refused_in_the_routes_shape_and_loopback_names_pass() {
+    let app = app_of(state_with(ServerConfig {
+        allowed_hosts: Some(LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect()),
+        ..config()
+    }));
+    // A rebound name: refused on every route, in that route's error shape.
+    let r = send(
+        &app,
+        with_host(Method::GET, "/v1/models", "evil.example:8001"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "Host", "{}", r.text());
+    let r = send(&app, with_host(Method::GET, "/api/tags", "evil.example")).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert!(
+        r.json()["error"].is_string(),
+        "Ollama's shape: {}",
+        r.text()
+    );
+    let r = send(
+        &app,
+        with_host(Method::POST, "/v1/chat/completions", "evil.example"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    // The loopback names pass, with any port.
+    for host in ["localhost:8001", "127.0.0.1:45678", "[::1]:8001"] {
+        let r = send(&app, with_host(Method::GET, "/v1/models", host)).await;
+        assert_eq!(r.status, StatusCode::OK, "{host}: {}", r.text());
+    }
+    // Without the check (no allowed_hosts), any Host is served.
+    let open = router();
+    let r = send(&open, with_host(Method::GET, "/v1/models", "evil.example")).await;
+    assert_eq!(r.status, StatusCode::OK);
 }
