@@ -212,6 +212,8 @@ fn bench_parallel(
 fn add_device_json(b: &BackendReport, v: &mut serde_json::Value) {
     if let Some(v) = v.as_object_mut() {
         v.insert("backend".into(), b.name.clone().into());
+        v.insert("matmul_decode".into(), b.matmul_decode.clone().into());
+        v.insert("matmul_prefill".into(), b.matmul_prefill.clone().into());
         v.insert("device".into(), b.device.clone().into());
         v.insert("driver".into(), b.driver.clone().into());
         v.insert("device_memory_bytes".into(), b.memory_bytes.into());
@@ -242,6 +244,10 @@ fn print_device(b: &BackendReport) {
         format!(" ({})", extra.join(", "))
     };
     println!("backend:  {} on {}{extra}", b.name, b.device);
+    println!(
+        "matmul:   decode {}, prefill {}",
+        b.matmul_decode, b.matmul_prefill
+    );
 }
 
 /// What [`Resources::measure`] needs from the session and the run.

@@ -1071,9 +1071,20 @@ impl BackendError {
 /// calling thread (and the pool), checking the deadline before each op.
 impl Backend for CpuBackend {
     fn info(&self) -> BackendInfo {
+        // Decode and prefill run the same kernels, tiled by token count.
+        let paths = self.kernels.q16_paths();
+        let matmul = if self.act_quant == ActQuant::Q8 {
+            format!("{}-q8", self.kernels.name())
+        } else if self.packed_bytes() > 0 {
+            format!("{}-x8", paths.x8)
+        } else {
+            format!("{}-q16", paths.rows)
+        };
         BackendInfo {
             name: "cpu".into(),
             kernels: self.kernels.name().into(),
+            matmul_decode: matmul.clone(),
+            matmul_prefill: matmul,
             threads: self.n_threads(),
             device: crate::cpu_name(),
             driver: None,

@@ -195,6 +195,10 @@ pub struct BackendInfo {
     pub name: String,
     /// Kernel set in use (`avx2`, `scalar`, `wgsl`, ...).
     pub kernels: String,
+    /// The matmul code path of decode steps (one token per sequence), e.g. `avx512vnni-x8`.
+    pub matmul_decode: String,
+    /// The matmul code path of prefill batches.
+    pub matmul_prefill: String,
     /// Host threads the backend runs on.
     pub threads: usize,
     /// The device: the CPU's model name, or the GPU's name as its driver reports it.

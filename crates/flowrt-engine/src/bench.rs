@@ -55,6 +55,9 @@ pub struct BackendReport {
     /// `cpu`, `vulkan`, ...
     pub name: String,
     pub kernels: String,
+    /// Matmul code paths of decode and prefill (e.g. `avx512vnni-x8`).
+    pub matmul_decode: String,
+    pub matmul_prefill: String,
     pub threads: usize,
     /// The CPU's model name or the GPU's.
     pub device: String,
@@ -71,6 +74,8 @@ impl From<BackendInfo> for BackendReport {
         BackendReport {
             name: i.name,
             kernels: i.kernels,
+            matmul_decode: i.matmul_decode,
+            matmul_prefill: i.matmul_prefill,
             threads: i.threads,
             device: i.device,
             driver: i.driver,

@@ -256,6 +256,15 @@ fn required_features(isa: Isa) -> &'static [&'static str] {
     }
 }
 
+/// Which table's code runs each Q16 matmul path (see [`Kernels::q16_paths`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Q16Paths {
+    /// Weights repacked into the x8 layout.
+    pub x8: &'static str,
+    /// Weights in ggml's row layout.
+    pub rows: &'static str,
+}
+
 impl Kernels {
     /// The best table this host can run, or the one `FLOWRT_KERNELS` names. If that variable
     /// names a table the host cannot run (or no table at all), prints one warning line and uses
@@ -323,6 +332,21 @@ impl Kernels {
 
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The code that runs Q16 matmuls with this table: on x8-packed weights
+    /// ([`Kernels::matmul_q16_x8`]) and on weights in ggml's row layout
+    /// ([`Kernels::matmul_q16`]), by table name (the AVX-512 tables have their own x8 kernels
+    /// and use the AVX2 row kernels).
+    pub fn q16_paths(&self) -> Q16Paths {
+        let rows = match self.isa {
+            Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => "avx2",
+            Isa::Scalar | Isa::Neon => "scalar",
+        };
+        Q16Paths {
+            x8: self.isa.name(),
+            rows,
+        }
     }
 
     pub fn name(&self) -> &'static str {

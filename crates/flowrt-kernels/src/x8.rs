@@ -545,9 +545,12 @@ fn matmul_ref_q4k(g: MatmulArgs<'_>) {
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) {
-        // The table for `isa` exists only when the host has AVX2, FMA and F16C.
-        return crate::x86::x8::matmul_fn(w);
+    match isa {
+        // Each table exists only when the host has the features of its kernels.
+        Isa::Avx2 => return crate::x86::x8::matmul_fn(w),
+        Isa::Avx512 => return crate::x86::x8_512::plain::matmul_fn(w),
+        Isa::Avx512Vnni => return crate::x86::x8_512::vnni::matmul_fn(w),
+        _ => {}
     }
     #[cfg(target_arch = "aarch64")]
     if isa == Isa::Neon {

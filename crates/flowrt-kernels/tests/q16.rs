@@ -688,3 +688,75 @@ fn x8_tile_boundaries_match_the_unpacked_reference() {
         }
     }
 }
+
+/// The AVX-512 x8 kernels (two groups per 512-bit vector, `vpdpwssd` with VNNI) do the AVX2
+/// kernel's arithmetic lane for lane: the same exact integer block sums, scaled by the same
+/// f32 operations in the same order. Their outputs must equal the AVX2 table's bit for bit,
+/// for every type, 1 to 7 groups (pairs, pairs of pairs and an odd last group) and token
+/// counts around the 4-token tiles. Reported NOT RUN where the host lacks the tables.
+#[test]
+fn x8_avx512_tables_equal_avx2_bit_for_bit() {
+    let Ok(avx2) = Kernels::select(Some("avx2")) else {
+        println!("NOT RUN kernels: x8 avx512 vs avx2 (no avx2 table on this host)");
+        return;
+    };
+    let wide: Vec<&Kernels> = ["avx512", "avx512vnni"]
+        .into_iter()
+        .filter_map(|n| match Kernels::select(Some(n)) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                println!("NOT RUN kernels: x8 {n} vs avx2 ({e})");
+                None
+            }
+        })
+        .collect();
+    if wide.is_empty() {
+        return;
+    }
+    const GROUPS: usize = 7;
+    for (i, ty) in X8_TYPES.into_iter().enumerate() {
+        for (j, k) in sweep_ks(ty).into_iter().enumerate() {
+            let nmax = 8 * GROUPS;
+            let seed = (300 + 10 * i + j) as u64;
+            let w = weights(ty, k, nmax, seed);
+            let x = acts(k, 17, seed);
+            let a = quantize(&x, k);
+            let ab = q16_row_size(k);
+            for groups in 1..=GROUPS {
+                let nrows = 8 * groups;
+                let p = pack_x8(ty, k, &w[..nrows * row_size(ty, k)], nrows);
+                for ntok in SWEEP_TOKS {
+                    let run = |kern: &Kernels| {
+                        let stride = nrows + 3;
+                        let mut got = vec![f32::NAN; ntok * stride];
+                        kern.matmul_q16_x8(
+                            ty,
+                            k,
+                            &p,
+                            nrows,
+                            &a[..ntok * ab],
+                            ntok,
+                            &mut got,
+                            stride,
+                        );
+                        got
+                    };
+                    let want = run(avx2);
+                    for kern in &wide {
+                        let got = run(kern);
+                        for (n, (g, r)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == r.to_bits(),
+                                "{} {ty} k={k} {nrows}x{ntok}: output {n}: {g} vs avx2 {r}",
+                                kern.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for kern in wide {
+        println!("RAN kernels: x8 {} equals avx2 bit for bit", kern.name());
+    }
+}

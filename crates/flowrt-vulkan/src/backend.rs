@@ -844,6 +844,8 @@ impl Backend for VulkanBackend {
         BackendInfo {
             name: "vulkan".into(),
             kernels: "wgsl".into(),
+            matmul_decode: "wgsl".into(),
+            matmul_prefill: "wgsl".into(),
             threads: 1,
             device: format!("{} ({})", d.name, d.kind),
             driver: Some(d.driver.clone()),

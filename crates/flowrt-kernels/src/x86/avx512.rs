@@ -3,13 +3,14 @@
 //! in one instruction. Attention dot/axpy helpers use 512-bit vectors.
 //!
 //! Q5_0, Q5_1 and the k-quants have no AVX-512 tiles: their ggml-style `vec_dot`/`matmul`
-//! entries are the scalar reference (copied from the scalar table), and their Q16 matmuls are
-//! the AVX2 ones (`x86/q16.rs`, `x86/q16k.rs`), which `crate::q16::matmul_fn` picks for every
-//! x86 table.
+//! entries are the scalar reference (copied from the scalar table). Q16 matmuls on weights in
+//! the row layout are the AVX2 ones (`x86/q16.rs`, `x86/q16k.rs`), which
+//! `crate::q16::matmul_fn` picks for every x86 table; on x8-packed weights (the default) these
+//! tables have their own 512-bit kernels (`x86/x8_512.rs`).
 //!
-//! This host family could not be exercised where this was written (no AVX-512 there); the
-//! property tests in `tests/` compare these tables with the scalar reference on any host that
-//! has the features.
+//! The property tests in `tests/` compare these tables with the scalar reference (and the x8
+//! kernels with the AVX2 ones, bit for bit) on any host that has the features, and report
+//! them NOT RUN elsewhere.
 
 use core::arch::x86_64::*;
 

@@ -16,6 +16,7 @@ mod q16k;
 mod quant;
 mod search;
 pub(crate) mod x8;
+pub(crate) mod x8_512;
 
 use std::sync::OnceLock;
 

@@ -19,7 +19,7 @@ use crate::{MatmulArgs, MatmulFn};
 const PREFETCH_BYTES: usize = 2048;
 
 /// A packed type: its block size and how its chunks widen to 16-bit weight pairs.
-trait Packed {
+pub(super) trait Packed {
     /// Bytes of one packed unit (8 rows x 32 values, or x 256 for Q4_K).
     const BYTES: usize;
     /// Offset of the quants in a packed unit.
@@ -48,14 +48,14 @@ trait Packed {
     }
 }
 
-struct P4_0;
-struct P4_1;
-struct P5_0;
-struct P5_1;
-struct P8_0;
-struct P4K;
-struct P5K;
-struct P6K;
+pub(super) struct P4_0;
+pub(super) struct P4_1;
+pub(super) struct P5_0;
+pub(super) struct P5_1;
+pub(super) struct P8_0;
+pub(super) struct P4K;
+pub(super) struct P5K;
+pub(super) struct P6K;
 
 /// Two 16-bit values at `p`, broadcast to every 32-bit lane.
 #[inline]
@@ -414,8 +414,20 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
 /// As for [`tile`]; `g.nrows` is a multiple of 8.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
-    let ng = g.nrows / ROWS;
-    let mut grp = 0;
+    // SAFETY: forwarded.
+    unsafe { run_groups::<P>(g, 0, g.nrows / ROWS) }
+}
+
+/// Groups `from..to` times every token, two groups per tile where there are several tokens
+/// (the AVX-512 kernels do an odd last group here).
+///
+/// # Safety
+/// As for [`tile`]; `to <= g.nrows / 8`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn run_groups<P: Packed>(g: &mut MatmulArgs<'_>, from: usize, to: usize) {
+    let ng = to;
+    let mut grp = from;
     // SAFETY: every tile stays within the groups and tokens of `g`.
     unsafe {
         // Two groups per tile when there are several tokens: each broadcast activation pair
