@@ -744,13 +744,32 @@ fn header_timeout_closes_a_half_sent_header_and_bounds_the_exit() {
 #[test]
 fn a_zero_or_malformed_header_timeout_is_refused() {
     for bad in ["0", "5x"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+        // A server that starts anyway is killed (and the test fails) instead of running on.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flowrt"))
             .args(["serve", "--header-timeout", bad, "--port", "0"])
             .arg(smollm2())
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
-        assert!(!out.status.success(), "--header-timeout {bad} was accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "--header-timeout {bad} was accepted: {err}"
+        );
         assert!(err.contains("--header-timeout"), "{bad}: {err}");
     }
 }
