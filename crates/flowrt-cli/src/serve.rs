@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use flowrt_server::{app, AppState, ModelSpec, ServerConfig};
+use flowrt_server::{app, AppState, ModelSpec, ServeOptions, ServerConfig, Stopped};
 use flowrt_store::{find_entry, ModelRef, Store};
 
 use crate::common::{model_fingerprint, resolve_model, EngineArgs};
@@ -70,6 +70,16 @@ pub struct ServeArgs {
         default_value = "10s"
     )]
     pub shutdown_timeout: String,
+    /// How long a connection may take to send a complete request header (seconds or
+    /// 10s/1m; -1 = no bound); then it is closed without an answer. A kept-alive connection
+    /// idle for this long after its last response is closed too. Against clients that open
+    /// connections and send nothing or half a header.
+    #[arg(
+        long = "header-timeout",
+        default_value = "10s",
+        allow_hyphen_values = true
+    )]
+    pub header_timeout: String,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -216,6 +226,10 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     let grace = parse_duration("--shutdown-timeout", &args.shutdown_timeout)?
         .context("--shutdown-timeout must be 0 or more seconds")?;
     let grace_text = args.shutdown_timeout.clone();
+    let header_timeout = parse_duration("--header-timeout", &args.header_timeout)?;
+    if header_timeout == Some(Duration::ZERO) {
+        bail!("--header-timeout must be more than 0 seconds (or -1 for no bound)");
+    }
     let from_registry = args.models.is_empty();
     let state = if from_registry {
         registry_state(config)?
@@ -261,28 +275,22 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             });
         }
         let draining = state.draining.clone();
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let signal = async move {
             shutdown_signal().await;
             draining.store(true, std::sync::atomic::Ordering::SeqCst);
-            let _ = stop_tx.send(true);
         };
-        let server = axum::serve(listener, app(state)).with_graceful_shutdown(signal);
-        // After the signal, open requests get `grace`; then they are cut off (a half-sent
-        // request header or an endless stream cannot hold the exit).
-        let deadline = async move {
-            let mut rx = stop_rx;
-            let _ = rx.wait_for(|stop| *stop).await;
-            tokio::time::sleep(grace).await;
+        // After the signal, open requests get `grace`; then they are cut off (an endless
+        // stream cannot hold the exit; a half-sent request header is closed at its header
+        // timeout, or at `grace` if that comes first).
+        let options = ServeOptions {
+            header_timeout,
+            shutdown_timeout: grace,
         };
-        tokio::select! {
-            r = server => {
-                r.context("serving")?;
-                eprintln!("flowrt serve: stopped");
-            }
-            () = deadline => {
-                eprintln!("flowrt serve: stopped after --shutdown-timeout {grace_text}, cutting off the requests still open");
-            }
+        match flowrt_server::serve(listener, app(state), options, signal).await {
+            Stopped::Drained => eprintln!("flowrt serve: stopped"),
+            Stopped::CutOff { open } => eprintln!(
+                "flowrt serve: stopped after --shutdown-timeout {grace_text}, cutting off the {open} connection(s) still open"
+            ),
         }
         Ok::<_, anyhow::Error>(())
     })?;

@@ -700,3 +700,76 @@ fn a_half_sent_header_does_not_block_the_exit() {
     );
     drop(s);
 }
+
+/// Issue 18: `--header-timeout` closes a connection that sent half a request header and
+/// stopped, and such a connection holds the exit no longer than that, even with a long
+/// `--shutdown-timeout`.
+#[cfg(unix)]
+#[test]
+fn header_timeout_closes_a_half_sent_header_and_bounds_the_exit() {
+    let mut server = serve(&["--header-timeout", "1", "--shutdown-timeout", "30"]);
+    let half = |addr: &str| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let mut s = half(&server.addr);
+    let t0 = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!(
+            "expected the connection closed at the header timeout (1 s), got {other:?} after {:?}",
+            t0.elapsed()
+        ),
+    }
+    let took = t0.elapsed().as_secs_f64();
+    assert!(
+        (0.8..4.0).contains(&took),
+        "closed after {took:.1} s (header timeout 1 s)"
+    );
+    let _held = half(&server.addr);
+    std::thread::sleep(Duration::from_millis(200));
+    let (ok, secs) = terminate(&mut server, Duration::from_secs(40));
+    assert!(ok, "exit status not 0");
+    assert!(
+        secs < 4.0,
+        "stopped {secs:.1} s after SIGTERM (header timeout 1 s, shutdown timeout 30 s)"
+    );
+}
+
+#[test]
+fn a_zero_or_malformed_header_timeout_is_refused() {
+    for bad in ["0", "5x"] {
+        // A server that starts anyway is killed (and the test fails) instead of running on.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_flowrt"))
+            .args(["serve", "--header-timeout", bad, "--port", "0"])
+            .arg(smollm2())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break Some(st);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "--header-timeout {bad} was accepted: {err}"
+        );
+        assert!(err.contains("--header-timeout"), "{bad}: {err}");
+    }
+}

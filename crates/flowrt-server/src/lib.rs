@@ -2,7 +2,7 @@
 //! request names, or answers 404 `model_not_found`.
 //!
 //! [`app`] builds the [`axum::Router`]; tests drive it with `tower::ServiceExt::oneshot`
-//! and no socket, and `flowrt serve` binds it to a TCP listener.
+//! and no socket, and `flowrt serve` runs it with [`serve`] on a TCP listener.
 //!
 //! Layout:
 //! - [`models`]: the models served ([`ModelSpec`]), loading on first use, keep-alive and
@@ -17,7 +17,9 @@
 //!   the batch size, long prompts fed in chunks over several steps);
 //! - `openai`, `ollama`, `anthropic` (`/v1/messages`): the routes; `embed`: the embedding
 //!   routes of both APIs; `tokenize`: llama-server's `/tokenize` and `/detokenize`;
-//!   [`error`]: the one error type; [`metrics`]: Prometheus; `web`: the chat page at `/`.
+//!   [`error`]: the one error type; [`metrics`]: Prometheus; `web`: the chat page at `/`;
+//! - `listen`: the connection loop ([`serve`]): a header-read timeout per connection and a
+//!   bounded graceful shutdown.
 
 #[doc(hidden)]
 pub mod agent;
@@ -28,6 +30,7 @@ pub mod engine;
 pub mod error;
 mod extract;
 mod gen;
+mod listen;
 pub mod metrics;
 pub mod models;
 mod ollama;
@@ -55,6 +58,7 @@ use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
 pub use engine::{BatchStepper, Fed, SessionStepper, SlotWork, StepEngine};
 pub use error::{ApiError, ErrorKind};
+pub use listen::{serve, ServeOptions, Stopped, DEFAULT_HEADER_TIMEOUT};
 pub use metrics::Metrics;
 pub use models::{ModelManager, ModelSpec, ModelState};
 
