@@ -1071,20 +1071,24 @@ impl BackendError {
 /// calling thread (and the pool), checking the deadline before each op.
 impl Backend for CpuBackend {
     fn info(&self) -> BackendInfo {
-        // Decode and prefill run the same kernels, tiled by token count.
         let paths = self.kernels.q16_paths();
-        let matmul = if self.act_quant == ActQuant::Q8 {
-            format!("{}-q8", self.kernels.name())
+        let (decode, prefill) = if self.act_quant == ActQuant::Q8 {
+            let k = format!("{}-q8", self.kernels.name());
+            (k.clone(), k)
         } else if self.packed_bytes() > 0 {
-            format!("{}-x8", paths.x8)
+            (
+                format!("{}-x8", paths.x8_decode),
+                format!("{}-x8", paths.x8),
+            )
         } else {
-            format!("{}-q16", paths.rows)
+            let k = format!("{}-q16", paths.rows);
+            (k.clone(), k)
         };
         BackendInfo {
             name: "cpu".into(),
             kernels: self.kernels.name().into(),
-            matmul_decode: matmul.clone(),
-            matmul_prefill: matmul,
+            matmul_decode: decode,
+            matmul_prefill: prefill,
             threads: self.n_threads(),
             device: crate::cpu_name(),
             driver: None,

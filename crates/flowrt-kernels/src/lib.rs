@@ -259,8 +259,10 @@ fn required_features(isa: Isa) -> &'static [&'static str] {
 /// Which table's code runs each Q16 matmul path (see [`Kernels::q16_paths`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Q16Paths {
-    /// Weights repacked into the x8 layout.
+    /// Weights repacked into the x8 layout, several tokens (prefill, batches).
     pub x8: &'static str,
+    /// Weights repacked into the x8 layout, one token (decode).
+    pub x8_decode: &'static str,
     /// Weights in ggml's row layout.
     pub rows: &'static str,
 }
@@ -343,8 +345,14 @@ impl Kernels {
             Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => "avx2",
             Isa::Scalar | Isa::Neon => "scalar",
         };
+        // The AVX-512 x8 kernels hand single tokens to the AVX2 one (see `x86/x8_512.rs`).
+        let x8_decode = match self.isa {
+            Isa::Avx512 | Isa::Avx512Vnni => "avx2",
+            other => other.name(),
+        };
         Q16Paths {
             x8: self.isa.name(),
+            x8_decode,
             rows,
         }
     }

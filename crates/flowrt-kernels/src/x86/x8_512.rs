@@ -11,7 +11,7 @@
 //! per block (`vpdpwssd` wraps like `vpmaddwd` + `vpaddd`), converted and scaled by the same
 //! f32 operations in the same order, so every output equals the AVX2 table's bit for bit (a
 //! test checks this). A task with an odd number of groups does its last one with the AVX2
-//! kernel.
+//! kernel, and a single token (decode, bound by memory) runs the AVX2 kernel throughout.
 //!
 //! [`x8_512_kernels!`] stamps the kernels out for one set of target features; the invoking
 //! module supplies `dot(acc, w, a) -> __m512i`, the per-lane `acc + w0 a0 + w1 a1` on 16-bit
@@ -327,6 +327,14 @@ macro_rules! x8_512_kernels {
             // SAFETY: every tile stays within the groups and tokens of `g`; the host has
             // AVX2, FMA and F16C (a subset of this table's features).
             unsafe {
+                if g.ntok == 1 {
+                    // One token (decode) streams the weights from memory: the AVX2 kernel's
+                    // single linear stream per group measured faster end to end (SmolLM2
+                    // decode, 2 threads: 68 against 47 tok/s with group pairs), though not
+                    // in cache (docs/performance.md).
+                    x8_256::run_groups::<P>(g, 0, ng);
+                    return;
+                }
                 while g.ntok > 1 && grp + 4 <= ng {
                     all_tokens::<P, 2>(g, grp);
                     grp += 4;
