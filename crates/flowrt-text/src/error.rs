@@ -113,6 +113,15 @@ pub enum TextError {
     /// running out of fuel.
     #[error("chat template failed: {0}")]
     TemplateRender(minijinja::Error),
+
+    /// The template wrote more than [`crate::MAX_RENDERED_BYTES`] (a runaway loop, or a
+    /// conversation far larger than any context).
+    #[error("chat template output is larger than {limit} bytes; rendering was stopped")]
+    TemplateTooLong { limit: usize },
+
+    /// Rendering ran longer than [`crate::RENDER_TIME_LIMIT`].
+    #[error("chat template ran longer than {limit:?}; rendering was stopped")]
+    TemplateTimeout { limit: std::time::Duration },
 }
 
 impl TextError {

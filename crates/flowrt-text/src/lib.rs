@@ -24,7 +24,10 @@ mod tokenizer;
 pub mod tools;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatPrompt, ChatTemplate, FunctionCall, RenderOptions, ToolCall};
+pub use chat::{
+    ChatMessage, ChatPrompt, ChatTemplate, FunctionCall, RenderOptions, ToolCall,
+    MAX_RENDERED_BYTES, RENDER_TIME_LIMIT,
+};
 pub use error::TextError;
 pub use reasoning::{ReasoningFormat, ReasoningSplitter};
 pub use tokenizer::{supported_pre_tokenizers, TokenStreamDecoder, Tokenizer, VocabKind};

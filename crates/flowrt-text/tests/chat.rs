@@ -125,6 +125,104 @@ fn runaway_template_runs_out_of_fuel() {
 }
 
 #[test]
+fn a_template_that_writes_too_much_is_stopped_with_an_error() {
+    // 100,000 copies of a 2 KB message: 200 MB of prompt from a few instructions per loop,
+    // well within the fuel; the output limit ends it with its own error.
+    let t = ChatTemplate::new(
+        "{% for i in range(100000) %}{{ messages[0].content }}{% endfor %}",
+        "",
+        "",
+    )
+    .unwrap();
+    let msgs = [ChatMessage::new("user", "x".repeat(2048))];
+    let err = t.render(&msgs, false).unwrap_err();
+    assert!(matches!(err, TextError::TemplateTooLong { .. }), "{err}");
+    assert!(err.to_string().contains("bytes"), "{err}");
+    // Just under the limit renders.
+    let n = flowrt_text::MAX_RENDERED_BYTES / 2048;
+    let t = ChatTemplate::new(
+        &format!("{{% for i in range({n}) %}}{{{{ messages[0].content }}}}{{% endfor %}}"),
+        "",
+        "",
+    )
+    .unwrap();
+    assert_eq!(t.render(&msgs, false).unwrap().len(), n * 2048);
+}
+
+#[test]
+fn a_template_that_runs_too_long_is_stopped_with_an_error() {
+    // Each iteration is a few instructions but serialises (or rewrites) a 60 KB message:
+    // minutes of work within the fuel. The render's clock stops it.
+    let msgs = [ChatMessage::new("user", "x".repeat(60_000))];
+    for body in [
+        "{% set x = messages|tojson %}",
+        "{% set x = messages[0].content.replace('x', 'yy') %}",
+    ] {
+        let t = ChatTemplate::new(
+            &format!("{{% for i in range(100000) %}}{body}{{% endfor %}}done"),
+            "",
+            "",
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        let err = t.render(&msgs, false).unwrap_err();
+        let took = t0.elapsed();
+        assert!(
+            matches!(err, TextError::TemplateTimeout { .. }),
+            "{body}: {err}"
+        );
+        assert!(
+            took < flowrt_text::RENDER_TIME_LIMIT + std::time::Duration::from_secs(3),
+            "{body}: stopped after {took:?}"
+        );
+    }
+    // The same loop over a short message finishes well within the limit.
+    let t = ChatTemplate::new(
+        "{% for i in range(1000) %}{% set x = messages|tojson %}{% endfor %}done",
+        "",
+        "",
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "hi")], false).unwrap(),
+        "done"
+    );
+}
+
+#[test]
+fn tojson_refuses_huge_lists_and_separators() {
+    let render = |src: &str| {
+        ChatTemplate::new(src, "", "")
+            .unwrap()
+            .render(&[], false)
+            .map_err(|e| e.to_string())
+    };
+    // A lazily repeated list claims a billion items: refused before collecting them.
+    let err = render("{{ (['x'] * 1000000000)|tojson }}").unwrap_err();
+    assert!(err.contains("items"), "{err}");
+    let err = render("{{ [1, 2]|tojson(indent='x' * 1000) }}").unwrap_err();
+    assert!(err.contains("indent"), "{err}");
+    let err = render("{{ [1, 2]|tojson(separators=[',' * 1000, ':']) }}").unwrap_err();
+    assert!(err.contains("separator"), "{err}");
+    assert_eq!(
+        render("{{ [1, 2]|tojson(indent=2) }}").unwrap(),
+        "[\n  1,\n  2\n]"
+    );
+}
+
+#[test]
+fn runaway_recursion_in_a_template_is_an_error() {
+    let t = ChatTemplate::new(
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "",
+        "",
+    )
+    .unwrap();
+    let err = t.render(&[], false).unwrap_err();
+    assert!(err.to_string().contains("recursion"), "{err}");
+}
+
+#[test]
 fn syntax_errors_are_reported_at_construction() {
     let err = ChatTemplate::new("{% for m in messages %}", "", "").unwrap_err();
     assert!(matches!(err, TextError::TemplateSyntax(_)), "{err}");

@@ -224,6 +224,32 @@ fn load_err(src: HfSources<'_>) -> String {
 }
 
 #[test]
+fn a_post_processor_naming_an_unknown_special_token_is_refused() {
+    // Found by the tokenizer fuzz target: the tokenizers library loads such a file and then
+    // panics ("no entry found for key") on every encode that adds special tokens.
+    let mut tj: Value = serde_json::from_str(&read("bytelevel", "tokenizer.json")).unwrap();
+    tj["post_processor"] = serde_json::json!({
+        "type": "Sequence",
+        "processors": [{
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<missing>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {}
+        }]
+    });
+    let text = tj.to_string();
+    let e = load_err(HfSources {
+        tokenizer_json: &text,
+        ..Default::default()
+    });
+    assert!(
+        e.contains("post_processor.single") && e.contains("<missing>"),
+        "{e}"
+    );
+}
+
+#[test]
 fn missing_tokenizer_json_names_the_file() {
     let empty = tempfile_dir();
     let e = hf::load_dir(&empty).unwrap_err();

@@ -173,8 +173,12 @@ impl ChatTemplate {
         env.set_keep_trailing_newline(false);
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_fuel(Some(FUEL));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(|state, value, method, args| {
+            check_deadline()?;
+            minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+        });
         env.set_formatter(|out, _state, value| {
+            check_deadline()?;
             let mut s = String::new();
             pyfmt::py_str(&mut s, value);
             out.write_str(&s).map_err(Error::from)
@@ -311,8 +315,112 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::from(opts.add_generation_prompt),
         );
-        tmpl.render(Value::from(ctx))
-            .map_err(TextError::TemplateRender)
+        let mut out = CappedOutput {
+            buf: Vec::new(),
+            over: false,
+        };
+        let deadline = DeadlineGuard::start(RENDER_TIME_LIMIT);
+        let result = tmpl.render_captured_to(Value::from(ctx), &mut out);
+        let timed_out = deadline.timed_out();
+        drop(deadline);
+        match result {
+            Ok(_) => {}
+            Err(_) if out.over => {
+                return Err(TextError::TemplateTooLong {
+                    limit: MAX_RENDERED_BYTES,
+                })
+            }
+            Err(_) if timed_out => {
+                return Err(TextError::TemplateTimeout {
+                    limit: RENDER_TIME_LIMIT,
+                })
+            }
+            Err(e) => return Err(TextError::TemplateRender(e)),
+        }
+        // Every write was a whole `&str` the template produced.
+        String::from_utf8(out.buf).map_err(|e| TextError::TemplateInput {
+            what: "rendered prompt",
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Most bytes one render may write. Fuel bounds instructions, not bytes: a loop of a few
+/// instructions that prints a long message again and again would otherwise build a prompt
+/// of gigabytes before anything could refuse it. A real prompt is a small multiple of the
+/// request that carries it (requests are bounded by the server's body limit).
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
+/// Longest one render may run. Fuel counts instructions, but one instruction can take long
+/// (serialising a large conversation, a string method on a long message), so a loop well
+/// within the fuel could run for minutes. The clock is read wherever rendering runs flowrt's
+/// code: each piece of output, the `tojson` filter (per item), Python string methods and
+/// `strftime_now`. A loop that calls none of them (only operators and minijinja's own
+/// filters) is bounded by the fuel alone.
+pub const RENDER_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+thread_local! {
+    /// The current render's deadline on this thread, and whether it has passed.
+    static DEADLINE: std::cell::Cell<(Option<std::time::Instant>, bool)> =
+        const { std::cell::Cell::new((None, false)) };
+}
+
+/// Sets this thread's render deadline; restores the previous one when dropped.
+struct DeadlineGuard {
+    prev: (Option<std::time::Instant>, bool),
+}
+
+impl DeadlineGuard {
+    fn start(limit: std::time::Duration) -> Self {
+        let prev = DEADLINE.get();
+        DEADLINE.set((Some(std::time::Instant::now() + limit), false));
+        Self { prev }
+    }
+
+    fn timed_out(&self) -> bool {
+        DEADLINE.get().1
+    }
+}
+
+impl Drop for DeadlineGuard {
+    fn drop(&mut self) {
+        DEADLINE.set(self.prev);
+    }
+}
+
+/// An error once the current render's deadline has passed.
+pub(crate) fn check_deadline() -> Result<(), Error> {
+    match DEADLINE.get() {
+        (Some(t), _) if std::time::Instant::now() > t => {
+            DEADLINE.set((Some(t), true));
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "chat template ran out of time",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The render's output, refusing to grow past [`MAX_RENDERED_BYTES`].
+struct CappedOutput {
+    buf: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        check_deadline().map_err(std::io::Error::other)?;
+        if self.buf.len() + data.len() > MAX_RENDERED_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -321,6 +429,7 @@ const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_p
 
 /// `strftime_now(fmt)`: local time formatted with C strftime codes.
 fn strftime_now(fmt: String) -> Result<Value, Error> {
+    check_deadline()?;
     use chrono::format::{Item, StrftimeItems};
     use std::fmt::Write as _;
     let items: Vec<Item<'_>> = StrftimeItems::new(&fmt).collect();

@@ -134,7 +134,16 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) if v.kind() == ValueKind::String => {
-            Some(v.as_str().unwrap_or_default().to_string())
+            let s = v.as_str().unwrap_or_default();
+            if s.chars().count() > MAX_SEPARATOR_CHARS {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "tojson: an indent string longer than {MAX_SEPARATOR_CHARS} characters"
+                    ),
+                ));
+            }
+            Some(s.to_string())
         }
         Some(v) => {
             let n = v.as_usize().ok_or_else(|| {
@@ -147,6 +156,12 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         }
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        Some(s) if s.iter().any(|x| x.chars().count() > MAX_SEPARATOR_CHARS) => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: a separator longer than {MAX_SEPARATOR_CHARS} characters"),
+            ))
+        }
         Some(s) if s.len() == 2 => (s[0].clone(), s[1].clone()),
         Some(_) => {
             return Err(Error::new(
@@ -170,7 +185,28 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from(out))
 }
 
+/// Longest indent or separator `tojson` takes (real templates use a few spaces).
+const MAX_SEPARATOR_CHARS: usize = 64;
+
+/// Most items `tojson` serialises from one list or map (a list repeated with `*` is lazy and
+/// can claim billions).
+const MAX_JSON_ITEMS: usize = 1 << 22;
+
+fn too_large() -> Error {
+    Error::new(
+        ErrorKind::InvalidOperation,
+        format!(
+            "tojson: output larger than {} bytes or more than {MAX_JSON_ITEMS} items in one list",
+            crate::chat::MAX_RENDERED_BYTES
+        ),
+    )
+}
+
 fn write_json(out: &mut String, v: &Value, o: &JsonOpts, depth: usize) -> Result<(), Error> {
+    crate::chat::check_deadline()?;
+    if out.len() > crate::chat::MAX_RENDERED_BYTES {
+        return Err(too_large());
+    }
     if depth > 128 {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
@@ -194,14 +230,20 @@ fn write_json(out: &mut String, v: &Value, o: &JsonOpts, depth: usize) -> Result
         }
         ValueKind::String => json_string(out, v.as_str().unwrap_or_default(), o.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = v.try_iter()?.collect();
+            let items: Vec<Value> = v.try_iter()?.take(MAX_JSON_ITEMS + 1).collect();
+            if items.len() > MAX_JSON_ITEMS {
+                return Err(too_large());
+            }
             write_container(out, o, depth, '[', ']', &items, |out, item| {
                 write_json(out, item, o, depth + 1)
             })?;
         }
         ValueKind::Map => {
             let mut pairs = Vec::new();
-            for key in v.try_iter()? {
+            for key in v.try_iter()?.take(MAX_JSON_ITEMS + 1) {
+                if pairs.len() == MAX_JSON_ITEMS {
+                    return Err(too_large());
+                }
                 let value = v.get_item(&key)?;
                 pairs.push((json_key(&key)?, value));
             }
@@ -239,6 +281,9 @@ fn write_container<T>(
         return Ok(());
     }
     for (i, item) in items.iter().enumerate() {
+        if out.len() > crate::chat::MAX_RENDERED_BYTES {
+            return Err(too_large());
+        }
         if i > 0 {
             out.push_str(&o.item_sep);
         }

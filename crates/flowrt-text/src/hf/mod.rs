@@ -112,6 +112,7 @@ pub fn load(src: &HfSources<'_>) -> Result<HfText, TextError> {
     };
 
     let head: Value = parse_json(TOKENIZER_JSON, src.tokenizer_json)?;
+    check_post_processor(head.get("post_processor").unwrap_or(&Value::Null))?;
     let mut hf: tokenizers::Tokenizer = tokenizers::Tokenizer::from_str(src.tokenizer_json)
         .map_err(|e| TextError::HfJson {
             file: TOKENIZER_JSON.into(),
@@ -392,6 +393,50 @@ fn generation_eos(text: &str) -> Result<Vec<u32>, TextError> {
         Some(Value::Array(list)) => list.iter().map(id).collect(),
         Some(x) => Ok(vec![id(x)?]),
     }
+}
+
+/// A `TemplateProcessing` post-processor (alone or in a `Sequence`) whose `single` or `pair`
+/// template names a special token missing from its `special_tokens` loads in the
+/// `tokenizers` library but panics there on every encode that adds special tokens.
+fn check_post_processor(pp: &Value) -> Result<(), TextError> {
+    match pp.get("type").and_then(Value::as_str) {
+        Some("Sequence") => {
+            for p in pp
+                .get("processors")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                check_post_processor(p)?;
+            }
+        }
+        Some("TemplateProcessing") => {
+            let known = pp.get("special_tokens").and_then(Value::as_object);
+            for which in ["single", "pair"] {
+                for piece in pp
+                    .get(which)
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let Some(id) = piece.pointer("/SpecialToken/id").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    if !known.is_some_and(|k| k.contains_key(id)) {
+                        return Err(TextError::HfField {
+                            file: TOKENIZER_JSON.into(),
+                            field: format!("post_processor.{which}"),
+                            message: format!(
+                                "special token {id:?} is not in post_processor.special_tokens"
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn parse_json(file: &str, text: &str) -> Result<Value, TextError> {
