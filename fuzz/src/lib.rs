@@ -1,36 +1,7 @@
-//! Shared by the fuzz targets: one fuzz input carries several files, cut apart at [`SEP`].
+//! Shared by the fuzz targets: one fuzz input carries several files, cut apart at [`SEP`]
+//! (see `flowrt-fuzz-parts`), and a scratch directory for the files a target writes.
 
-/// Separates the pieces of one input (a config, a safetensors file, a template, a message
-/// list...). `fuzz/flowrt.dict` holds it so libFuzzer splices it in.
-pub const SEP: &[u8] = b"\x00\xffPART\xff\x00";
-
-/// The pieces of `data`, cut at every [`SEP`] (always at least one, possibly empty).
-pub fn split_parts(data: &[u8]) -> Vec<&[u8]> {
-    let mut out = Vec::new();
-    let mut rest = data;
-    while let Some(i) = find(rest, SEP) {
-        out.push(&rest[..i]);
-        rest = &rest[i + SEP.len()..];
-    }
-    out.push(rest);
-    out
-}
-
-/// The pieces joined back (what the seed generator writes).
-pub fn join_parts(parts: &[&[u8]]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            out.extend_from_slice(SEP);
-        }
-        out.extend_from_slice(p);
-    }
-    out
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
+pub use flowrt_fuzz_parts::{join_parts, split_parts, SEP};
 
 /// A directory for a target's files, made once per process (on tmpfs when there is one) and
 /// emptied before each input.

@@ -7,23 +7,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use flowrt_fuzz_parts::join_parts as join;
 use flowrt_gguf::write::GgufBuilder;
 use flowrt_gguf::GgufFile;
 use serde_json::{json, Value};
-
-/// The targets' piece separator (as `flowrt_fuzz::SEP`; this crate builds without libFuzzer).
-const SEP: &[u8] = b"\x00\xffPART\xff\x00";
-
-fn join(parts: &[&[u8]]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            out.extend_from_slice(SEP);
-        }
-        out.extend_from_slice(p);
-    }
-    out
-}
 
 struct Out {
     dir: PathBuf,
