@@ -14,10 +14,7 @@ fn flowrt() -> Command {
 }
 
 fn model() -> PathBuf {
-    let p = std::env::var_os("FLOWRT_SMOLLM2_GGUF").expect(
-        "FLOWRT_SMOLLM2_GGUF is not set: run scripts/test, or `flowrt pull smollm2:135m` and set it to the printed path",
-    );
-    PathBuf::from(p)
+    flowrt_testkit::models::smollm2()
 }
 
 fn fixture(rel: &str) -> PathBuf {

@@ -133,9 +133,7 @@ fn injected_qk_norm_is_named_at_layer_0() {
 fn injected_qk_norm_in_smollm2_is_named_at_layer_0() {
     // Measured: layer 0's attention 0.254 (honest Q8_0/Q4_K/F16 packs of SmolLM2 stay at or
     // below 0.026), every feed-forward block 0; the residual stream after layer 0 is at 0.121.
-    let src = PathBuf::from(std::env::var_os("FLOWRT_SMOLLM2_GGUF").expect(
-        "FLOWRT_SMOLLM2_GGUF is not set: run scripts/test, or `flowrt pull smollm2:135m` and set it to the printed path",
-    ));
+    let src = flowrt_testkit::models::smollm2();
     let dir = tempfile::tempdir().unwrap();
     let shim = dir.path().join("qwen3-relabel.gguf");
     shims::make(&src, shims::Shim::Qwen3Relabel, &shim);

@@ -168,19 +168,11 @@ fn honest_fixtures_are_clean() {
     }
 }
 
-fn model_env(var: &str, tag: &str) -> PathBuf {
-    PathBuf::from(std::env::var_os(var).unwrap_or_else(|| {
-        panic!("{var} is not set: run scripts/test, or `flowrt pull {tag}` and set it to the printed path")
-    }))
-}
-
-fn smollm2() -> PathBuf {
-    model_env("FLOWRT_SMOLLM2_GGUF", "smollm2:135m")
-}
+use flowrt_testkit::models::{gemma3, smollm2};
 
 #[test]
 fn smollm2_and_gemma3_are_clean() {
-    for p in [smollm2(), model_env("FLOWRT_GEMMA3_GGUF", "gemma3:270m")] {
+    for p in [smollm2(), gemma3()] {
         let (code, r, err) = lint(&[&p]);
         assert_eq!(code, 0, "{r:#}\n{err}");
         // Against itself: every quantised tensor's error is 0.

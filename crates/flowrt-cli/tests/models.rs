@@ -14,10 +14,7 @@ use serde_json::Value;
 const SMOLLM2_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 fn model() -> PathBuf {
-    let p = std::env::var_os("FLOWRT_SMOLLM2_GGUF").expect(
-        "FLOWRT_SMOLLM2_GGUF is not set: run scripts/test, or `flowrt pull smollm2:135m` and set it to the printed path",
-    );
-    std::path::absolute(PathBuf::from(p)).unwrap()
+    std::path::absolute(flowrt_testkit::models::smollm2()).unwrap()
 }
 
 /// `flowrt` with `home` as its store and nothing else from the environment's store.

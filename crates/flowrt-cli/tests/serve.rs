@@ -9,23 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use flowrt_testkit::models::smollm2;
+
 /// Pinned client versions the end-to-end test installs.
 const OPENAI_VERSION: &str = "3.57.0";
 const OLLAMA_VERSION: &str = "0.6.3";
 const ANTHROPIC_VERSION: &str = "2.15.0";
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn smollm2() -> PathBuf {
-    let p = std::env::var_os("FLOWRT_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_else(|| {
-        panic!("FLOWRT_SMOLLM2_GGUF is not set. Run the tests with scripts/test, or `flowrt pull smollm2:135m` and point FLOWRT_SMOLLM2_GGUF at the file it prints.")
-    });
-    assert!(
-        p.is_file(),
-        "FLOWRT_SMOLLM2_GGUF={} is not a file",
-        p.display()
-    );
-    p
-}
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -567,6 +557,32 @@ fn a_loopback_server_refuses_foreign_host_names() {
     assert!(r.contains("--allowed-host"), "{r}");
 }
 
+/// Runs `cmd` (a `flowrt serve` that should refuse to start) for at most 10 s: its exit status
+/// (`None` if it was still running, then killed, so that a server that starts anyway fails
+/// the test instead of running on) and its stderr.
+fn refused_at_start(cmd: &mut Command) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    (status, err)
+}
+
 /// Issue 18: `--api-key ""` (or an empty `FLOWRT_API_KEY`) silently served without
 /// authentication. Both are refused at start, naming the option.
 #[test]
@@ -589,26 +605,7 @@ fn an_empty_api_key_is_refused_at_start() {
             Some(v) => cmd.env("FLOWRT_API_KEY", v),
             None => cmd.env_remove("FLOWRT_API_KEY"),
         };
-        // A server that starts anyway is killed (and the test fails) instead of running on.
-        let mut child = cmd
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t0 = std::time::Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break Some(st);
-            }
-            if t0.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut err = String::new();
-        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        let (status, err) = refused_at_start(&mut cmd);
         assert!(
             status.is_some_and(|s| !s.success()),
             "{args:?} {env:?}: started: {err}"
@@ -744,28 +741,11 @@ fn header_timeout_closes_a_half_sent_header_and_bounds_the_exit() {
 #[test]
 fn a_zero_or_malformed_header_timeout_is_refused() {
     for bad in ["0", "5x"] {
-        // A server that starts anyway is killed (and the test fails) instead of running on.
-        let mut child = Command::new(env!("CARGO_BIN_EXE_flowrt"))
-            .args(["serve", "--header-timeout", bad, "--port", "0"])
-            .arg(smollm2())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t0 = std::time::Instant::now();
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break Some(st);
-            }
-            if t0.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut err = String::new();
-        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        let (status, err) = refused_at_start(
+            Command::new(env!("CARGO_BIN_EXE_flowrt"))
+                .args(["serve", "--header-timeout", bad, "--port", "0"])
+                .arg(smollm2()),
+        );
         assert!(
             status.is_some_and(|s| !s.success()),
             "--header-timeout {bad} was accepted: {err}"

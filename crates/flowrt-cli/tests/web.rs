@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flowrt_testkit::coverage;
+use flowrt_testkit::models::{minilm, smollm2};
 
 /// Pinned Playwright the test installs into `.venv-web` (it drives the system Chromium; its
 /// own browser download is never used).
@@ -18,31 +19,6 @@ const PLAYWRIGHT_VERSION: &str = "1.65.2";
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const KEY: &str = "web-test-key";
 const WHAT: &str = "web chat page in Chromium (scripts/e2e_web.py)";
-
-fn smollm2() -> PathBuf {
-    let p = std::env::var_os("FLOWRT_SMOLLM2_GGUF").map(PathBuf::from).unwrap_or_else(|| {
-        panic!("FLOWRT_SMOLLM2_GGUF is not set. Run the tests with scripts/test, or `flowrt pull smollm2:135m` and point FLOWRT_SMOLLM2_GGUF at the file it prints.")
-    });
-    assert!(
-        p.is_file(),
-        "FLOWRT_SMOLLM2_GGUF={} is not a file",
-        p.display()
-    );
-    p
-}
-
-/// all-MiniLM-L6-v2, served alongside: an embedding-only model the page must not offer.
-fn minilm() -> PathBuf {
-    let p = std::env::var_os("FLOWRT_MINILM_DIR").map(PathBuf::from).unwrap_or_else(|| {
-        panic!("FLOWRT_MINILM_DIR is not set. Run the tests with scripts/test, or `flowrt pull all-minilm:l6-v2` and point FLOWRT_MINILM_DIR at the directory it prints.")
-    });
-    assert!(
-        p.is_dir(),
-        "FLOWRT_MINILM_DIR={} is not a directory",
-        p.display()
-    );
-    p
-}
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

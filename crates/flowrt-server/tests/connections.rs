@@ -51,6 +51,22 @@ async fn start(options: ServeOptions) -> (String, oneshot::Sender<()>, JoinHandl
     (addr, tx, server)
 }
 
+/// Sends the shutdown signal and waits for `serve` to return, at most `limit`: how it stopped
+/// and how long after the signal.
+async fn stop_and_wait(
+    stop: oneshot::Sender<()>,
+    server: JoinHandle<Stopped>,
+    limit: Duration,
+) -> (Stopped, Duration) {
+    let t0 = Instant::now();
+    stop.send(()).unwrap();
+    let stopped = tokio::time::timeout(limit, server)
+        .await
+        .unwrap_or_else(|_| panic!("serve did not return within {limit:?} of the signal"))
+        .unwrap();
+    (stopped, t0.elapsed())
+}
+
 /// Reads until the server closes the connection (EOF or reset), at most `limit`; the
 /// bytes read and how long it took, or `None` if the connection was still open at `limit`.
 async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> Option<(Vec<u8>, Duration)> {
@@ -183,13 +199,7 @@ async fn the_shutdown_does_not_wait_for_a_half_sent_header_beyond_the_header_tim
     let mut idle = TcpStream::connect(&addr).await.unwrap();
     assert_eq!(request(&mut idle, "/health", "localhost").await.0, 200);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let t0 = Instant::now();
-    stop.send(()).unwrap();
-    let stopped = tokio::time::timeout(Duration::from_secs(30), server)
-        .await
-        .expect("serve did not return within 30 s of the signal")
-        .unwrap();
-    let took = t0.elapsed();
+    let (stopped, took) = stop_and_wait(stop, server, Duration::from_secs(30)).await;
     assert_eq!(stopped, Stopped::Drained);
     assert!(
         took < Duration::from_secs(3),
@@ -211,13 +221,7 @@ async fn without_a_header_timeout_the_shutdown_timeout_bounds_the_exit() {
     let half = TcpStream::connect(&addr).await.unwrap();
     write_all(&half, HALF_HEADER).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let t0 = Instant::now();
-    stop.send(()).unwrap();
-    let stopped = tokio::time::timeout(Duration::from_secs(30), server)
-        .await
-        .expect("serve did not return within 30 s of the signal")
-        .unwrap();
-    let took = t0.elapsed();
+    let (stopped, took) = stop_and_wait(stop, server, Duration::from_secs(30)).await;
     assert_eq!(stopped, Stopped::CutOff { open: 1 });
     assert!(
         took >= Duration::from_millis(600) && took < Duration::from_secs(3),
@@ -245,13 +249,7 @@ async fn the_shutdown_closes_idle_kept_alive_connections_at_once() {
     .await;
     let mut idle = TcpStream::connect(&addr).await.unwrap();
     assert_eq!(request(&mut idle, "/health", "localhost").await.0, 200);
-    let t0 = Instant::now();
-    stop.send(()).unwrap();
-    let stopped = tokio::time::timeout(Duration::from_secs(60), server)
-        .await
-        .expect("serve did not return within 60 s of the signal")
-        .unwrap();
-    let took = t0.elapsed();
+    let (stopped, took) = stop_and_wait(stop, server, Duration::from_secs(60)).await;
     assert_eq!(stopped, Stopped::Drained);
     assert!(
         took < Duration::from_secs(2),

@@ -7,6 +7,8 @@
 //!   it; `scripts/test` sets that variable and prints the collected lines in its summary, so
 //!   a green run shows what it covered.
 //! * [`golden`]: the bounds every golden test (flowrt against HF transformers) asserts.
+//! * [`models`]: the real models the suites run on, named by environment variables.
 
 pub mod coverage;
 pub mod golden;
+pub mod models;

@@ -17,22 +17,7 @@ use tower::ServiceExt;
 pub const MODEL: &str = "smollm2:135m";
 pub const N_CTX: usize = 512;
 
-/// The real default model (SmolLM2-135M-Instruct Q4_1); `scripts/test` sets the variable.
-pub fn smollm2() -> PathBuf {
-    let Some(p) = std::env::var_os("FLOWRT_SMOLLM2_GGUF") else {
-        panic!(
-            "FLOWRT_SMOLLM2_GGUF is not set. Run the tests with scripts/test, or fetch the model with \
-             `flowrt pull smollm2:135m` and point FLOWRT_SMOLLM2_GGUF at the file it prints."
-        )
-    };
-    let p = PathBuf::from(p);
-    assert!(
-        p.is_file(),
-        "FLOWRT_SMOLLM2_GGUF={} is not a file",
-        p.display()
-    );
-    p
-}
+pub use flowrt_testkit::models::smollm2;
 
 pub fn config() -> ServerConfig {
     ServerConfig {
