@@ -78,7 +78,7 @@ const PLAIN: LlamaCpp = LlamaCpp {
 };
 
 /// One row per family flowrt runs.
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 7] = [
     Target {
         family: "llama",
         gguf_arch: "llama",
@@ -117,6 +117,15 @@ const TARGETS: [Target; 6] = [
         family: "minicpm",
         gguf_arch: "minicpm",
         llama_cpp: PLAIN,
+    },
+    // llama.cpp's granite loader reads all four multipliers, `attention.scale` included.
+    Target {
+        family: "granite",
+        gguf_arch: "granite",
+        llama_cpp: LlamaCpp {
+            reads_attention_scale: true,
+            ..PLAIN
+        },
     },
 ];
 
@@ -425,13 +434,15 @@ impl HfSource {
                 meta.push((k("rope.freq_base_swa"), Value::F32(local.theta)));
             }
         }
-        if c.attn_scale != default_attn_scale(c) {
+        // Families that state their scale (Granite) always carry the key llama.cpp requires.
+        let direct = matches!(c.arch.scalings, Scalings::Direct { .. });
+        if direct || c.attn_scale != default_attn_scale(c) {
             meta.push((k("attention.scale"), Value::F32(c.attn_scale)));
         }
         if let Some(cap) = c.final_logit_softcapping {
             meta.push((k("final_logit_softcapping"), Value::F32(cap)));
         }
-        if c.arch.embed_scale == EmbedScale::FromConfig {
+        if matches!(c.arch.embed_scale, EmbedScale::FromConfig(_)) {
             meta.push((k("embedding_scale"), Value::F32(c.embedding_multiplier)));
         }
         if c.arch.scalings != Scalings::None {
@@ -805,7 +816,7 @@ mod tests {
         let names: Vec<&str> = TARGETS.iter().map(|t| t.family).collect();
         assert_eq!(
             names,
-            ["llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm"]
+            ["llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite"]
         );
         for t in &TARGETS {
             let spec = arch::ARCHS

@@ -84,11 +84,16 @@ const TYPES: [&str; 9] = [
 /// greedy-identical to the HF directory; the F16 and Q8_0 packs agree with transformers'
 /// logits (`ref.safetensors`). Returns pack's report per type.
 fn packs_to_every_type(case: &str) -> Vec<(String, String)> {
+    packs_to_types(case, &TYPES)
+}
+
+/// [`packs_to_every_type`] for the types `types` only.
+fn packs_to_types(case: &str, types: &[&str]) -> Vec<(String, String)> {
     let src = fixture(&format!("families/{case}"));
     let dir = tempfile::tempdir().unwrap();
     let reference = greedy(&src);
     let mut reports = Vec::new();
-    for quant in TYPES {
+    for &quant in types {
         let out = dir.path().join(format!("m-{quant}.gguf"));
         let o = pack(&src, &out, quant, &[]);
         let (stdout, stderr) = text(&o);
@@ -225,6 +230,33 @@ fn packs_minicpm_to_every_type_and_says_how_llama_cpp_picks_longrope() {
                 && lines.contains("uses rope_factors_long at every position"),
             "{quant}: {report}"
         );
+    }
+}
+
+/// Granite: F32 is lossless and greedy-identical to the HF directory, F16 agrees with
+/// transformers; llama.cpp's `granite` loader reads every multiplier, so no caveat; the four
+/// multipliers are written under llama.cpp's keys.
+#[test]
+fn packs_granite_to_f32_and_f16_with_llama_cpps_multiplier_keys() {
+    for (quant, report) in packs_to_types("granite", &["F32", "F16"]) {
+        assert!(
+            llama_cpp_lines(&report).is_empty(),
+            "granite {quant}: {report}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("granite.gguf");
+    let o = pack(&fixture("families/granite"), &out, "F32", &["--no-gate"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let g = flowrt_gguf::GgufFile::open(&out).unwrap();
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("granite"));
+    for (key, want) in [
+        ("granite.embedding_scale", 6.0),
+        ("granite.attention.scale", 0.25),
+        ("granite.residual_scale", 0.45),
+        ("granite.logit_scale", 3.5),
+    ] {
+        assert_eq!(g.get_f32(key).unwrap(), Some(want), "{key}");
     }
 }
 

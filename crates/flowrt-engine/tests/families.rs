@@ -91,6 +91,11 @@ fn minicpm_scalings_and_longrope() {
     check("minicpm");
 }
 
+#[test]
+fn granite_multipliers() {
+    check("granite");
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));
@@ -227,5 +232,32 @@ fn quantised_on_load_matches_the_gguf_of_the_same_model() {
     for r in &reports {
         assert_eq!(r.top1_agreement, 1.0, "top-1 {}", r.top1_agreement);
         assert!(r.mean_kl <= 1e-6, "mean KL {}", r.mean_kl);
+    }
+}
+
+/// Granite's four multipliers are required: missing, zero, negative or non-numeric values are
+/// errors naming the field.
+#[test]
+fn granite_missing_or_invalid_multiplier_names_the_field() {
+    for key in [
+        "embedding_multiplier",
+        "attention_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+    ] {
+        let dir = edited_copy("granite", |c| {
+            c.as_object_mut().unwrap().remove(key);
+        });
+        let e = load_error(dir.path());
+        assert!(e.contains("missing") && e.contains(key), "{key}: {e}");
+        for bad in [
+            serde_json::json!(0.0),
+            serde_json::json!(-2.0),
+            serde_json::json!("x"),
+        ] {
+            let dir = edited_copy("granite", |c| c[key] = bad.clone());
+            let e = load_error(dir.path());
+            assert!(e.contains(&format!("`{key}`")), "{key} = {bad}: {e}");
+        }
     }
 }

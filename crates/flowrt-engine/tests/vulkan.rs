@@ -52,6 +52,7 @@ fn families_on_vulkan_match_transformers() {
         "qwen3",
         "gemma3",
         "minicpm",
+        "granite",
     ];
     if no_device("family fixtures") {
         return;

@@ -44,8 +44,9 @@ pub enum EmbedScale {
     None,
     /// × √hidden_size (Gemma).
     SqrtHidden,
-    /// × the config's `scale_emb` (MiniCPM).
-    FromConfig,
+    /// × the value of this HF config key (MiniCPM `scale_emb`, Granite
+    /// `embedding_multiplier`); GGUF files carry it as `{arch}.embedding_scale`.
+    FromConfig(&'static str),
 }
 
 /// Which extra scalings of the residual stream and logits the family defines.
@@ -56,6 +57,15 @@ pub enum Scalings {
     /// MiniCPM's muP scalings: residual branches × `scale_depth / √num_hidden_layers`, final
     /// hidden states ÷ (`hidden_size / dim_model_base`) before the output projection.
     MiniCpm,
+    /// Multipliers the config states as they are (Granite), under these HF keys: residual
+    /// branches × `residual`, logits ÷ `logit_divisor`, attention scores × `attention` in place
+    /// of 1/√head_dim. GGUF files carry them as `{arch}.residual_scale`, `{arch}.logit_scale`
+    /// and `{arch}.attention.scale` (all required).
+    Direct {
+        residual: &'static str,
+        logit_divisor: &'static str,
+        attention: &'static str,
+    },
 }
 
 /// How a block's input (or output) is normalised.
@@ -279,9 +289,27 @@ pub const MINICPM: ArchSpec = ArchSpec {
     name: "minicpm",
     gguf_archs: &["minicpm"],
     hf_model_types: &["minicpm"],
-    embed_scale: EmbedScale::FromConfig,
+    embed_scale: EmbedScale::FromConfig("scale_emb"),
     scalings: Scalings::MiniCpm,
     longrope_by_max_position: true,
+    ..LLAMA
+};
+
+/// Granite 3.x (`GraniteForCausalLM`): Llama with four multipliers from the config —
+/// embeddings × `embedding_multiplier`, attention scores × `attention_multiplier` (instead of
+/// 1/√head_dim), each residual branch × `residual_multiplier`, logits ÷ `logits_scaling`.
+/// GGUF (llama.cpp's `granite`): `granite.embedding_scale`, `granite.attention.scale`,
+/// `granite.residual_scale`, `granite.logit_scale`; Q/K rows permuted as Llama's.
+pub const GRANITE: ArchSpec = ArchSpec {
+    name: "granite",
+    gguf_archs: &["granite"],
+    hf_model_types: &["granite"],
+    embed_scale: EmbedScale::FromConfig("embedding_multiplier"),
+    scalings: Scalings::Direct {
+        residual: "residual_multiplier",
+        logit_divisor: "logits_scaling",
+        attention: "attention_multiplier",
+    },
     ..LLAMA
 };
 
@@ -315,7 +343,9 @@ pub const BERT: ArchSpec = ArchSpec {
 };
 
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
-pub const ARCHS: &[&ArchSpec] = &[&LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &BERT];
+pub const ARCHS: &[&ArchSpec] = &[
+    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &BERT,
+];
 
 /// The family whose GGUF `general.architecture` is `arch`.
 pub fn by_gguf_arch(arch: &str) -> Option<&'static ArchSpec> {

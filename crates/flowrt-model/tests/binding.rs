@@ -175,6 +175,45 @@ fn minicpm_gguf_reads_its_scalings_and_names_a_missing_one() {
 }
 
 #[test]
+fn granite_gguf_reads_its_four_multipliers_and_names_a_missing_or_bad_one() {
+    let keys = [
+        ("embedding_scale", 6.0),
+        ("attention.scale", 0.25),
+        ("residual_scale", 0.45),
+        ("logit_scale", 3.5),
+    ];
+    let m = Model::from_gguf(Arc::new(tiny_with("granite", &keys, &[]))).unwrap();
+    let c = &m.config;
+    assert_eq!(
+        (
+            c.embedding_multiplier,
+            c.attn_scale,
+            c.residual_multiplier,
+            c.logit_multiplier
+        ),
+        (6.0, 0.25, 0.45, (1.0 / 3.5f64) as f32)
+    );
+    for i in 0..keys.len() {
+        let missing: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, &kv)| kv)
+            .collect();
+        let e = Model::from_gguf(Arc::new(tiny_with("granite", &missing, &[]))).unwrap_err();
+        let want = format!("granite.{}", keys[i].0);
+        assert!(
+            matches!(e, ModelError::MissingKey { ref key, .. } if *key == want),
+            "{e}"
+        );
+        let mut bad = keys.to_vec();
+        bad[i].1 = -1.0;
+        let e = Model::from_gguf(Arc::new(tiny_with("granite", &bad, &[]))).unwrap_err();
+        assert!(e.to_string().contains(&format!("`{want}`")), "{e}");
+    }
+}
+
+#[test]
 fn gguf_longrope_reads_its_factor_tensors_and_names_a_missing_one() {
     // head_dim 2: one divisor per set. `rope.scaling.type` is a string key.
     let with_type = |tensors: &[(&str, Vec<f32>)]| {

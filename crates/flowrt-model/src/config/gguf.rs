@@ -116,11 +116,20 @@ impl ModelConfig {
         let rope_theta = f
             .get_f32(&key("rope.freq_base"))?
             .unwrap_or(arch.defaults.rope_theta);
-        let req_f32 = |k: &str| -> Result<f32, ModelError> {
-            f.get_f32(&key(k))?.ok_or_else(|| ModelError::MissingKey {
+        // A required multiplier: present, finite and positive.
+        let req_positive = |k: &str| -> Result<f32, ModelError> {
+            let v = f.get_f32(&key(k))?.ok_or_else(|| ModelError::MissingKey {
                 file: file.clone(),
                 key: key(k),
-            })
+            })?;
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(bad(
+                    &file,
+                    format!("`{}` = {v} must be a positive, finite number", key(k)),
+                ))
+            }
         };
         let scaling = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
@@ -214,21 +223,23 @@ impl ModelConfig {
         // is not 1/√head_dim), else 1/√head_dim. Gemma 3 GGUFs from llama.cpp's converter carry
         // no query_pre_attn_scalar; the family's value is head_dim for the published sizes up
         // to 12B (27B uses hidden/heads and would need the key).
-        let attn_scale = match f.get_f32(&key("attention.scale"))? {
-            Some(s) => s,
-            None => 1.0 / (head_dim as f32).sqrt(),
+        // A family that states its scale (Granite) must give the key.
+        let attn_scale = match (f.get_f32(&key("attention.scale"))?, arch.scalings) {
+            (_, Scalings::Direct { .. }) => req_positive("attention.scale")?,
+            (Some(s), _) => s,
+            (None, _) => 1.0 / (head_dim as f32).sqrt(),
         };
         let embedding_multiplier = match arch.embed_scale {
             EmbedScale::None => 1.0,
             EmbedScale::SqrtHidden => (hidden_size as f32).sqrt(),
-            EmbedScale::FromConfig => req_f32("embedding_scale")?,
+            EmbedScale::FromConfig(_) => req_positive("embedding_scale")?,
         };
         // llama.cpp's names: residual branches × `residual_scale`, logits ÷ `logit_scale`.
         let (residual_multiplier, logit_multiplier) = match arch.scalings {
             Scalings::None => (1.0, 1.0),
-            Scalings::MiniCpm => (
-                req_f32("residual_scale")?,
-                (1.0 / req_f32("logit_scale")? as f64) as f32,
+            Scalings::MiniCpm | Scalings::Direct { .. } => (
+                req_positive("residual_scale")?,
+                (1.0 / req_positive("logit_scale")? as f64) as f32,
             ),
         };
         let final_logit_softcapping = f
