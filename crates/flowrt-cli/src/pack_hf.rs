@@ -447,10 +447,19 @@ impl HfSource {
         }
         if c.arch.scalings != Scalings::None {
             meta.push((k("residual_scale"), Value::F32(c.residual_multiplier)));
-            meta.push((
-                k("logit_scale"),
-                Value::F32((1.0 / c.logit_multiplier as f64) as f32),
-            ));
+            // The divisor as config.json states it when it states one (Granite's
+            // `logits_scaling`), rather than the reciprocal of the rounded multiplier.
+            let stated = match c.arch.scalings {
+                Scalings::Direct { logit_divisor, .. } => self
+                    .json
+                    .get("text_config")
+                    .unwrap_or(&self.json)
+                    .get(logit_divisor)
+                    .and_then(Json::as_f64),
+                _ => None,
+            };
+            let divisor = stated.unwrap_or(1.0 / c.logit_multiplier as f64);
+            meta.push((k("logit_scale"), Value::F32(divisor as f32)));
         }
         Ok(meta)
     }
