@@ -260,6 +260,31 @@ fn packs_granite_to_f32_and_f16_with_llama_cpps_multiplier_keys() {
     }
 }
 
+/// SmolLM3: F32 lossless and greedy-identical, F16 agrees with transformers; the NoPE list
+/// travels as `smollm3.no_rope_layers`, and the report says llama.cpp's fixed every-4th rule
+/// differs from this model's layers.
+#[test]
+fn packs_smollm3_to_f32_and_f16_with_its_nope_layers() {
+    for (quant, report) in packs_to_types("smollm3", &["F32", "F16"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("skips RoPE on layers [3]")
+                && lines.contains("this model skips it on layers [0, 3]"),
+            "smollm3 {quant}: {report}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smollm3.gguf");
+    let o = pack(&fixture("families/smollm3"), &out, "F32", &["--no-gate"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let g = flowrt_gguf::GgufFile::open(&out).unwrap();
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("smollm3"));
+    assert!(matches!(
+        g.get("smollm3.no_rope_layers"),
+        Some(flowrt_gguf::Value::Array(flowrt_gguf::Array::U32(v))) if v == &[0, 1, 1, 0, 1]
+    ));
+}
+
 /// The GGUF layout llama.cpp's converter writes for each family: architecture, keys, tensor
 /// names, Gemma's `1 + w` norms, LongRoPE and Llama 3 RoPE tensors, no Q/K permutation for
 /// NeoX-style architectures.

@@ -96,6 +96,11 @@ fn granite_multipliers() {
     check("granite");
 }
 
+#[test]
+fn smollm3_nope_layers() {
+    check("smollm3");
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));
@@ -260,4 +265,32 @@ fn granite_missing_or_invalid_multiplier_names_the_field() {
             assert!(e.contains(&format!("`{key}`")), "{key} = {bad}: {e}");
         }
     }
+}
+
+/// SmolLM3's `no_rope_layers` must have one 0/1 entry per layer; without it,
+/// `no_rope_layer_interval` must be positive. Errors name the field.
+#[test]
+fn smollm3_bad_no_rope_layers_names_the_field() {
+    for (what, bad) in [
+        ("too short", serde_json::json!([1, 1, 0])),
+        ("too long", serde_json::json!([1, 1, 1, 0, 1, 1])),
+        ("not 0/1", serde_json::json!([1, 1, 2, 0, 1])),
+        ("not a list", serde_json::json!(4)),
+    ] {
+        let dir = edited_copy("smollm3", |c| c["no_rope_layers"] = bad.clone());
+        let e = load_error(dir.path());
+        assert!(e.contains("`no_rope_layers`"), "{what}: {e}");
+    }
+    let dir = edited_copy("smollm3", |c| {
+        c.as_object_mut().unwrap().remove("no_rope_layers");
+        c["no_rope_layer_interval"] = 0.into();
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("`no_rope_layer_interval`"), "{e}");
+    // Without the list, transformers' rule: every 4th layer (index 3) skips RoPE.
+    let dir = edited_copy("smollm3", |c| {
+        c.as_object_mut().unwrap().remove("no_rope_layers");
+    });
+    let m = LoadedModel::load(dir.path()).unwrap();
+    assert_eq!(m.model.config.rope_layers, [true, true, true, false, true]);
 }

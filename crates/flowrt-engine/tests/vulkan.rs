@@ -53,6 +53,7 @@ fn families_on_vulkan_match_transformers() {
         "gemma3",
         "minicpm",
         "granite",
+        "smollm3",
     ];
     if no_device("family fixtures") {
         return;

@@ -119,6 +119,11 @@ pub struct ArchDefaults {
     /// Every `n`-th layer is global, the others slide, when the file does not list layer types
     /// (Gemma 3: 6, i.e. layers 5, 11, ... are global).
     pub sliding_window_pattern: Option<usize>,
+    /// The family has layers without RoPE ("NoPE"), listed per layer by HF's
+    /// `no_rope_layers` (1: RoPE, 0: none); when a file lists none, every `n`-th layer skips
+    /// RoPE (layers n-1, 2n-1, ...), `n` from `no_rope_layer_interval` or this default
+    /// (SmolLM3: 4, as transformers and llama.cpp). `None`: every layer is rotated.
+    pub no_rope_layer_interval: Option<usize>,
 }
 
 /// The rules of one architecture family.
@@ -192,6 +197,7 @@ const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
     rope_theta: 10_000.0,
     local_rope_theta: None,
     sliding_window_pattern: None,
+    no_rope_layer_interval: None,
 };
 
 /// Llama family: Llama 2/3, SmolLM2, MiniCPM5 (a plain `LlamaForCausalLM`), ...
@@ -278,6 +284,7 @@ pub const GEMMA3: ArchSpec = ArchSpec {
         rope_theta: 1_000_000.0,
         local_rope_theta: Some(10_000.0),
         sliding_window_pattern: Some(6),
+        no_rope_layer_interval: None,
     },
     ..LLAMA
 };
@@ -313,6 +320,23 @@ pub const GRANITE: ArchSpec = ArchSpec {
     ..LLAMA
 };
 
+/// SmolLM3 (`SmolLM3ForCausalLM`): Llama whose "NoPE" layers skip RoPE (every 4th by
+/// default; `no_rope_layers` lists them per layer). GGUF (llama.cpp's `smollm3`): Q/K rows
+/// permuted as Llama's; llama.cpp fixes every 4th layer as NoPE and reads no key for it, so
+/// flowrt reads `smollm3.no_rope_layers` (HF's list) when a file carries it, as `flowrt pack`
+/// writes it, and llama.cpp's rule otherwise.
+pub const SMOLLM3: ArchSpec = ArchSpec {
+    name: "smollm3",
+    gguf_archs: &["smollm3"],
+    hf_model_types: &["smollm3"],
+    sliding_window: true,
+    defaults: ArchDefaults {
+        no_rope_layer_interval: Some(4),
+        ..PLAIN_DEFAULTS
+    },
+    ..LLAMA
+};
+
 /// BERT (`BertModel`, what sentence-transformers models such as all-MiniLM-L6-v2 are): a
 /// bidirectional encoder with learned absolute positions, token-type embeddings, post-norm
 /// LayerNorms with biases, a plain GELU (erf) feed-forward and biases on every matrix. It has
@@ -344,7 +368,7 @@ pub const BERT: ArchSpec = ArchSpec {
 
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
-    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &BERT,
+    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT,
 ];
 
 /// The family whose GGUF `general.architecture` is `arch`.

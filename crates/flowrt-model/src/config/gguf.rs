@@ -212,6 +212,34 @@ impl ModelConfig {
                 None => vec![LayerType::Sliding; num_hidden_layers],
             },
         };
+        // NoPE layers: HF's list under `{arch}.no_rope_layers` when the file carries it (as
+        // `flowrt pack` writes it; llama.cpp reads no key for it), else the family's interval.
+        let rope_layers = match arch.defaults.no_rope_layer_interval {
+            None => vec![true; num_hidden_layers],
+            Some(interval) => match f.get(&key("no_rope_layers")) {
+                None => Self::interval_rope_layers(num_hidden_layers, interval),
+                Some(Value::Array(a)) => {
+                    let values = integers(a).ok_or_else(|| {
+                        bad(
+                            &file,
+                            format!("`{}` is not a list of integers", key("no_rope_layers")),
+                        )
+                    })?;
+                    Self::rope_layers_from_list(
+                        &file,
+                        &values,
+                        num_hidden_layers,
+                        &key("no_rope_layers"),
+                    )?
+                }
+                Some(v) => {
+                    return Err(bad(
+                        &file,
+                        format!("`{}` = {v} is not a list", key("no_rope_layers")),
+                    ))
+                }
+            },
+        };
         let rope_local = match (sliding_window, arch.defaults.local_rope_theta) {
             (Some(_), Some(default)) => Some(RopeConfig::plain(
                 f.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(default),
@@ -277,6 +305,7 @@ impl ModelConfig {
             attn_scale,
             sliding_window,
             layer_types,
+            rope_layers,
             embedding_multiplier,
             residual_multiplier,
             logit_multiplier,
@@ -316,6 +345,21 @@ fn factor_tensor(
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+/// The values of an integer array.
+fn integers(a: &Array) -> Option<Vec<i128>> {
+    Some(match a {
+        Array::U8(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I8(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::U16(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I16(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::U32(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I32(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::U64(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I64(v) => v.iter().map(|&x| x.into()).collect(),
+        _ => return None,
+    })
 }
 
 pub(crate) fn file_name(f: &GgufFile) -> PathBuf {

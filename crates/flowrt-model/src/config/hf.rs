@@ -251,6 +251,27 @@ impl ModelConfig {
             },
         };
         let sliding_window = window.filter(|_| layer_types.contains(&LayerType::Sliding));
+        let rope_layers = match arch.defaults.no_rope_layer_interval {
+            None => vec![true; num_hidden_layers],
+            Some(default) => match c.present("no_rope_layers") {
+                Some(Value::Array(a)) => {
+                    let values = a
+                        .iter()
+                        .map(|v| v.as_i64().map(i128::from))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| bad(file, "`no_rope_layers` holds a non-integer".into()))?;
+                    Self::rope_layers_from_list(file, &values, num_hidden_layers, "no_rope_layers")?
+                }
+                Some(v) => return Err(bad(file, format!("`no_rope_layers` = {v} is not a list"))),
+                None => {
+                    let interval = c.usize("no_rope_layer_interval")?.unwrap_or(default);
+                    if interval == 0 {
+                        return Err(bad(file, "`no_rope_layer_interval` is 0".into()));
+                    }
+                    Self::interval_rope_layers(num_hidden_layers, interval)
+                }
+            },
+        };
 
         let attn_scale = match c.f64("query_pre_attn_scalar")? {
             Some(s) if s > 0.0 => (1.0 / s.sqrt()) as f32,
@@ -312,6 +333,7 @@ impl ModelConfig {
             attn_scale,
             sliding_window,
             layer_types,
+            rope_layers,
             embedding_multiplier,
             residual_multiplier,
             logit_multiplier,
