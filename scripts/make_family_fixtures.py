@@ -54,6 +54,13 @@ Cases:
                 for every position and every prompt length (here 256 > 64, while
                 all prompts are shorter than 64: a "seq_len > original" rule would
                 wrongly pick short_factor).
+  granite       GraniteForCausalLM (transformers' own): embedding_multiplier 6,
+                attention_multiplier 0.25 (not 1/sqrt(head_dim) = 0.354),
+                residual_multiplier 0.45, logits_scaling 3.5, untied
+  smollm3       SmolLM3ForCausalLM (transformers' own), 5 layers with an explicit
+                no_rope_layers [0, 1, 1, 0, 1] (1 = RoPE, 0 = none: layers 0 and 3
+                skip RoPE; layer 0 is not what no_rope_layer_interval 4 would give),
+                untied
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -194,6 +201,27 @@ CASES: dict[str, dict] = {
                                   "original_max_position_embeddings": 64}),
         init=dict(linear=0.1, embed=0.05, head=1.2),
     ),
+    # Cases below were added after the ones above; appended so that every earlier case keeps
+    # its seed (SEED + 100 * (index + 1)).
+    "granite": dict(
+        arch="GraniteForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                    num_attention_heads=8, num_key_value_heads=2, hidden_act="silu",
+                    max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+                    tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                    embedding_multiplier=6.0, attention_multiplier=0.25,
+                    residual_multiplier=0.45, logits_scaling=3.5),
+        init=dict(linear=0.1, embed=0.06, head=1.0),
+    ),
+    "smollm3": dict(
+        arch="SmolLM3ForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=5,
+                    num_attention_heads=8, num_key_value_heads=2, hidden_act="silu",
+                    max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+                    no_rope_layers=[0, 1, 1, 0, 1], no_rope_layer_interval=4),
+        init=dict(linear=0.08, embed=0.5, head=0.35),
+    ),
 }
 
 
@@ -265,6 +293,10 @@ def make_config(case: dict):
             kw.pop(k)
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
+    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM"):
+        import transformers
+
+        return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
     cls = {"LlamaForCausalLM": LlamaConfig, "Qwen2ForCausalLM": Qwen2Config,
            "Qwen3ForCausalLM": Qwen3Config, "Gemma3ForCausalLM": Gemma3TextConfig,
            "MistralForCausalLM": MistralConfig}[arch]

@@ -55,6 +55,9 @@ struct LlamaCpp {
     local_rope_theta: Option<f32>,
     /// Whether `attention.scale` is read (else scores are scaled by 1/√head_dim).
     reads_attention_scale: bool,
+    /// Every `n`-th layer skips RoPE, fixed by the graph (`n_no_rope_layer_step`; no key is
+    /// read); `None`: every layer is rotated.
+    no_rope_every: Option<usize>,
     softcap: Softcap,
 }
 
@@ -74,11 +77,12 @@ const PLAIN: LlamaCpp = LlamaCpp {
     swa: Swa::None,
     local_rope_theta: None,
     reads_attention_scale: false,
+    no_rope_every: None,
     softcap: Softcap::Never,
 };
 
 /// One row per family flowrt runs.
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 8] = [
     Target {
         family: "llama",
         gguf_arch: "llama",
@@ -110,6 +114,7 @@ const TARGETS: [Target; 6] = [
             swa: Swa::FixedEvery(6),
             local_rope_theta: Some(10_000.0),
             reads_attention_scale: false,
+            no_rope_every: None,
             softcap: Softcap::WithoutWindow,
         },
     },
@@ -117,6 +122,24 @@ const TARGETS: [Target; 6] = [
         family: "minicpm",
         gguf_arch: "minicpm",
         llama_cpp: PLAIN,
+    },
+    // llama.cpp's granite loader reads all four multipliers, `attention.scale` included.
+    Target {
+        family: "granite",
+        gguf_arch: "granite",
+        llama_cpp: LlamaCpp {
+            reads_attention_scale: true,
+            ..PLAIN
+        },
+    },
+    // llama.cpp's smollm3 graph skips RoPE on every 4th layer, fixed, reading no key.
+    Target {
+        family: "smollm3",
+        gguf_arch: "smollm3",
+        llama_cpp: LlamaCpp {
+            no_rope_every: Some(4),
+            ..PLAIN
+        },
     },
 ];
 
@@ -425,21 +448,38 @@ impl HfSource {
                 meta.push((k("rope.freq_base_swa"), Value::F32(local.theta)));
             }
         }
-        if c.attn_scale != default_attn_scale(c) {
+        // Families that state their scale (Granite) always carry the key llama.cpp requires.
+        let direct = matches!(c.arch.scalings, Scalings::Direct { .. });
+        if direct || c.attn_scale != default_attn_scale(c) {
             meta.push((k("attention.scale"), Value::F32(c.attn_scale)));
         }
         if let Some(cap) = c.final_logit_softcapping {
             meta.push((k("final_logit_softcapping"), Value::F32(cap)));
         }
-        if c.arch.embed_scale == EmbedScale::FromConfig {
+        // NoPE layers: HF's list (1: RoPE, 0: none), which flowrt's reader takes over the
+        // family's interval.
+        if c.arch.defaults.no_rope_layer_interval.is_some() {
+            let list = c.rope_layers.iter().map(|&r| u32::from(r)).collect();
+            meta.push((k("no_rope_layers"), Value::Array(Array::U32(list))));
+        }
+        if matches!(c.arch.embed_scale, EmbedScale::FromConfig(_)) {
             meta.push((k("embedding_scale"), Value::F32(c.embedding_multiplier)));
         }
         if c.arch.scalings != Scalings::None {
             meta.push((k("residual_scale"), Value::F32(c.residual_multiplier)));
-            meta.push((
-                k("logit_scale"),
-                Value::F32((1.0 / c.logit_multiplier as f64) as f32),
-            ));
+            // The divisor as config.json states it when it states one (Granite's
+            // `logits_scaling`), rather than the reciprocal of the rounded multiplier.
+            let stated = match c.arch.scalings {
+                Scalings::Direct { logit_divisor, .. } => self
+                    .json
+                    .get("text_config")
+                    .unwrap_or(&self.json)
+                    .get(logit_divisor)
+                    .and_then(Json::as_f64),
+                _ => None,
+            };
+            let divisor = stated.unwrap_or(1.0 / c.logit_multiplier as f64);
+            meta.push((k("logit_scale"), Value::F32(divisor as f32)));
         }
         Ok(meta)
     }
@@ -493,6 +533,20 @@ impl HfSource {
                  by 1/sqrt(head_dim) = {:.6}",
                 c.attn_scale,
                 default_attn_scale(c)
+            ));
+        }
+        let nope =
+            |rope: &[bool]| -> Vec<usize> { (0..rope.len()).filter(|&l| !rope[l]).collect() };
+        let fixed = match rules.no_rope_every {
+            Some(n) => ModelConfig::interval_rope_layers(c.num_hidden_layers, n),
+            None => vec![true; c.num_hidden_layers],
+        };
+        if fixed != c.rope_layers {
+            out.push(format!(
+                "its `{a}` graph skips RoPE on layers {:?} and reads no key for it; this \
+                 model skips it on layers {:?}",
+                nope(&fixed),
+                nope(&c.rope_layers)
             ));
         }
         if let Some(cap) = c.final_logit_softcapping {
@@ -805,7 +859,7 @@ mod tests {
         let names: Vec<&str> = TARGETS.iter().map(|t| t.family).collect();
         assert_eq!(
             names,
-            ["llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm"]
+            ["llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite", "smollm3"]
         );
         for t in &TARGETS {
             let spec = arch::ARCHS

@@ -84,11 +84,16 @@ const TYPES: [&str; 9] = [
 /// greedy-identical to the HF directory; the F16 and Q8_0 packs agree with transformers'
 /// logits (`ref.safetensors`). Returns pack's report per type.
 fn packs_to_every_type(case: &str) -> Vec<(String, String)> {
+    packs_to_types(case, &TYPES)
+}
+
+/// [`packs_to_every_type`] for the types `types` only.
+fn packs_to_types(case: &str, types: &[&str]) -> Vec<(String, String)> {
     let src = fixture(&format!("families/{case}"));
     let dir = tempfile::tempdir().unwrap();
     let reference = greedy(&src);
     let mut reports = Vec::new();
-    for quant in TYPES {
+    for &quant in types {
         let out = dir.path().join(format!("m-{quant}.gguf"));
         let o = pack(&src, &out, quant, &[]);
         let (stdout, stderr) = text(&o);
@@ -226,6 +231,58 @@ fn packs_minicpm_to_every_type_and_says_how_llama_cpp_picks_longrope() {
             "{quant}: {report}"
         );
     }
+}
+
+/// Granite: F32 is lossless and greedy-identical to the HF directory, F16 agrees with
+/// transformers; llama.cpp's `granite` loader reads every multiplier, so no caveat; the four
+/// multipliers are written under llama.cpp's keys.
+#[test]
+fn packs_granite_to_f32_and_f16_with_llama_cpps_multiplier_keys() {
+    for (quant, report) in packs_to_types("granite", &["F32", "F16"]) {
+        assert!(
+            llama_cpp_lines(&report).is_empty(),
+            "granite {quant}: {report}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("granite.gguf");
+    let o = pack(&fixture("families/granite"), &out, "F32", &["--no-gate"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let g = flowrt_gguf::GgufFile::open(&out).unwrap();
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("granite"));
+    for (key, want) in [
+        ("granite.embedding_scale", 6.0),
+        ("granite.attention.scale", 0.25),
+        ("granite.residual_scale", 0.45),
+        ("granite.logit_scale", 3.5),
+    ] {
+        assert_eq!(g.get_f32(key).unwrap(), Some(want), "{key}");
+    }
+}
+
+/// SmolLM3: F32 lossless and greedy-identical, F16 agrees with transformers; the NoPE list
+/// travels as `smollm3.no_rope_layers`, and the report says llama.cpp's fixed every-4th rule
+/// differs from this model's layers.
+#[test]
+fn packs_smollm3_to_f32_and_f16_with_its_nope_layers() {
+    for (quant, report) in packs_to_types("smollm3", &["F32", "F16"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("skips RoPE on layers [3]")
+                && lines.contains("this model skips it on layers [0, 3]"),
+            "smollm3 {quant}: {report}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("smollm3.gguf");
+    let o = pack(&fixture("families/smollm3"), &out, "F32", &["--no-gate"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let g = flowrt_gguf::GgufFile::open(&out).unwrap();
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("smollm3"));
+    assert!(matches!(
+        g.get("smollm3.no_rope_layers"),
+        Some(flowrt_gguf::Value::Array(flowrt_gguf::Array::U32(v))) if v == &[0, 1, 1, 0, 1]
+    ));
 }
 
 /// The GGUF layout llama.cpp's converter writes for each family: architecture, keys, tensor

@@ -91,6 +91,16 @@ fn minicpm_scalings_and_longrope() {
     check("minicpm");
 }
 
+#[test]
+fn granite_multipliers() {
+    check("granite");
+}
+
+#[test]
+fn smollm3_nope_layers() {
+    check("smollm3");
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));
@@ -228,4 +238,59 @@ fn quantised_on_load_matches_the_gguf_of_the_same_model() {
         assert_eq!(r.top1_agreement, 1.0, "top-1 {}", r.top1_agreement);
         assert!(r.mean_kl <= 1e-6, "mean KL {}", r.mean_kl);
     }
+}
+
+/// Granite's four multipliers are required: missing, zero, negative or non-numeric values are
+/// errors naming the field.
+#[test]
+fn granite_missing_or_invalid_multiplier_names_the_field() {
+    for key in [
+        "embedding_multiplier",
+        "attention_multiplier",
+        "residual_multiplier",
+        "logits_scaling",
+    ] {
+        let dir = edited_copy("granite", |c| {
+            c.as_object_mut().unwrap().remove(key);
+        });
+        let e = load_error(dir.path());
+        assert!(e.contains("missing") && e.contains(key), "{key}: {e}");
+        for bad in [
+            serde_json::json!(0.0),
+            serde_json::json!(-2.0),
+            serde_json::json!("x"),
+        ] {
+            let dir = edited_copy("granite", |c| c[key] = bad.clone());
+            let e = load_error(dir.path());
+            assert!(e.contains(&format!("`{key}`")), "{key} = {bad}: {e}");
+        }
+    }
+}
+
+/// SmolLM3's `no_rope_layers` must have one 0/1 entry per layer; without it,
+/// `no_rope_layer_interval` must be positive. Errors name the field.
+#[test]
+fn smollm3_bad_no_rope_layers_names_the_field() {
+    for (what, bad) in [
+        ("too short", serde_json::json!([1, 1, 0])),
+        ("too long", serde_json::json!([1, 1, 1, 0, 1, 1])),
+        ("not 0/1", serde_json::json!([1, 1, 2, 0, 1])),
+        ("not a list", serde_json::json!(4)),
+    ] {
+        let dir = edited_copy("smollm3", |c| c["no_rope_layers"] = bad.clone());
+        let e = load_error(dir.path());
+        assert!(e.contains("`no_rope_layers`"), "{what}: {e}");
+    }
+    let dir = edited_copy("smollm3", |c| {
+        c.as_object_mut().unwrap().remove("no_rope_layers");
+        c["no_rope_layer_interval"] = 0.into();
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("`no_rope_layer_interval`"), "{e}");
+    // Without the list, transformers' rule: every 4th layer (index 3) skips RoPE.
+    let dir = edited_copy("smollm3", |c| {
+        c.as_object_mut().unwrap().remove("no_rope_layers");
+    });
+    let m = LoadedModel::load(dir.path()).unwrap();
+    assert_eq!(m.model.config.rope_layers, [true, true, true, false, true]);
 }

@@ -52,6 +52,8 @@ fn families_on_vulkan_match_transformers() {
         "qwen3",
         "gemma3",
         "minicpm",
+        "granite",
+        "smollm3",
     ];
     if no_device("family fixtures") {
         return;

@@ -44,8 +44,9 @@ pub enum EmbedScale {
     None,
     /// × √hidden_size (Gemma).
     SqrtHidden,
-    /// × the config's `scale_emb` (MiniCPM).
-    FromConfig,
+    /// × the value of this HF config key (MiniCPM `scale_emb`, Granite
+    /// `embedding_multiplier`); GGUF files carry it as `{arch}.embedding_scale`.
+    FromConfig(&'static str),
 }
 
 /// Which extra scalings of the residual stream and logits the family defines.
@@ -56,6 +57,15 @@ pub enum Scalings {
     /// MiniCPM's muP scalings: residual branches × `scale_depth / √num_hidden_layers`, final
     /// hidden states ÷ (`hidden_size / dim_model_base`) before the output projection.
     MiniCpm,
+    /// Multipliers the config states as they are (Granite), under these HF keys: residual
+    /// branches × `residual`, logits ÷ `logit_divisor`, attention scores × `attention` in place
+    /// of 1/√head_dim. GGUF files carry them as `{arch}.residual_scale`, `{arch}.logit_scale`
+    /// and `{arch}.attention.scale` (all required).
+    Direct {
+        residual: &'static str,
+        logit_divisor: &'static str,
+        attention: &'static str,
+    },
 }
 
 /// How a block's input (or output) is normalised.
@@ -109,6 +119,11 @@ pub struct ArchDefaults {
     /// Every `n`-th layer is global, the others slide, when the file does not list layer types
     /// (Gemma 3: 6, i.e. layers 5, 11, ... are global).
     pub sliding_window_pattern: Option<usize>,
+    /// The family has layers without RoPE ("NoPE"), listed per layer by HF's
+    /// `no_rope_layers` (1: RoPE, 0: none); when a file lists none, every `n`-th layer skips
+    /// RoPE (layers n-1, 2n-1, ...), `n` from `no_rope_layer_interval` or this default
+    /// (SmolLM3: 4, as transformers and llama.cpp). `None`: every layer is rotated.
+    pub no_rope_layer_interval: Option<usize>,
 }
 
 /// The rules of one architecture family.
@@ -182,6 +197,7 @@ const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
     rope_theta: 10_000.0,
     local_rope_theta: None,
     sliding_window_pattern: None,
+    no_rope_layer_interval: None,
 };
 
 /// Llama family: Llama 2/3, SmolLM2, MiniCPM5 (a plain `LlamaForCausalLM`), ...
@@ -268,6 +284,7 @@ pub const GEMMA3: ArchSpec = ArchSpec {
         rope_theta: 1_000_000.0,
         local_rope_theta: Some(10_000.0),
         sliding_window_pattern: Some(6),
+        no_rope_layer_interval: None,
     },
     ..LLAMA
 };
@@ -279,9 +296,44 @@ pub const MINICPM: ArchSpec = ArchSpec {
     name: "minicpm",
     gguf_archs: &["minicpm"],
     hf_model_types: &["minicpm"],
-    embed_scale: EmbedScale::FromConfig,
+    embed_scale: EmbedScale::FromConfig("scale_emb"),
     scalings: Scalings::MiniCpm,
     longrope_by_max_position: true,
+    ..LLAMA
+};
+
+/// Granite 3.x (`GraniteForCausalLM`): Llama with four multipliers from the config —
+/// embeddings × `embedding_multiplier`, attention scores × `attention_multiplier` (instead of
+/// 1/√head_dim), each residual branch × `residual_multiplier`, logits ÷ `logits_scaling`.
+/// GGUF (llama.cpp's `granite`): `granite.embedding_scale`, `granite.attention.scale`,
+/// `granite.residual_scale`, `granite.logit_scale`; Q/K rows permuted as Llama's.
+pub const GRANITE: ArchSpec = ArchSpec {
+    name: "granite",
+    gguf_archs: &["granite"],
+    hf_model_types: &["granite"],
+    embed_scale: EmbedScale::FromConfig("embedding_multiplier"),
+    scalings: Scalings::Direct {
+        residual: "residual_multiplier",
+        logit_divisor: "logits_scaling",
+        attention: "attention_multiplier",
+    },
+    ..LLAMA
+};
+
+/// SmolLM3 (`SmolLM3ForCausalLM`): Llama whose "NoPE" layers skip RoPE (every 4th by
+/// default; `no_rope_layers` lists them per layer). GGUF (llama.cpp's `smollm3`): Q/K rows
+/// permuted as Llama's; llama.cpp fixes every 4th layer as NoPE and reads no key for it, so
+/// flowrt reads `smollm3.no_rope_layers` (HF's list) when a file carries it, as `flowrt pack`
+/// writes it, and llama.cpp's rule otherwise.
+pub const SMOLLM3: ArchSpec = ArchSpec {
+    name: "smollm3",
+    gguf_archs: &["smollm3"],
+    hf_model_types: &["smollm3"],
+    sliding_window: true,
+    defaults: ArchDefaults {
+        no_rope_layer_interval: Some(4),
+        ..PLAIN_DEFAULTS
+    },
     ..LLAMA
 };
 
@@ -315,7 +367,9 @@ pub const BERT: ArchSpec = ArchSpec {
 };
 
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
-pub const ARCHS: &[&ArchSpec] = &[&LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &BERT];
+pub const ARCHS: &[&ArchSpec] = &[
+    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT,
+];
 
 /// The family whose GGUF `general.architecture` is `arch`.
 pub fn by_gguf_arch(arch: &str) -> Option<&'static ArchSpec> {

@@ -276,7 +276,7 @@ impl Plan {
             if arch.qk_norm {
                 ops.push(Op::QkNorm);
             }
-            if arch.positions == Positions::Rope {
+            if arch.positions == Positions::Rope && cfg.layer_uses_rope(layer) {
                 ops.push(Op::Rope {
                     local: cfg.layer_uses_local_rope(layer),
                 });

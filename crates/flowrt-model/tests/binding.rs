@@ -175,6 +175,45 @@ fn minicpm_gguf_reads_its_scalings_and_names_a_missing_one() {
 }
 
 #[test]
+fn granite_gguf_reads_its_four_multipliers_and_names_a_missing_or_bad_one() {
+    let keys = [
+        ("embedding_scale", 6.0),
+        ("attention.scale", 0.25),
+        ("residual_scale", 0.45),
+        ("logit_scale", 3.5),
+    ];
+    let m = Model::from_gguf(Arc::new(tiny_with("granite", &keys, &[]))).unwrap();
+    let c = &m.config;
+    assert_eq!(
+        (
+            c.embedding_multiplier,
+            c.attn_scale,
+            c.residual_multiplier,
+            c.logit_multiplier
+        ),
+        (6.0, 0.25, 0.45, (1.0 / 3.5f64) as f32)
+    );
+    for i in 0..keys.len() {
+        let missing: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, &kv)| kv)
+            .collect();
+        let e = Model::from_gguf(Arc::new(tiny_with("granite", &missing, &[]))).unwrap_err();
+        let want = format!("granite.{}", keys[i].0);
+        assert!(
+            matches!(e, ModelError::MissingKey { ref key, .. } if *key == want),
+            "{e}"
+        );
+        let mut bad = keys.to_vec();
+        bad[i].1 = -1.0;
+        let e = Model::from_gguf(Arc::new(tiny_with("granite", &bad, &[]))).unwrap_err();
+        assert!(e.to_string().contains(&format!("`{want}`")), "{e}");
+    }
+}
+
+#[test]
 fn gguf_longrope_reads_its_factor_tensors_and_names_a_missing_one() {
     // head_dim 2: one divisor per set. `rope.scaling.type` is a string key.
     let with_type = |tensors: &[(&str, Vec<f32>)]| {
@@ -212,4 +251,50 @@ fn gguf_longrope_reads_its_factor_tensors_and_names_a_missing_one() {
     );
     let e = with_type(&[("rope_factors_long.weight", vec![4.0])]).unwrap_err();
     assert!(e.to_string().contains("rope_factors_short.weight"), "{e}");
+}
+
+/// SmolLM3 GGUFs: llama.cpp's every-4th NoPE rule without a key (no NoPE layer in 2); `smollm3.no_rope_layers`
+/// (HF's list) when the file has it; a list of the wrong length names the key.
+#[test]
+fn smollm3_gguf_reads_its_nope_layers() {
+    // `tiny` has 2 layers.
+    let with_list = |list: Option<Vec<u32>>| {
+        let f = tiny(&[], 2, "smollm3");
+        let mut b = GgufBuilder::new();
+        for (k, v) in f.metadata() {
+            b.kv(k.as_str(), v.clone());
+        }
+        if let Some(list) = list {
+            b.kv(
+                "smollm3.no_rope_layers",
+                flowrt_gguf::Value::Array(flowrt_gguf::Array::U32(list)),
+            );
+        }
+        for t in f.tensors() {
+            b.tensor(
+                t.name.as_str(),
+                &t.dims,
+                t.ggml_type,
+                f.tensor_data(t).to_vec(),
+            );
+        }
+        Model::from_gguf(Arc::new(GgufFile::from_bytes(b.to_bytes()).unwrap()))
+    };
+    let m = with_list(None).unwrap();
+    assert_eq!(m.config.rope_layers, [true, true]);
+    let m = with_list(Some(vec![0, 1])).unwrap();
+    assert_eq!(m.config.rope_layers, [false, true]);
+    let ropes = flowrt_model::Plan::new(&m.config)
+        .groups
+        .iter()
+        .filter(|g| {
+            g.ops
+                .iter()
+                .any(|o| matches!(o, flowrt_model::Op::Rope { .. }))
+        })
+        .filter_map(|g| g.kind.layer())
+        .collect::<Vec<_>>();
+    assert_eq!(ropes, [1], "RoPE ops only on the rotated layers");
+    let e = with_list(Some(vec![1, 0, 1])).unwrap_err();
+    assert!(e.to_string().contains("`smollm3.no_rope_layers`"), "{e}");
 }

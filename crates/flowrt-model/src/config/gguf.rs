@@ -116,11 +116,20 @@ impl ModelConfig {
         let rope_theta = f
             .get_f32(&key("rope.freq_base"))?
             .unwrap_or(arch.defaults.rope_theta);
-        let req_f32 = |k: &str| -> Result<f32, ModelError> {
-            f.get_f32(&key(k))?.ok_or_else(|| ModelError::MissingKey {
+        // A required multiplier: present, finite and positive.
+        let req_positive = |k: &str| -> Result<f32, ModelError> {
+            let v = f.get_f32(&key(k))?.ok_or_else(|| ModelError::MissingKey {
                 file: file.clone(),
                 key: key(k),
-            })
+            })?;
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(bad(
+                    &file,
+                    format!("`{}` = {v} must be a positive, finite number", key(k)),
+                ))
+            }
         };
         let scaling = match f.get_str(&key("rope.scaling.type"))? {
             None | Some("none") => RopeScaling::None,
@@ -203,6 +212,34 @@ impl ModelConfig {
                 None => vec![LayerType::Sliding; num_hidden_layers],
             },
         };
+        // NoPE layers: HF's list under `{arch}.no_rope_layers` when the file carries it (as
+        // `flowrt pack` writes it; llama.cpp reads no key for it), else the family's interval.
+        let rope_layers = match arch.defaults.no_rope_layer_interval {
+            None => vec![true; num_hidden_layers],
+            Some(interval) => match f.get(&key("no_rope_layers")) {
+                None => Self::interval_rope_layers(num_hidden_layers, interval),
+                Some(Value::Array(a)) => {
+                    let values = integers(a).ok_or_else(|| {
+                        bad(
+                            &file,
+                            format!("`{}` is not a list of integers", key("no_rope_layers")),
+                        )
+                    })?;
+                    Self::rope_layers_from_list(
+                        &file,
+                        &values,
+                        num_hidden_layers,
+                        &key("no_rope_layers"),
+                    )?
+                }
+                Some(v) => {
+                    return Err(bad(
+                        &file,
+                        format!("`{}` = {v} is not a list", key("no_rope_layers")),
+                    ))
+                }
+            },
+        };
         let rope_local = match (sliding_window, arch.defaults.local_rope_theta) {
             (Some(_), Some(default)) => Some(RopeConfig::plain(
                 f.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(default),
@@ -214,21 +251,23 @@ impl ModelConfig {
         // is not 1/√head_dim), else 1/√head_dim. Gemma 3 GGUFs from llama.cpp's converter carry
         // no query_pre_attn_scalar; the family's value is head_dim for the published sizes up
         // to 12B (27B uses hidden/heads and would need the key).
-        let attn_scale = match f.get_f32(&key("attention.scale"))? {
-            Some(s) => s,
-            None => 1.0 / (head_dim as f32).sqrt(),
+        // A family that states its scale (Granite) must give the key.
+        let attn_scale = match (f.get_f32(&key("attention.scale"))?, arch.scalings) {
+            (_, Scalings::Direct { .. }) => req_positive("attention.scale")?,
+            (Some(s), _) => s,
+            (None, _) => 1.0 / (head_dim as f32).sqrt(),
         };
         let embedding_multiplier = match arch.embed_scale {
             EmbedScale::None => 1.0,
             EmbedScale::SqrtHidden => (hidden_size as f32).sqrt(),
-            EmbedScale::FromConfig => req_f32("embedding_scale")?,
+            EmbedScale::FromConfig(_) => req_positive("embedding_scale")?,
         };
         // llama.cpp's names: residual branches × `residual_scale`, logits ÷ `logit_scale`.
         let (residual_multiplier, logit_multiplier) = match arch.scalings {
             Scalings::None => (1.0, 1.0),
-            Scalings::MiniCpm => (
-                req_f32("residual_scale")?,
-                (1.0 / req_f32("logit_scale")? as f64) as f32,
+            Scalings::MiniCpm | Scalings::Direct { .. } => (
+                req_positive("residual_scale")?,
+                (1.0 / req_positive("logit_scale")? as f64) as f32,
             ),
         };
         let final_logit_softcapping = f
@@ -266,6 +305,7 @@ impl ModelConfig {
             attn_scale,
             sliding_window,
             layer_types,
+            rope_layers,
             embedding_multiplier,
             residual_multiplier,
             logit_multiplier,
@@ -305,6 +345,21 @@ fn factor_tensor(
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+/// The values of an integer array.
+fn integers(a: &Array) -> Option<Vec<i128>> {
+    Some(match a {
+        Array::U8(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I8(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::U16(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I16(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::U32(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I32(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::U64(v) => v.iter().map(|&x| x.into()).collect(),
+        Array::I64(v) => v.iter().map(|&x| x.into()).collect(),
+        _ => return None,
+    })
 }
 
 pub(crate) fn file_name(f: &GgufFile) -> PathBuf {

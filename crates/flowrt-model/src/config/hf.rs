@@ -61,6 +61,19 @@ impl<'a> Obj<'a> {
         })
     }
 
+    /// A required multiplier: present, a number, finite and positive.
+    fn req_positive(&self, k: &str) -> Result<f64, ModelError> {
+        let v = self.req_f64(k)?;
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(bad(
+                self.file,
+                format!("`{k}` = {v} must be a positive, finite number"),
+            ))
+        }
+    }
+
     fn str(&self, k: &str) -> Result<Option<&'a str>, ModelError> {
         match self.present(k) {
             None => Ok(None),
@@ -238,6 +251,27 @@ impl ModelConfig {
             },
         };
         let sliding_window = window.filter(|_| layer_types.contains(&LayerType::Sliding));
+        let rope_layers = match arch.defaults.no_rope_layer_interval {
+            None => vec![true; num_hidden_layers],
+            Some(default) => match c.present("no_rope_layers") {
+                Some(Value::Array(a)) => {
+                    let values = a
+                        .iter()
+                        .map(|v| v.as_i64().map(i128::from))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| bad(file, "`no_rope_layers` holds a non-integer".into()))?;
+                    Self::rope_layers_from_list(file, &values, num_hidden_layers, "no_rope_layers")?
+                }
+                Some(v) => return Err(bad(file, format!("`no_rope_layers` = {v} is not a list"))),
+                None => {
+                    let interval = c.usize("no_rope_layer_interval")?.unwrap_or(default);
+                    if interval == 0 {
+                        return Err(bad(file, "`no_rope_layer_interval` is 0".into()));
+                    }
+                    Self::interval_rope_layers(num_hidden_layers, interval)
+                }
+            },
+        };
 
         let attn_scale = match c.f64("query_pre_attn_scalar")? {
             Some(s) if s > 0.0 => (1.0 / s.sqrt()) as f32,
@@ -252,18 +286,31 @@ impl ModelConfig {
         let embedding_multiplier = match arch.embed_scale {
             EmbedScale::None => 1.0,
             EmbedScale::SqrtHidden => (hidden_size as f64).sqrt() as f32,
-            EmbedScale::FromConfig => c.req_f64("scale_emb")? as f32,
+            EmbedScale::FromConfig(key) => c.req_positive(key)? as f32,
         };
         let (residual_multiplier, logit_multiplier) = match arch.scalings {
             Scalings::None => (1.0, 1.0),
             Scalings::MiniCpm => {
-                let depth = c.req_f64("scale_depth")?;
-                let base = c.req_f64("dim_model_base")?;
+                let depth = c.req_positive("scale_depth")?;
+                let base = c.req_positive("dim_model_base")?;
                 (
                     (depth / (num_hidden_layers as f64).sqrt()) as f32,
                     (base / hidden_size as f64) as f32,
                 )
             }
+            Scalings::Direct {
+                residual,
+                logit_divisor,
+                ..
+            } => (
+                c.req_positive(residual)? as f32,
+                (1.0 / c.req_positive(logit_divisor)?) as f32,
+            ),
+        };
+        // A family whose config states the attention scale itself (Granite).
+        let attn_scale = match arch.scalings {
+            Scalings::Direct { attention, .. } => c.req_positive(attention)? as f32,
+            Scalings::None | Scalings::MiniCpm => attn_scale,
         };
 
         let cfg = ModelConfig {
@@ -286,6 +333,7 @@ impl ModelConfig {
             attn_scale,
             sliding_window,
             layer_types,
+            rope_layers,
             embedding_multiplier,
             residual_multiplier,
             logit_multiplier,

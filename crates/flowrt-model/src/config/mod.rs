@@ -63,6 +63,9 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// How each layer attends (`num_hidden_layers` entries).
     pub layer_types: Vec<LayerType>,
+    /// Whether each layer rotates Q and K (`num_hidden_layers` entries; `false`: a "NoPE"
+    /// layer, SmolLM3's every 4th).
+    pub rope_layers: Vec<bool>,
     /// Token embeddings are multiplied by this (1 for most families).
     pub embedding_multiplier: f32,
     /// Residual branches are multiplied by this before they are added (1 for most families).
@@ -147,6 +150,13 @@ impl ModelConfig {
                 self.num_hidden_layers
             ));
         }
+        if self.rope_layers.len() != self.num_hidden_layers {
+            return err(format!(
+                "`no_rope_layers` has {} entries for {} layers",
+                self.rope_layers.len(),
+                self.num_hidden_layers
+            ));
+        }
         let slides = self.layer_types.contains(&LayerType::Sliding);
         match self.sliding_window {
             Some(0) => return err("sliding_window is 0".into()),
@@ -196,6 +206,45 @@ impl ModelConfig {
     /// Whether layer `l` uses the local RoPE (`rope_local`).
     pub fn layer_uses_local_rope(&self, l: usize) -> bool {
         self.rope_local.is_some() && self.layer_types[l] == LayerType::Sliding
+    }
+
+    /// Whether layer `l` rotates Q and K.
+    pub fn layer_uses_rope(&self, l: usize) -> bool {
+        self.rope_layers[l]
+    }
+
+    /// RoPE flags of a model whose every `interval`-th layer skips RoPE (transformers'
+    /// `no_rope_layer_interval`: layer `i` is rotated unless `(i + 1) % interval == 0`).
+    pub fn interval_rope_layers(n_layers: usize, interval: usize) -> Vec<bool> {
+        (0..n_layers)
+            .map(|i| interval == 0 || !(i + 1).is_multiple_of(interval))
+            .collect()
+    }
+
+    /// RoPE flags from HF's `no_rope_layers` values (1: rotated, 0: not), one per layer.
+    pub(crate) fn rope_layers_from_list(
+        file: &Path,
+        values: &[i128],
+        n_layers: usize,
+        key: &str,
+    ) -> Result<Vec<bool>, ModelError> {
+        if values.len() != n_layers {
+            return Err(bad(
+                file,
+                format!("`{key}` has {} entries for {n_layers} layers", values.len()),
+            ));
+        }
+        values
+            .iter()
+            .map(|&v| match v {
+                0 => Ok(false),
+                1 => Ok(true),
+                _ => Err(bad(
+                    file,
+                    format!("`{key}` holds {v}; entries are 1 (RoPE) or 0 (no RoPE)"),
+                )),
+            })
+            .collect()
     }
 
     /// Layer types of a model whose every `pattern`-th layer is global.
