@@ -542,6 +542,38 @@ fn matmul_ref_q4k(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W4K>(GgmlType::Q4K, g)
 }
 
+/// Defines a driver module's per-type table, `matmul_fn(w)`: the entry that runs the module's
+/// `unsafe fn run::<P>` for the packed type `P` of `w` (the module has `P4_0` ... `P6K`,
+/// `Packed`, `GgmlType`, `MatmulArgs` and `MatmulFn` in scope). Every instruction set's x8
+/// driver defines its table with it, so the type list is written once.
+macro_rules! packed_type_table {
+    () => {
+        /// The table entry for packed type `P`.
+        fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
+            // SAFETY: entries are only reachable from the kernel table of this module's
+            // instruction set, which exists only on hosts with its features, with lengths
+            // checked by `Kernels::matmul_q16_x8`.
+            unsafe { run::<P>(&mut g) }
+        }
+
+        pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
+            Some(match w {
+                GgmlType::Q4_0 => entry::<P4_0>,
+                GgmlType::Q4_1 => entry::<P4_1>,
+                GgmlType::Q5_0 => entry::<P5_0>,
+                GgmlType::Q5_1 => entry::<P5_1>,
+                GgmlType::Q8_0 => entry::<P8_0>,
+                GgmlType::Q4K => entry::<P4K>,
+                GgmlType::Q5K => entry::<P5K>,
+                GgmlType::Q6K => entry::<P6K>,
+                _ => return None,
+            })
+        }
+    };
+}
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) use packed_type_table;
+
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     #[cfg(target_arch = "x86_64")]

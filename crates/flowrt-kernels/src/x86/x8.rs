@@ -467,23 +467,4 @@ unsafe fn all_tokens<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usi
     }
 }
 
-/// The table entry for packed type `P`.
-fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
-    // SAFETY: entries are only reachable from tables built after AVX2/FMA/F16C were
-    // detected, with lengths checked by `Kernels::matmul_q16_x8`.
-    unsafe { run::<P>(&mut g) }
-}
-
-pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
-    Some(match w {
-        GgmlType::Q4_0 => entry::<P4_0>,
-        GgmlType::Q4_1 => entry::<P4_1>,
-        GgmlType::Q5_0 => entry::<P5_0>,
-        GgmlType::Q5_1 => entry::<P5_1>,
-        GgmlType::Q8_0 => entry::<P8_0>,
-        GgmlType::Q4K => entry::<P4K>,
-        GgmlType::Q5K => entry::<P5K>,
-        GgmlType::Q6K => entry::<P6K>,
-        _ => return None,
-    })
-}
+crate::x8::packed_type_table!();
