@@ -467,7 +467,16 @@ mod tests {
             0x35bcb0c1, 0x35980e02, 0x35751070, 0x35457bab, 0x351f23e4, 0x35003dec, 0x34ceaf79,
             0x34a68e4c,
         ];
-        assert_eq!(bits(&r.freqs(128)[0].inv_freq), want);
+        // Equal but for dimension 37, one ulp apart: there Rust's `powf` and torch's vectorised
+        // pow round 1e6^(74/128) differently (2942.7273 vs 2942.7271), as they do for plain
+        // RoPE; the blend itself adds no difference.
+        let got = bits(&r.freqs(128)[0].inv_freq);
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                g.abs_diff(w) <= u32::from(i == 37),
+                "dimension {i}: {g:#x} vs {w:#x}"
+            );
+        }
         // cos/sin carry the attention factor at every position.
         let (cos, _) = r.cos_sin_table(128, 2);
         assert_eq!(cos[0], r.attention_factor());
