@@ -61,6 +61,12 @@ Cases:
                 no_rope_layers [0, 1, 1, 0, 1] (1 = RoPE, 0 = none: layers 0 and 3
                 skip RoPE; layer 0 is not what no_rope_layer_interval 4 would give),
                 untied
+  qwen3-yarn    Qwen3ForCausalLM with rope_parameters yarn: factor 4,
+                original_max_position_embeddings 16 (the 48-token prompt goes past
+                it), beta_fast/beta_slow 32/1 (defaults), attention_factor from
+                0.1 ln(4) + 1 = 1.1386; head_dim 16 and rope_theta 10 so that the
+                ramp runs from dimension 0 to 4: dimension 0 kept, 1-3 blended,
+                4-7 divided by 4 (with theta 1e6 no dimension would fall in it)
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -220,6 +226,16 @@ CASES: dict[str, dict] = {
                     max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=10000.0,
                     tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
                     no_rope_layers=[0, 1, 1, 0, 1], no_rope_layer_interval=4),
+        init=dict(linear=0.08, embed=0.5, head=0.35),
+    ),
+    "qwen3-yarn": dict(
+        arch="Qwen3ForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu",
+                    max_position_embeddings=64, rms_norm_eps=1e-6,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10.0, factor=4.0,
+                                         original_max_position_embeddings=16),
+                    tie_word_embeddings=False, attention_bias=False),
         init=dict(linear=0.08, embed=0.5, head=0.35),
     ),
 }

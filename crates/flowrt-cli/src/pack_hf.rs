@@ -21,6 +21,7 @@ use flowrt_dtype::GgmlType;
 use flowrt_gguf::{Array, StringArray, Value};
 use flowrt_kernels::Kernels;
 use flowrt_model::arch::{self, ArchSpec, EmbedScale, Scalings};
+use flowrt_model::rope::yarn_attention_factor;
 use flowrt_model::safetensors_dir::SafetensorsDir;
 use flowrt_model::{LayerType, ModelConfig, RopeConfig, RopePairing, RopeScaling, TensorRole};
 use serde_json::Value as Json;
@@ -293,7 +294,7 @@ impl HfSource {
         let mut made = Vec::new();
         let c = &self.cfg;
         match &c.rope.scaling {
-            RopeScaling::None | RopeScaling::Linear { .. } => {}
+            RopeScaling::None | RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => {}
             // llama.cpp stores Llama 3's scaling as per-dimension divisors of the plain
             // frequencies (1, factor, or 1 / ((1 - smooth) / factor + smooth)); these are
             // the divisors of flowrt's own scaled frequencies.
@@ -426,6 +427,35 @@ impl HfSource {
                     u(*original_max_position_embeddings),
                 ));
                 meta.push((k("rope.scaling.attn_factor"), Value::F32(*attention_factor)));
+            }
+            // llama.cpp's converter's keys. The ramp ends are always rounded outwards there (and
+            // in flowrt's GGUF reader), so `truncate: false` has no GGUF form. The cos/sin factor
+            // is written, as the converter does, only when it is not the default.
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                attention_factor,
+            } => {
+                if !truncate {
+                    bail!("config.json: YaRN with `truncate: false` has no GGUF key (llama.cpp always truncates)");
+                }
+                meta.push((k("rope.scaling.type"), "yarn".into()));
+                meta.push((k("rope.scaling.factor"), Value::F32(*factor)));
+                meta.push((
+                    k("rope.scaling.original_context_length"),
+                    u(*original_max_position_embeddings),
+                ));
+                meta.push((k("rope.scaling.yarn_beta_fast"), Value::F32(*beta_fast)));
+                meta.push((k("rope.scaling.yarn_beta_slow"), Value::F32(*beta_slow)));
+                if *attention_factor != yarn_attention_factor(*factor as f64, None, None) {
+                    meta.push((
+                        k("rope.scaling.yarn_attn_factor"),
+                        Value::F32(*attention_factor),
+                    ));
+                }
             }
             // As tensors (`make_tensors`), or nothing.
             RopeScaling::None | RopeScaling::Llama3 { .. } | RopeScaling::FreqFactors(_) => {}

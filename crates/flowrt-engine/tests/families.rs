@@ -101,6 +101,11 @@ fn smollm3_nope_layers() {
     check("smollm3");
 }
 
+#[test]
+fn qwen3_yarn_rope() {
+    check("qwen3-yarn");
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));
@@ -170,7 +175,32 @@ fn inconsistent_config_names_the_file_and_problem() {
             },
         );
     let e = load_error(dir.path());
-    assert!(e.contains("`yarn` is not supported"), "{e}");
+    assert!(
+        e.contains("`yarn` without `original_max_position_embeddings`"),
+        "{e}"
+    );
+    // Dynamic NTK follows the current sequence length, which a KV cache cannot: refused by name.
+    let dir = edited_copy(
+        "llama-tied",
+        |c| {
+            c["rope_parameters"] =
+                serde_json::json!({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+        },
+    );
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("config.json") && e.contains("rope_type: \"dynamic\""),
+        "{e}"
+    );
+    // YaRN with beta_fast below beta_slow names both.
+    let dir = edited_copy("qwen3-yarn", |c| {
+        c["rope_parameters"]["beta_fast"] = 0.5.into();
+    });
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("`beta_fast`") && e.contains("`beta_slow`"),
+        "{e}"
+    );
     // Shapes that disagree with the weights: every mis-shaped tensor is listed.
     let dir = edited_copy("llama-tied", |c| c["intermediate_size"] = 100.into());
     let e = load_error(dir.path());

@@ -54,6 +54,7 @@ fn families_on_vulkan_match_transformers() {
         "minicpm",
         "granite",
         "smollm3",
+        "qwen3-yarn",
     ];
     if no_device("family fixtures") {
         return;

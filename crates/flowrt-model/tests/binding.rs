@@ -253,6 +253,68 @@ fn gguf_longrope_reads_its_factor_tensors_and_names_a_missing_one() {
     assert!(e.to_string().contains("rope_factors_short.weight"), "{e}");
 }
 
+/// YaRN as llama.cpp's converter writes it: type, factor, original context, betas when given,
+/// `yarn_attn_factor` only when config.json set one (else 0.1 ln(factor) + 1).
+#[test]
+fn gguf_yarn_reads_llama_cpp_keys_and_names_a_missing_one() {
+    let read = |extra: &[(&str, f32)], orig: Option<u32>| {
+        let f = tiny_with("qwen3", extra, &[]);
+        let mut b = GgufBuilder::new();
+        for (k, v) in f.metadata() {
+            b.kv(k.as_str(), v.clone());
+        }
+        b.kv("qwen3.rope.scaling.type", "yarn");
+        if let Some(o) = orig {
+            b.kv("qwen3.rope.scaling.original_context_length", o);
+        }
+        let g = GgufFile::from_bytes(b.to_bytes()).unwrap();
+        flowrt_model::ModelConfig::from_gguf(&g)
+    };
+    let c = read(&[("rope.scaling.factor", 4.0)], Some(16)).unwrap();
+    assert_eq!(
+        c.rope.scaling,
+        flowrt_model::RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 16,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: flowrt_model::rope::yarn_attention_factor(4.0, None, None),
+        }
+    );
+    let c = read(
+        &[
+            ("rope.scaling.factor", 4.0),
+            ("rope.scaling.yarn_beta_fast", 16.0),
+            ("rope.scaling.yarn_beta_slow", 2.0),
+            ("rope.scaling.yarn_attn_factor", 1.5),
+        ],
+        Some(16),
+    )
+    .unwrap();
+    assert!(matches!(
+        c.rope.scaling,
+        flowrt_model::RopeScaling::Yarn { beta_fast, beta_slow, attention_factor, .. }
+            if (beta_fast, beta_slow, attention_factor) == (16.0, 2.0, 1.5)
+    ));
+    let e = read(&[("rope.scaling.factor", 4.0)], None).unwrap_err();
+    assert!(
+        matches!(e, ModelError::MissingKey { ref key, .. } if key == "qwen3.rope.scaling.original_context_length"),
+        "{e}"
+    );
+    let e = read(&[], Some(16)).unwrap_err();
+    assert!(e.to_string().contains("qwen3.rope.scaling.factor"), "{e}");
+    let e = read(
+        &[
+            ("rope.scaling.factor", 4.0),
+            ("rope.scaling.yarn_log_multiplier", 0.1),
+        ],
+        Some(16),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("yarn_log_multiplier"), "{e}");
+}
+
 /// SmolLM3 GGUFs: llama.cpp's every-4th NoPE rule without a key (no NoPE layer in 2); `smollm3.no_rope_layers`
 /// (HF's list) when the file has it; a list of the wrong length names the key.
 #[test]

@@ -8,7 +8,7 @@ use super::{bad, longrope_scaling, LayerType, ModelConfig};
 use crate::arch::{self, EmbedScale, NormKind, Scalings};
 use crate::error::ModelError;
 use crate::names::TensorRole;
-use crate::rope::{RopeConfig, RopeScaling};
+use crate::rope::{yarn_attention_factor, RopeConfig, RopeScaling};
 
 impl ModelConfig {
     /// Read the config of a GGUF model. Keys the family's GGUF files omit take the family's
@@ -151,10 +151,53 @@ impl ModelConfig {
                     f.get_f32(&key("rope.scaling.attn_factor"))?,
                 )
             }
+            // YaRN as llama.cpp's converter writes it. flowrt computes it as transformers does;
+            // llama.cpp differs in that it always rounds the ramp's ends outwards (transformers'
+            // `truncate: true`, the default) and has no `mscale` / `mscale_all_dim` pair (the
+            // converter writes the resulting factor as `yarn_attn_factor` when config.json gives
+            // `attention_factor`; otherwise both default to 0.1 ln(factor) + 1).
+            Some("yarn") => {
+                let factor = req_positive("rope.scaling.factor")?;
+                let orig = opt_u("rope.scaling.original_context_length")?.ok_or_else(|| {
+                    ModelError::MissingKey {
+                        file: file.clone(),
+                        key: key("rope.scaling.original_context_length"),
+                    }
+                })?;
+                // DeepSeek's log multiplier and a non-default extrapolation mix are llama.cpp
+                // knobs with no transformers counterpart here: refuse rather than guess.
+                for (k, neutral) in [
+                    ("rope.scaling.yarn_log_multiplier", 0.0),
+                    ("rope.scaling.yarn_ext_factor", 1.0),
+                ] {
+                    if let Some(v) = f.get_f32(&key(k))? {
+                        if v != neutral {
+                            return Err(bad(
+                                &file,
+                                format!("`{}` = {v} is not supported (flowrt runs YaRN as transformers does)", key(k)),
+                            ));
+                        }
+                    }
+                }
+                let beta = |k: &str, default: f32| -> Result<f32, ModelError> {
+                    Ok(f.get_f32(&key(k))?.filter(|&b| b != 0.0).unwrap_or(default))
+                };
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: orig,
+                    beta_fast: beta("rope.scaling.yarn_beta_fast", 32.0)?,
+                    beta_slow: beta("rope.scaling.yarn_beta_slow", 1.0)?,
+                    truncate: true,
+                    attention_factor: match f.get_f32(&key("rope.scaling.yarn_attn_factor"))? {
+                        Some(a) => a,
+                        None => yarn_attention_factor(factor as f64, None, None),
+                    },
+                }
+            }
             Some(other) => {
                 return Err(bad(
                     &file,
-                    format!("RoPE scaling type `{other}` is not supported (flowrt runs none, linear, llama3 and longrope)"),
+                    format!("RoPE scaling type `{other}` is not supported (flowrt runs none, linear, llama3, longrope and yarn)"),
                 ))
             }
         };

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use super::{bad, longrope_scaling, LayerType, ModelConfig};
 use crate::arch::{self, Activation, EmbedScale, NormKind, Positions, RopePairing, Scalings};
 use crate::error::ModelError;
-use crate::rope::{RopeConfig, RopeScaling};
+use crate::rope::{yarn_attention_factor, RopeConfig, RopeScaling};
 
 /// Typed access to a JSON object, with errors naming the file and key.
 #[derive(Clone, Copy)]
@@ -446,10 +446,46 @@ fn read_rope_scaling(
                 s.f32("attention_factor")?,
             )
         }
+        "yarn" => {
+            let orig = orig()?;
+            // transformers: a missing factor is max_position_embeddings / original (DeepSeek).
+            let factor = match s.f64("factor")? {
+                Some(f) => f,
+                None => max_pos as f64 / orig as f64,
+            };
+            // `x or default` in the reference: 0 (or absent) means the default.
+            let beta = |k: &str, default: f32| -> Result<f32, ModelError> {
+                Ok(s.f32(k)?.filter(|&b| b != 0.0).unwrap_or(default))
+            };
+            let attention_factor = match s.f64("attention_factor")? {
+                Some(a) => a as f32,
+                None => yarn_attention_factor(factor, s.f64("mscale")?, s.f64("mscale_all_dim")?),
+            };
+            RopeScaling::Yarn {
+                factor: factor as f32,
+                original_max_position_embeddings: orig,
+                beta_fast: beta("beta_fast", 32.0)?,
+                beta_slow: beta("beta_slow", 1.0)?,
+                truncate: s.bool("truncate")?.unwrap_or(true),
+                attention_factor,
+            }
+        }
+        // Dynamic NTK raises the base with the current sequence length once it passes
+        // max_position_embeddings, and the reference keeps cached keys rotated with the old
+        // base, so no fixed per-position table reproduces it past that length.
+        "dynamic" => {
+            return Err(bad(
+                c.file,
+                "RoPE scaling `rope_type: \"dynamic\"` (dynamic NTK) is not supported: it \
+                 changes the RoPE base with the current sequence length, which rotations \
+                 already held in the KV cache cannot follow"
+                    .into(),
+            ))
+        }
         other => {
             return Err(bad(
                 c.file,
-                format!("RoPE scaling type `{other}` is not supported (flowrt runs default, linear, llama3 and longrope)"),
+                format!("RoPE scaling type `{other}` is not supported (flowrt runs default, linear, llama3, longrope and yarn)"),
             ))
         }
     };
