@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+// Each test binary that includes this module uses some of these.
+#[allow(unused_imports)]
 pub use flowrt_testkit::models::{gemma3, smollm2};
 
 /// A file under the repository's `tests/fixtures`.

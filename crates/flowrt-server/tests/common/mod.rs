@@ -2,7 +2,6 @@
 //! the router without a socket.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -17,6 +16,7 @@ use tower::ServiceExt;
 pub const MODEL: &str = "smollm2:135m";
 pub const N_CTX: usize = 512;
 
+#[allow(unused_imports)] // not every test binary that includes this module uses it
 pub use flowrt_testkit::models::smollm2;
 
 pub fn config() -> ServerConfig {
