@@ -337,6 +337,7 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
         let v = serde_json::json!({
             "tag": entry.as_ref().map(|e| e.tag.clone()),
             "architecture": d.info.architecture,
+            "features": model.model.config.features(),
             "parameters": d.info.parameters,
             "quantization": d.info.quantization,
             "parameters_by_type": d.by_type,
@@ -393,6 +394,7 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
             format!("{} (matrices: {})", d.info.quantization, types.join(", ")),
         ),
         ("context length", d.info.context_length.to_string()),
+        ("features", model.model.config.features().join("; ")),
         (
             "layers",
             format!(

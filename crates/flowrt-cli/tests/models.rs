@@ -126,6 +126,10 @@ fn add_list_show_run_rm() {
     let s = json(&ok(h, &["show", "mine", "--json"]));
     assert_eq!(s["tag"], "mine:135m");
     assert_eq!(s["architecture"], "llama");
+    assert_eq!(
+        s["features"],
+        serde_json::json!(["grouped-query attention 9:3", "RoPE base 100000"])
+    );
     assert_eq!(s["parameters"], 134_515_008u64);
     assert_eq!(s["quantization"], "q4_1");
     assert_eq!(s["context_length"], 8192);

@@ -208,6 +208,111 @@ impl ModelConfig {
         self.rope_local.is_some() && self.layer_types[l] == LayerType::Sliding
     }
 
+    /// What sets this model apart from a plain decoder, one short phrase each, as `flowrt show`
+    /// lists them: attention layout, norms and biases, sliding windows, RoPE and its scaling,
+    /// layers without RoPE, and the multipliers of the embeddings, residual stream, attention
+    /// scores and logits. Never empty: the positions (RoPE and its base, or learned) are always
+    /// named.
+    pub fn features(&self) -> Vec<String> {
+        let arch = self.arch;
+        let mut f = Vec::new();
+        let (q, kv) = (self.num_attention_heads, self.num_key_value_heads);
+        if kv == 1 && q > 1 {
+            f.push(format!(
+                "multi-query attention ({q} query heads, 1 KV head)"
+            ));
+        } else if kv < q {
+            f.push(format!("grouped-query attention {q}:{kv}"));
+        }
+        if self.head_dim * q != self.hidden_size {
+            f.push(format!("head_dim {} (≠ hidden/heads)", self.head_dim));
+        }
+        if !arch.causal {
+            f.push("bidirectional attention (encoder)".into());
+        }
+        if arch.qk_norm {
+            f.push("QK-norm".into());
+        }
+        if arch.qkv_bias {
+            f.push("Q/K/V biases".into());
+        }
+        if arch.sandwich_norms {
+            f.push("sandwich norms".into());
+        }
+        if arch.norm_position == crate::arch::NormPosition::Post {
+            f.push("norms after each block (post-norm)".into());
+        }
+        let sliding = self
+            .layer_types
+            .iter()
+            .filter(|t| **t == LayerType::Sliding)
+            .count();
+        if let (Some(w), true) = (self.sliding_window, sliding > 0) {
+            f.push(format!(
+                "sliding window {w} on {sliding} of {} layers",
+                self.num_hidden_layers
+            ));
+        }
+        if arch.positions == crate::arch::Positions::Rope {
+            let mut rope = format!("RoPE base {}", self.rope.theta);
+            if let Some(local) = &self.rope_local {
+                rope += &format!(" (sliding layers {})", local.theta);
+            }
+            if self.rope_dim < self.head_dim {
+                rope += &format!(", {} of {} dims rotated", self.rope_dim, self.head_dim);
+            }
+            match &self.rope.scaling {
+                RopeScaling::None => {}
+                RopeScaling::Linear { factor } => rope += &format!(", linear scaling ×{factor}"),
+                RopeScaling::Llama3 {
+                    factor,
+                    original_max_position_embeddings: o,
+                    ..
+                } => rope += &format!(", llama3 scaling ×{factor} from {o}"),
+                RopeScaling::LongRope {
+                    original_max_position_embeddings: o,
+                    ..
+                } => rope += &format!(", LongRoPE from {o}"),
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: o,
+                    ..
+                } => rope += &format!(", YaRN ×{factor} from {o}"),
+                RopeScaling::FreqFactors(_) => rope += ", per-dimension frequency factors",
+            }
+            f.push(rope);
+            let nope: Vec<String> = (0..self.num_hidden_layers)
+                .filter(|&l| !self.layer_uses_rope(l))
+                .map(|l| l.to_string())
+                .collect();
+            if !nope.is_empty() {
+                f.push(format!("no RoPE on layers {}", nope.join(", ")));
+            }
+        } else {
+            f.push("learned absolute positions".into());
+        }
+        if self.embedding_multiplier != 1.0 {
+            f.push(format!("embeddings ×{}", self.embedding_multiplier));
+        }
+        if self.residual_multiplier != 1.0 {
+            f.push(format!("residual branches ×{}", self.residual_multiplier));
+        }
+        let plain_scale = 1.0 / (self.head_dim as f32).sqrt();
+        if (self.attn_scale - plain_scale).abs() > 1e-6 * plain_scale {
+            f.push(format!(
+                "attention scale {} (not 1/√head_dim)",
+                self.attn_scale
+            ));
+        }
+        if self.logit_multiplier != 1.0 {
+            f.push(format!("logits ×{}", self.logit_multiplier));
+        }
+        if let Some(cap) = self.final_logit_softcapping {
+            f.push(format!("logit soft-cap {cap}"));
+        }
+        f
+    }
+
     /// Whether layer `l` rotates Q and K.
     pub fn layer_uses_rope(&self, l: usize) -> bool {
         self.rope_layers[l]
