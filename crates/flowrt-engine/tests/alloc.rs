@@ -64,10 +64,14 @@ fn decode_steps_do_not_allocate() {
         .encode("Counting allocations while decoding", false, false)
         .unwrap();
     let mut tok = sampler.sample(s.feed(&prompt).unwrap()).unwrap();
-    // Warm up: first decode steps may size buffers.
+    // Warm up: first decode steps may size buffers. Between them the device thread is left
+    // idle long enough to park on its command channel: the first park grows the channel's
+    // list of waiting threads once (std's implementation), which a machine quick enough to
+    // hand it each step while it still spins would otherwise leave to a later step.
     for _ in 0..4 {
         sampler.accept(tok);
         tok = sampler.sample(s.feed(&[tok]).unwrap()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     COUNTING.store(true, Ordering::SeqCst);
     for _ in 0..32 {
