@@ -80,6 +80,15 @@ pub struct ServeArgs {
         allow_hyphen_values = true
     )]
     pub header_timeout: String,
+    /// How long a JSON request body may take to arrive after its header (seconds or 10s/1m;
+    /// -1 = no bound); then the answer is a 408. Against clients that trickle a body to hold
+    /// a connection and its buffer.
+    #[arg(
+        long = "body-timeout",
+        default_value = "60s",
+        allow_hyphen_values = true
+    )]
+    pub body_timeout: String,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -219,6 +228,12 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             std::env::var_os("FLOWRT_API_KEY").map(|v| v.to_string_lossy().into_owned()),
         )?,
         max_body_bytes: args.max_body,
+        body_timeout: match parse_duration("--body-timeout", &args.body_timeout)? {
+            Some(Duration::ZERO) => {
+                bail!("--body-timeout must be more than 0 seconds (or -1 for no bound)")
+            }
+            t => t,
+        },
         cors_origins: args.cors_origin.clone(),
         report_cached_tokens: args.report_cached_tokens,
         allowed_hosts: allowed_hosts(&args.host, &args.allowed_host),

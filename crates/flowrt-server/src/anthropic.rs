@@ -48,6 +48,7 @@ fn error_type(kind: ErrorKind) -> &'static str {
         ErrorKind::Unauthorized => "authentication_error",
         ErrorKind::ModelNotFound | ErrorKind::NotFound => "not_found_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
+        ErrorKind::RequestTimeout => "invalid_request_error",
         ErrorKind::UnsupportedMediaType => "invalid_request_error",
         ErrorKind::ForbiddenHost => "permission_error",
         ErrorKind::Overloaded => "rate_limit_error",

@@ -26,6 +26,8 @@ pub enum ErrorKind {
     Unauthorized,
     /// The request body is larger than the server accepts.
     PayloadTooLarge,
+    /// The request body did not arrive within `--body-timeout`.
+    RequestTimeout,
     /// A JSON route was sent a body that is not `Content-Type: application/json`.
     UnsupportedMediaType,
     /// The `Host` header names a host this server does not answer for (DNS rebinding).
@@ -49,6 +51,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::Unauthorized => "invalid_api_key",
             ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::RequestTimeout => "request_timeout",
             ErrorKind::UnsupportedMediaType => "unsupported_media_type",
             ErrorKind::ForbiddenHost => "forbidden_host",
             ErrorKind::Overloaded => "queue_full",
@@ -64,6 +67,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorKind::ForbiddenHost => StatusCode::FORBIDDEN,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
@@ -176,6 +180,7 @@ impl ApiError {
             StatusCode::METHOD_NOT_ALLOWED => ErrorKind::MethodNotAllowed,
             StatusCode::UNAUTHORIZED => ErrorKind::Unauthorized,
             StatusCode::PAYLOAD_TOO_LARGE => ErrorKind::PayloadTooLarge,
+            StatusCode::REQUEST_TIMEOUT => ErrorKind::RequestTimeout,
             StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorKind::UnsupportedMediaType,
             StatusCode::FORBIDDEN => ErrorKind::ForbiddenHost,
             StatusCode::TOO_MANY_REQUESTS => ErrorKind::Overloaded,

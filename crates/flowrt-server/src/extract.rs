@@ -34,7 +34,23 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             return Err(too_large());
         }
         let body: Body = req.into_body();
-        let bytes = match Limited::new(body, limit).collect().await {
+        let read = Limited::new(body, limit).collect();
+        let read = match state.config.body_timeout {
+            Some(t) => match tokio::time::timeout(t, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(ApiError::new(
+                        ErrorKind::RequestTimeout,
+                        format!(
+                            "the request body did not arrive within the server's limit of {} s (--body-timeout)",
+                            t.as_secs_f64()
+                        ),
+                    ))
+                }
+            },
+            None => read.await,
+        };
+        let bytes = match read {
             Ok(c) => c.to_bytes(),
             Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
             Err(_) => return Err(ApiError::invalid("the request body could not be read")),

@@ -405,16 +405,40 @@ pub(crate) async fn tokenize_bounded(
     runner: &Arc<Runner>,
     prompt: PromptInput,
 ) -> Result<Tokenized, ApiError> {
-    let _permit = runner
-        .tokenizing
-        .acquire()
-        .await
-        .map_err(|e| ApiError::internal("waiting to tokenize the prompt", &e))?;
+    let _permit = tokenize_turn(state, runner).await?;
     let r = runner.clone();
     let metrics = state.metrics.clone();
     tokio::task::spawn_blocking(move || tokenize(&r, prompt, &metrics))
         .await
         .map_err(|e| ApiError::internal("tokenizing the prompt", &e))?
+}
+
+/// A turn to tokenize on `runner`: one of its `--parallel` permits. The line for a turn is as
+/// long as the job queue (`--queue`): a request that finds it full is a 429, as one that finds
+/// the job queue full is, so a flood of prompts cannot pile up in memory before the queue sees
+/// them. A request that goes away while it waits leaves the line.
+pub(crate) async fn tokenize_turn<'a>(
+    state: &AppState,
+    runner: &'a Runner,
+) -> Result<tokio::sync::SemaphorePermit<'a>, ApiError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct InLine<'a>(&'a AtomicUsize);
+    impl Drop for InLine<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let line = &runner.tokenize_waiting;
+    if line.fetch_add(1, Ordering::SeqCst) >= state.config.queue.max(1) {
+        line.fetch_sub(1, Ordering::SeqCst);
+        return Err(ApiError::overloaded(&runner.spec.id, 1));
+    }
+    let _in_line = InLine(line);
+    runner
+        .tokenizing
+        .acquire()
+        .await
+        .map_err(|e| ApiError::internal("waiting to tokenize the prompt", &e))
 }
 
 /// A prompt of `len` bytes of text (`param` names the request field it came from) cannot
@@ -700,6 +724,59 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&c.text).unwrap();
         assert!(v.is_object(), "{}", c.text);
         assert!(c.summary.constraint_compile_time > std::time::Duration::ZERO);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_line_for_a_tokenizing_turn_is_as_long_as_the_queue_and_then_a_429() {
+        use std::sync::atomic::Ordering;
+        let state = state();
+        let runner = state.models.get("smollm2:135m").await.unwrap();
+        // Both `--parallel` turns taken: every request now waits in line.
+        let held = runner.tokenizing.acquire_many(2).await.unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..4 {
+            let (state, runner) = (state.clone(), runner.clone());
+            waiters.push(tokio::spawn(async move {
+                tokenize_turn(&state, &runner).await.map(drop)
+            }));
+        }
+        let t0 = std::time::Instant::now();
+        while runner.tokenize_waiting.load(Ordering::SeqCst) < 4 {
+            assert!(t0.elapsed().as_secs() < 10, "the waiters never got in line");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let e = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokenize_turn(&state, &runner),
+        )
+        .await
+        .expect("a request past the full line waited instead of a 429")
+        .map(drop)
+        .unwrap_err();
+        assert_eq!(
+            e.status(),
+            axum::http::StatusCode::TOO_MANY_REQUESTS,
+            "{e:?}"
+        );
+        assert_eq!(e.retry_after, Some(1), "{e:?}");
+        // One that goes away leaves the line, and makes room for another.
+        waiters.pop().unwrap().abort();
+        while runner.tokenize_waiting.load(Ordering::SeqCst) > 3 {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "an aborted waiter stayed in line"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let (s2, r2) = (state.clone(), runner.clone());
+        waiters.push(tokio::spawn(async move {
+            tokenize_turn(&s2, &r2).await.map(drop)
+        }));
+        drop(held);
+        for w in waiters {
+            w.await.unwrap().unwrap();
+        }
+        assert_eq!(runner.tokenize_waiting.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub use listen::{serve, ServeOptions, Stopped, DEFAULT_HEADER_TIMEOUT};
 pub use metrics::Metrics;
 pub use models::{ModelManager, ModelSpec, ModelState};
 
+/// The default `--body-timeout`: 4 MiB (the default body limit) arrives in it at 70 KB/s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How the server runs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -81,6 +84,10 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
+    /// How long a JSON request body may take to arrive once its header has (a 408 then);
+    /// `None` = no bound. Against clients that send a body a byte at a time to hold a
+    /// connection and its buffer.
+    pub body_timeout: Option<Duration>,
     /// Web origins (`https://app.example`, or `*` for any) whose pages may read this
     /// server's answers (CORS). Empty: no CORS headers at all, so browsers keep other sites'
     /// pages from reading a local server. See [`check_cors_origin`].
@@ -105,6 +112,7 @@ impl Default for ServerConfig {
             memory_budget: None,
             api_key: None,
             max_body_bytes: 4 << 20,
+            body_timeout: Some(DEFAULT_BODY_TIMEOUT),
             cors_origins: Vec::new(),
             report_cached_tokens: false,
             allowed_hosts: None,

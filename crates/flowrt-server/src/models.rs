@@ -163,6 +163,9 @@ pub struct Runner {
     /// Prompts of this model tokenized at once (one per `--parallel` slot), so many huge
     /// prompts at once cannot take memory without bound before the queue admits them.
     pub tokenizing: tokio::sync::Semaphore,
+    /// Requests waiting for a `tokenizing` permit: at most `--queue` (see
+    /// [`crate::gen::tokenize_turn`]).
+    pub tokenize_waiting: AtomicUsize,
     /// Estimated resident bytes: weights plus every slot's KV cache.
     pub est_bytes: u64,
     pub loaded_at: SystemTime,
@@ -617,6 +620,7 @@ fn load_runner(
         n_ctx,
         max_token_bytes,
         tokenizing: tokio::sync::Semaphore::new(config.parallel.max(1)),
+        tokenize_waiting: AtomicUsize::new(0),
         est_bytes,
         loaded_at: SystemTime::now(),
         last_used: Mutex::new(Instant::now()),

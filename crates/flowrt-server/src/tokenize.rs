@@ -78,6 +78,7 @@ pub async fn tokenize(
     ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     let runner = runner(&state, req.model.as_deref()).await?;
+    let _turn = crate::gen::tokenize_turn(&state, &runner).await?;
     let model = runner.model.clone();
     let body = tokio::task::spawn_blocking(move || {
         let tok = &model.tokenizer;

@@ -37,9 +37,17 @@ async fn write_all(s: &TcpStream, mut bytes: &[u8]) {
 
 /// A server on a free loopback port; send on the returned sender to shut it down.
 async fn start(options: ServeOptions) -> (String, oneshot::Sender<()>, JoinHandle<Stopped>) {
+    start_with(options, ServerConfig::default()).await
+}
+
+/// [`start`] with `config` (its allowed hosts set to loopback's).
+async fn start_with(
+    options: ServeOptions,
+    config: ServerConfig,
+) -> (String, oneshot::Sender<()>, JoinHandle<Stopped>) {
     let config = ServerConfig {
         allowed_hosts: Some(LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect()),
-        ..ServerConfig::default()
+        ..config
     };
     let router = app(AppState::new(Vec::new(), config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -87,6 +95,11 @@ async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> Option<(Vec<u8
 async fn request(s: &mut TcpStream, path: &str, host: &str) -> (u16, String) {
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n");
     write_all(s, req.as_bytes()).await;
+    read_response(s).await
+}
+
+/// The next response on `s`, answered with `Content-Length`: (status, body).
+async fn read_response(s: &mut TcpStream) -> (u16, String) {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -152,6 +165,57 @@ async fn a_half_sent_header_is_closed_at_the_header_timeout() {
     // And the server goes on answering.
     let mut s = TcpStream::connect(&addr).await.unwrap();
     assert_eq!(request(&mut s, "/health", "localhost").await.0, 200);
+    stop.send(()).unwrap();
+    assert_eq!(server.await.unwrap(), Stopped::Drained);
+}
+
+/// Issue 18: a body sent a byte at a time (or not at all after its header) held the
+/// connection and its buffer for as long as the client liked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_within_the_body_timeout_is_a_408() {
+    let config = ServerConfig {
+        body_timeout: Some(Duration::from_millis(500)),
+        ..ServerConfig::default()
+    };
+    let (addr, stop, server) = start_with(
+        options(Some(Duration::from_secs(10)), Duration::from_secs(5)),
+        config,
+    )
+    .await;
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let t0 = Instant::now();
+    write_all(
+        &s,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":",
+    )
+    .await;
+    let (status, body) = read_response(&mut s).await;
+    let took = t0.elapsed();
+    assert_eq!(status, 408, "{body}");
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(5),
+        "answered after {took:?} (body timeout 0.5 s)"
+    );
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "request_timeout", "{body}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--body-timeout"),
+        "{body}"
+    );
+    // A whole body in time is read as before (no model is served: a 404 naming it).
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let json = br#"{"model":"nope","messages":[{"role":"user","content":"hi"}]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        json.len()
+    );
+    write_all(&s, head.as_bytes()).await;
+    write_all(&s, json).await;
+    let (status, body) = read_response(&mut s).await;
+    assert_eq!(status, 404, "{body}");
     stop.send(()).unwrap();
     assert_eq!(server.await.unwrap(), Stopped::Drained);
 }
