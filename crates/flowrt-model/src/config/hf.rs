@@ -219,7 +219,7 @@ impl ModelConfig {
             None => head_dim,
             Some(f) => {
                 let d = head_dim as f64 * f;
-                if !(f > 0.0 && f <= 1.0) || (d as usize) == 0 || (d as usize) % 2 != 0 {
+                if !(f > 0.0 && f <= 1.0) || (d as usize) == 0 || !(d as usize).is_multiple_of(2) {
                     return Err(bad(
                         file,
                         format!(
