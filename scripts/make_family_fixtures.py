@@ -67,6 +67,17 @@ Cases:
                 0.1 ln(4) + 1 = 1.1386; head_dim 16 and rope_theta 10 so that the
                 ramp runs from dimension 0 to 4: dimension 0 kept, 1-3 blended,
                 4-7 divided by 4 (with theta 1e6 no dimension would fall in it)
+  phi3          Phi3ForCausalLM (transformers' own), Phi-4-mini style: fused qkv_proj
+                and gate_up_proj, partial_rotary_factor 0.75 (12 of head_dim 16 rotate),
+                LongRoPE (short/long factors over the 6 rotated pairs,
+                original_max_position_embeddings 32, max_position_embeddings 128, so
+                cos/sin x sqrt(1 + ln 4 / ln 32)), sliding_window 16, 3 layers, untied.
+                transformers picks LongRoPE's factor set per forward call from the
+                largest position in it (long when it is >= original), so a whole
+                48-token forward would rotate positions 0-31 with the long set too;
+                the reference is therefore computed token by token with a KV cache
+                (as a generating run does), where position p uses the long set exactly
+                when p >= 32: prompts 1 and 2 cross into it.
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -238,6 +249,20 @@ CASES: dict[str, dict] = {
                     tie_word_embeddings=False, attention_bias=False),
         init=dict(linear=0.08, embed=0.5, head=0.35),
     ),
+    "phi3": dict(
+        arch="Phi3ForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+                    max_position_embeddings=128, original_max_position_embeddings=32,
+                    rms_norm_eps=1e-5, sliding_window=16, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                         partial_rotary_factor=0.75,
+                                         short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                         long_factor=[1.0, 1.5, 2.4, 3.9, 6.1, 9.5],
+                                         original_max_position_embeddings=32)),
+        init=dict(linear=0.08, embed=0.5, head=0.35),
+        incremental=True,
+    ),
 }
 
 
@@ -309,7 +334,7 @@ def make_config(case: dict):
             kw.pop(k)
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
-    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM"):
+    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -505,7 +530,16 @@ def build_case(name: str, case: dict, tok, out_root: Path, prompts: list[list[in
 
         def run(ids):
             with torch.no_grad():
-                return lm(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+                if not case.get("incremental"):
+                    return lm(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+                # Token by token with a KV cache (see the phi3 case in the docstring).
+                cache, rows = None, []
+                for t, tok_id in enumerate(ids):
+                    o = lm(input_ids=torch.tensor([[tok_id]]), position_ids=torch.tensor([[t]]),
+                           past_key_values=cache, use_cache=True)
+                    cache = o.past_key_values
+                    rows.append(o.logits[0, -1].float())
+                return torch.stack(rows)
 
     tensors, margins, top1_frac_std = [], [], []
     for i, ids in enumerate(prompts):
@@ -533,6 +567,7 @@ def build_case(name: str, case: dict, tok, out_root: Path, prompts: list[list[in
         "prompt_token_counts": json.dumps([len(p) for p in prompts]),
         "total_token_counts": json.dumps([len(p) for p in prompts]),
         "append_greedy": json.dumps([0] * len(prompts)),
+        "reference_run": "token by token with a KV cache" if case.get("incremental") else "one forward per prompt",
         "vocab_size": str(vocab),
         "tokenizer_vocab_size": str(TOKENIZER_VOCAB),
         "seed": str(case_seed),

@@ -83,7 +83,7 @@ const PLAIN: LlamaCpp = LlamaCpp {
 };
 
 /// One row per family flowrt runs.
-const TARGETS: [Target; 8] = [
+const TARGETS: [Target; 9] = [
     Target {
         family: "llama",
         gguf_arch: "llama",
@@ -142,6 +142,14 @@ const TARGETS: [Target; 8] = [
             ..PLAIN
         },
     },
+    // llama.cpp's phi3: fused `attn_qkv` and `ffn_up` (gate then up) as the HF checkpoint
+    // stores them, NeoX RoPE (no permutation); its loader reads `attention.sliding_window`
+    // but switches Phi's window off ("Phi SWA is currently disabled").
+    Target {
+        family: "phi3",
+        gguf_arch: "phi3",
+        llama_cpp: PLAIN,
+    },
 ];
 
 fn target(family: &str) -> Option<&'static Target> {
@@ -149,10 +157,11 @@ fn target(family: &str) -> Option<&'static Target> {
 }
 
 /// Per-layer roles in the order they are written.
-const LAYER_ROLES: [TensorRole; 16] = {
+const LAYER_ROLES: [TensorRole; 18] = {
     use TensorRole::*;
     [
         AttnNorm,
+        AttnQkv,
         AttnQ,
         AttnK,
         AttnV,
@@ -164,6 +173,7 @@ const LAYER_ROLES: [TensorRole; 16] = {
         AttnOutput,
         AttnPostNorm,
         FfnNorm,
+        FfnGateUp,
         FfnGate,
         FfnUp,
         FfnDown,
@@ -178,6 +188,11 @@ fn uses(arch: &ArchSpec, role: TensorRole) -> bool {
         AttnQBias | AttnKBias | AttnVBias => arch.qkv_bias,
         AttnQNorm | AttnKNorm => arch.qk_norm,
         AttnPostNorm | FfnPostNorm => arch.sandwich_norms,
+        // Fused families are written fused, as llama.cpp's converter writes them.
+        AttnQkv => arch.fused_qkv,
+        AttnQ | AttnK | AttnV => !arch.fused_qkv,
+        FfnGateUp => arch.fused_gate_up,
+        FfnGate | FfnUp => !arch.fused_gate_up,
         _ => true,
     }
 }

@@ -285,6 +285,45 @@ fn packs_smollm3_to_f32_and_f16_with_its_nope_layers() {
     ));
 }
 
+/// Phi-3 (the Phi-4-mini style fixture): F32 lossless and greedy-identical, F16 agrees with
+/// transformers; the fused tensors are written as llama.cpp's converter names them
+/// (`attn_qkv`, `ffn_up` holding gate then up, no `ffn_gate`), with the LongRoPE factor
+/// tensors and 12 rotated dims; the report says llama.cpp drops the window and picks
+/// LongRoPE's set from the context size.
+#[test]
+fn packs_phi3_with_fused_tensors_as_llama_cpp_names_them() {
+    for (quant, report) in packs_to_types("phi3", &["F32", "F16"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("`phi3` loader has no sliding window")
+                && lines.contains("last 16 positions")
+                && lines.contains("switches to rope_factors_long from position 32 on"),
+            "phi3 {quant}: {report}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("phi3.gguf");
+    let o = pack(&fixture("families/phi3"), &out, "F32", &["--no-gate"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let g = flowrt_gguf::GgufFile::open(&out).unwrap();
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("phi3"));
+    assert_eq!(g.get_u64("phi3.rope.dimension_count").unwrap(), Some(12));
+    let dims = |name: &str| {
+        g.tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.dims.clone())
+    };
+    // hidden 64; Q 4 × 16 + K, V 2 × 16 each = 128 rows; gate + up 2 × 96 = 192 rows.
+    assert_eq!(dims("blk.0.attn_qkv.weight"), Some(vec![64, 128]));
+    assert_eq!(dims("blk.2.ffn_up.weight"), Some(vec![64, 192]));
+    assert_eq!(dims("rope_factors_long.weight"), Some(vec![6]));
+    assert_eq!(dims("rope_factors_short.weight"), Some(vec![6]));
+    for absent in ["blk.0.attn_q.weight", "blk.0.ffn_gate.weight"] {
+        assert_eq!(dims(absent), None, "{absent}");
+    }
+}
+
 /// The GGUF layout llama.cpp's converter writes for each family: architecture, keys, tensor
 /// names, Gemma's `1 + w` norms, LongRoPE and Llama 3 RoPE tensors, no Q/K permutation for
 /// NeoX-style architectures.

@@ -106,6 +106,32 @@ fn qwen3_yarn_rope() {
     check("qwen3-yarn");
 }
 
+/// Phi-4-mini style: fused QKV and gate/up, 12 of 16 dims rotated, LongRoPE (the reference
+/// runs token by token, so positions from 32 on use the long factors), sliding window 16.
+#[test]
+fn phi3_fused_partial_rotary_longrope() {
+    check("phi3");
+}
+
+/// A Phi-3 checkpoint whose fused tensors disagree with the config's head counts or
+/// intermediate size is refused, naming the tensor and the fields.
+#[test]
+fn phi3_fused_rows_disagreeing_with_the_config_name_the_fields() {
+    let dir = edited_copy("phi3", |c| c["num_key_value_heads"] = 4.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("self_attn.qkv_proj.weight")
+            && e.contains("(num_attention_heads + 2 × num_key_value_heads) × head_dim"),
+        "{e}"
+    );
+    let dir = edited_copy("phi3", |c| c["intermediate_size"] = 64.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("mlp.gate_up_proj.weight") && e.contains("2 × intermediate_size = 128"),
+        "{e}"
+    );
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));

@@ -55,6 +55,7 @@ fn families_on_vulkan_match_transformers() {
         "granite",
         "smollm3",
         "qwen3-yarn",
+        "phi3",
     ];
     if no_device("family fixtures") {
         return;

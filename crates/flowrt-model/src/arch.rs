@@ -187,6 +187,15 @@ pub struct ArchSpec {
     pub lm_head: bool,
     /// Tensor naming scheme.
     pub tensor_names: TensorNames,
+    /// Q, K and V are stored as one matrix of `(num_attention_heads + 2 ×
+    /// num_key_value_heads) × head_dim` rows, Q's rows first, then K's, then V's (HF
+    /// `self_attn.qkv_proj`, GGUF `attn_qkv`); flowrt splits it into row ranges at load, so
+    /// the decoder sees three matrices. GGUF files may carry separate `attn_q/k/v` instead.
+    pub fused_qkv: bool,
+    /// The gated feed-forward's gate and up matrices are stored as one of `2 ×
+    /// intermediate_size` rows, the gate's first (HF `mlp.gate_up_proj`; GGUF `ffn_up`, with
+    /// no `ffn_gate`); split into row ranges at load.
+    pub fused_gate_up: bool,
     /// HF tensors the family's checkpoints carry that flowrt does not use, by name after the
     /// prefix (BERT: the position-id buffer, and the pooler that sentence-transformers does
     /// not use).
@@ -226,6 +235,8 @@ pub const LLAMA: ArchSpec = ArchSpec {
     dense_bias: false,
     lm_head: true,
     tensor_names: TensorNames::Decoder,
+    fused_qkv: false,
+    fused_gate_up: false,
     hf_unused: &[],
 };
 
@@ -337,6 +348,24 @@ pub const SMOLLM3: ArchSpec = ArchSpec {
     ..LLAMA
 };
 
+/// Phi-3 / Phi-4-mini (`Phi3ForCausalLM`): Llama with Q/K/V and gate/up each stored fused,
+/// partial rotary (`partial_rotary_factor`: Phi-4-mini rotates 96 of 128 dims), LongRoPE
+/// picked per position (short factors below `original_max_position_embeddings`, long from
+/// there on, as a token-by-token run of transformers does), and a sliding window on every
+/// layer when the config gives one. GGUF (llama.cpp's `phi3`): `attn_qkv` (or separate
+/// `attn_q/k/v`), `ffn_up` holding gate then up, NeoX-style RoPE (no Q/K permutation),
+/// LongRoPE's factors as `rope_factors_short/long`.
+pub const PHI3: ArchSpec = ArchSpec {
+    name: "phi3",
+    gguf_archs: &["phi3"],
+    hf_model_types: &["phi3"],
+    gguf_rope_pairing: RopePairing::HalfSplit,
+    sliding_window: true,
+    fused_qkv: true,
+    fused_gate_up: true,
+    ..LLAMA
+};
+
 /// BERT (`BertModel`, what sentence-transformers models such as all-MiniLM-L6-v2 are): a
 /// bidirectional encoder with learned absolute positions, token-type embeddings, post-norm
 /// LayerNorms with biases, a plain GELU (erf) feed-forward and biases on every matrix. It has
@@ -368,7 +397,7 @@ pub const BERT: ArchSpec = ArchSpec {
 
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
-    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT,
+    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
 ];
 
 /// The family whose GGUF `general.architecture` is `arch`.

@@ -52,6 +52,11 @@ pub enum TensorRole {
     /// bias.
     LayerOutNorm,
     LayerOutNormBias,
+    /// Q, K and V stacked in one matrix (families with `fused_qkv`).
+    AttnQkv,
+    /// Gate and up stacked in one matrix, the gate's rows first (families with
+    /// `fused_gate_up`).
+    FfnGateUp,
 }
 
 impl TensorRole {
@@ -124,6 +129,9 @@ impl TensorRole {
             FfnDownBias => per_layer("ffn_down.bias"),
             LayerOutNorm => per_layer("layer_output_norm.weight"),
             LayerOutNormBias => per_layer("layer_output_norm.bias"),
+            AttnQkv => per_layer("attn_qkv.weight"),
+            // llama.cpp's phi3: `ffn_up` holds gate and up, with no `ffn_gate`.
+            FfnGateUp => per_layer("ffn_up.weight"),
         }
     }
 
@@ -164,6 +172,8 @@ impl TensorRole {
             AttnOutputBias => per_layer("self_attn.o_proj.bias"),
             FfnUpBias => per_layer("mlp.up_proj.bias"),
             FfnDownBias => per_layer("mlp.down_proj.bias"),
+            AttnQkv => per_layer("self_attn.qkv_proj.weight"),
+            FfnGateUp => per_layer("mlp.gate_up_proj.weight"),
             PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
             | LayerOutNorm | LayerOutNormBias => None,
         }
@@ -196,7 +206,8 @@ impl TensorRole {
             LayerOutNorm => per_layer("output.LayerNorm.weight"),
             LayerOutNormBias => per_layer("output.LayerNorm.bias"),
             OutputNorm | Output | RopeFreqs | RopeFactorsLong | RopeFactorsShort | AttnNorm
-            | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm => None,
+            | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm | AttnQkv
+            | FfnGateUp => None,
         }
     }
 

@@ -19,8 +19,14 @@ use crate::safetensors_dir::SafetensorsDir;
 /// Where a weight's bytes live.
 #[derive(Debug, Clone)]
 pub enum WeightData {
-    /// A tensor of a memory-mapped GGUF file.
-    Gguf { file: Arc<GgufFile>, tensor: usize },
+    /// Bytes `start..end` of a tensor of a memory-mapped GGUF file (the whole tensor, or a
+    /// row range of a fused one).
+    Gguf {
+        file: Arc<GgufFile>,
+        tensor: usize,
+        start: usize,
+        end: usize,
+    },
     /// A byte range of a memory-mapped safetensors shard.
     Safetensors {
         dir: Arc<SafetensorsDir>,
@@ -35,7 +41,12 @@ pub enum WeightData {
 impl WeightData {
     pub fn bytes(&self) -> &[u8] {
         match self {
-            WeightData::Gguf { file, tensor } => file.tensor_data(&file.tensors()[*tensor]),
+            WeightData::Gguf {
+                file,
+                tensor,
+                start,
+                end,
+            } => &file.tensor_data(&file.tensors()[*tensor])[*start..*end],
             WeightData::Safetensors {
                 dir,
                 shard,
@@ -56,10 +67,16 @@ impl WeightData {
     /// Other bytes (owned, or from safetensors shards, which hold only float types that no
     /// backend repacks) stay.
     pub fn release_range(&self, offset: usize, len: usize) {
-        if let WeightData::Gguf { file, tensor } = self {
+        if let WeightData::Gguf {
+            file,
+            tensor,
+            start: s,
+            end: e,
+        } = self
+        {
             let t = &file.tensors()[*tensor];
-            let start = file.data_offset().saturating_add(t.offset) as usize;
-            let len = len.min((t.size_bytes as usize).saturating_sub(offset));
+            let start = file.data_offset().saturating_add(t.offset) as usize + s;
+            let len = len.min((e - s).saturating_sub(offset));
             file.release(start.saturating_add(offset), len);
         }
     }
@@ -87,6 +104,43 @@ impl WeightMatrix {
     /// The bytes of rows `r0..r1`.
     pub fn rows_bytes(&self, r0: usize, r1: usize) -> &[u8] {
         &self.bytes()[r0 * self.row_bytes..r1 * self.row_bytes]
+    }
+
+    /// Rows `r0..r1` as a matrix of their own, named `name`: a view of the same mapped bytes
+    /// (rows are whole blocks in every quantised type, so a row range is a byte range), or a
+    /// copy of owned ones.
+    pub fn row_range(&self, name: String, r0: usize, r1: usize) -> WeightMatrix {
+        let (b0, b1) = (r0 * self.row_bytes, r1 * self.row_bytes);
+        let data = match &self.data {
+            WeightData::Gguf {
+                file,
+                tensor,
+                start,
+                ..
+            } => WeightData::Gguf {
+                file: file.clone(),
+                tensor: *tensor,
+                start: start + b0,
+                end: start + b1,
+            },
+            WeightData::Safetensors {
+                dir, shard, start, ..
+            } => WeightData::Safetensors {
+                dir: dir.clone(),
+                shard: *shard,
+                start: start + b0,
+                end: start + b1,
+            },
+            WeightData::Owned(v) => WeightData::Owned(Arc::new(v[b0..b1].to_vec())),
+        };
+        WeightMatrix {
+            name,
+            dtype: self.dtype,
+            rows: r1 - r0,
+            cols: self.cols,
+            row_bytes: self.row_bytes,
+            data,
+        }
     }
 }
 
@@ -232,6 +286,8 @@ impl Source {
                     data: WeightData::Gguf {
                         file: file.clone(),
                         tensor: i,
+                        start: 0,
+                        end: file.tensor_data(t).len(),
                     },
                 })
             }
@@ -409,6 +465,42 @@ impl Binder<'_> {
             v.iter_mut().for_each(|x| *x += self.norm_offset);
         }
         Some(v)
+    }
+
+    /// A fused matrix of `parts` stacked row ranges, split into one matrix per part, in order.
+    /// `what` says how the config sizes each part (for the error when the rows disagree).
+    fn fused(
+        &mut self,
+        role: TensorRole,
+        layer: usize,
+        parts: &[(&str, usize)],
+        cols: usize,
+        what: &str,
+    ) -> Option<Vec<WeightMatrix>> {
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        let name = self.source.name(self.arch, role, layer)?;
+        if let Some(t) = self.source.find(&name) {
+            if t.dims.len() == 2 && t.dims[0] == cols as u64 && t.dims[1] != rows as u64 {
+                self.used.insert(name.clone());
+                self.problems.push(format!(
+                    "tensor `{name}` has {} rows, but the config gives {what} = {rows} (ggml shape {:?}, expected [{cols}, {rows}])",
+                    t.dims[1], t.dims
+                ));
+                return None;
+            }
+        }
+        let m = self.matrix(role, layer, rows, cols)?;
+        let mut r0 = 0;
+        Some(
+            parts
+                .iter()
+                .map(|&(part, n)| {
+                    let sub = m.row_range(format!("{}[{part}]", m.name), r0, r0 + n);
+                    r0 += n;
+                    sub
+                })
+                .collect(),
+        )
     }
 
     /// A matrix that exists only when `present` (`layer` 0: global roles).
@@ -675,9 +767,26 @@ impl Model {
             // Bind every tensor (so all problems are collected), then assemble.
             let attn_norm = b.vector(attn_norm_role, l, h);
             let attn_norm_bias = b.norm_bias(layer_norm, attn_norm_role, l, h);
-            let wq = b.matrix(AttnQ, l, q, h);
-            let wk = b.matrix(AttnK, l, kv, h);
-            let wv = b.matrix(AttnV, l, kv, h);
+            // Fused Q/K/V: required in HF checkpoints; GGUF files may store them apart.
+            let qkv_fused = arch.fused_qkv
+                && (format == ModelFormat::HfDir || b.exists(AttnQkv, l) || !b.exists(AttnQ, l));
+            let (wq, wk, wv) = if qkv_fused {
+                let what = "(num_attention_heads + 2 × num_key_value_heads) × head_dim";
+                match b.fused(AttnQkv, l, &[("q", q), ("k", kv), ("v", kv)], h, what) {
+                    Some(mut m) => {
+                        let v = m.pop();
+                        let k = m.pop();
+                        (m.pop(), k, v)
+                    }
+                    None => (None, None, None),
+                }
+            } else {
+                (
+                    b.matrix(AttnQ, l, q, h),
+                    b.matrix(AttnK, l, kv, h),
+                    b.matrix(AttnV, l, kv, h),
+                )
+            };
             let bq = b.optional(arch.qkv_bias, AttnQBias, l, q);
             let bk = b.optional(arch.qkv_bias, AttnKBias, l, kv);
             let bv = b.optional(arch.qkv_bias, AttnVBias, l, kv);
@@ -688,12 +797,23 @@ impl Model {
             let attn_post_norm = b.optional(arch.sandwich_norms, AttnPostNorm, l, h);
             let ffn_norm = b.vector(ffn_norm_role, l, h);
             let ffn_norm_bias = b.norm_bias(layer_norm, ffn_norm_role, l, h);
-            let w_gate = if arch.gated_ffn {
-                b.matrix(FfnGate, l, ff, h).map(Some)
+            let (w_gate, w_up) = if arch.gated_ffn && arch.fused_gate_up {
+                let what = "2 × intermediate_size";
+                match b.fused(FfnGateUp, l, &[("gate", ff), ("up", ff)], h, what) {
+                    Some(mut m) => {
+                        let up = m.pop();
+                        (m.pop().map(Some), up)
+                    }
+                    None => (None, None),
+                }
+            } else if arch.gated_ffn {
+                (
+                    b.matrix(FfnGate, l, ff, h).map(Some),
+                    b.matrix(FfnUp, l, ff, h),
+                )
             } else {
-                Some(None)
+                (Some(None), b.matrix(FfnUp, l, ff, h))
             };
-            let w_up = b.matrix(FfnUp, l, ff, h);
             let b_up = b.optional(arch.dense_bias, FfnUpBias, l, ff);
             let w_down = b.matrix(FfnDown, l, h, ff);
             let b_down = b.optional(arch.dense_bias, FfnDownBias, l, h);

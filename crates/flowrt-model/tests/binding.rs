@@ -360,3 +360,121 @@ fn smollm3_gguf_reads_its_nope_layers() {
     let e = with_list(Some(vec![1, 0, 1])).unwrap_err();
     assert!(e.to_string().contains("`smollm3.no_rope_layers`"), "{e}");
 }
+
+/// A tiny phi3 GGUF (2 layers, 4:2 heads of 2, f32): Q/K/V fused as `attn_qkv` with
+/// `qkv_rows` rows and gate/up fused as `ffn_up` with `gate_up_rows` rows. Every element of a
+/// fused matrix's row `r` is `r` (so a split can be checked row by row).
+fn tiny_phi3(qkv_rows: u64, gate_up_rows: u64) -> GgufFile {
+    let mut b = GgufBuilder::new();
+    let f = tiny(&[], 2, "phi3");
+    for (k, v) in f.metadata() {
+        b.kv(k.as_str(), v.clone());
+    }
+    b.kv("phi3.rope.dimension_count", 2u32);
+    let rows = |n: u64| -> Vec<f32> {
+        (0..n)
+            .flat_map(|r| std::iter::repeat_n(r as f32, H as usize))
+            .collect()
+    };
+    for t in f.tensors() {
+        let n = t.name.as_str();
+        if n.contains("attn_q.") || n.contains("attn_k.") || n.contains("attn_v.") {
+            continue;
+        }
+        if n.contains("ffn_gate.") {
+            continue;
+        }
+        if n.contains("ffn_up.") {
+            let l = &n[4..5];
+            b.tensor(
+                format!("blk.{l}.ffn_up.weight"),
+                &[H, gate_up_rows],
+                GgmlType::F32,
+                f32_bytes(&rows(gate_up_rows)),
+            );
+            b.tensor(
+                format!("blk.{l}.attn_qkv.weight"),
+                &[H, qkv_rows],
+                GgmlType::F32,
+                f32_bytes(&rows(qkv_rows)),
+            );
+            continue;
+        }
+        b.tensor(n, &t.dims, t.ggml_type, f.tensor_data(t).to_vec());
+    }
+    GgufFile::from_bytes(b.to_bytes()).unwrap()
+}
+
+/// Phi-3's fused Q/K/V and gate/up are split into row ranges at load: Q the first
+/// heads × head_dim rows, then K, then V; the gate the first intermediate_size rows, then up.
+#[test]
+fn phi3_fused_tensors_split_into_row_ranges() {
+    // q_dim 8, kv_dim 4: 16 rows; ff 16: 32 rows.
+    let m = Model::from_gguf(Arc::new(tiny_phi3(16, 32))).unwrap();
+    let first_row = |w: &flowrt_model::WeightMatrix| {
+        f32::from_le_bytes(w.rows_bytes(0, 1)[..4].try_into().unwrap())
+    };
+    let l = &m.layers[1];
+    assert_eq!((l.wq.rows, l.wk.rows, l.wv.rows), (8, 4, 4));
+    assert_eq!(
+        [first_row(&l.wq), first_row(&l.wk), first_row(&l.wv)],
+        [0.0, 8.0, 12.0]
+    );
+    let gate = l.w_gate.as_ref().unwrap();
+    assert_eq!((gate.rows, l.w_up.rows), (16, 16));
+    assert_eq!([first_row(gate), first_row(&l.w_up)], [0.0, 16.0]);
+    assert_eq!(l.w_up.bytes().len(), 16 * 8 * 4);
+    assert_eq!(m.config.rope_dim, 2);
+}
+
+/// A fused Q/K/V (or gate/up) whose rows disagree with the config is an error naming the
+/// tensor and the config fields that size it.
+#[test]
+fn phi3_fused_rows_disagreeing_with_the_config_name_the_fields() {
+    let e = Model::from_gguf(Arc::new(tiny_phi3(12, 32))).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("blk.0.attn_qkv.weight")
+            && msg.contains("has 12 rows")
+            && msg.contains("(num_attention_heads + 2 × num_key_value_heads) × head_dim = 16"),
+        "{msg}"
+    );
+    let e = Model::from_gguf(Arc::new(tiny_phi3(16, 16))).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("blk.1.ffn_up.weight") && msg.contains("2 × intermediate_size = 32"),
+        "{msg}"
+    );
+}
+
+/// A `partial_rotary_factor` that gives an odd (or zero) rotary width is an error naming the
+/// field, wherever config.json puts it.
+#[test]
+fn phi3_partial_rotary_factor_giving_an_odd_width_names_the_field() {
+    let config = |partial: serde_json::Value, nested: bool| {
+        let mut c = serde_json::json!({
+            "model_type": "phi3", "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 32, "max_position_embeddings": 128,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        });
+        if nested {
+            c["rope_parameters"]["partial_rotary_factor"] = partial;
+        } else {
+            c["partial_rotary_factor"] = partial;
+        }
+        flowrt_model::ModelConfig::from_hf_json(std::path::Path::new("config.json"), &c)
+    };
+    // head_dim 16: 0.75 → 12 rotated dims.
+    assert_eq!(config(0.75.into(), true).unwrap().rope_dim, 12);
+    assert_eq!(config(0.5.into(), false).unwrap().rope_dim, 8);
+    assert!(config(0.75.into(), true)
+        .unwrap()
+        .features()
+        .iter()
+        .any(|f| f.contains("partial RoPE 12 of 16 dims")));
+    for (bad, nested) in [(0.3125, true), (0.3125, false), (0.0, true), (1.5, true)] {
+        let e = config(bad.into(), nested).unwrap_err().to_string();
+        assert!(e.contains("`partial_rotary_factor`"), "{bad}: {e}");
+    }
+}

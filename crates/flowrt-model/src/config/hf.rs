@@ -208,8 +208,29 @@ impl ModelConfig {
             return unsupported("bidirectional attention");
         }
 
-        let partial = c.f64("partial_rotary_factor")?.unwrap_or(1.0);
-        let rope_dim = (head_dim as f64 * partial) as usize;
+        // transformers 5 keeps `partial_rotary_factor` in `rope_parameters` (older configs
+        // at the top level); the rotated width is `int(head_dim × factor)`, as it computes it.
+        let partial = match c.obj("rope_parameters")? {
+            Some(p) => p.f64("partial_rotary_factor")?,
+            None => None,
+        }
+        .or(c.f64("partial_rotary_factor")?);
+        let rope_dim = match partial {
+            None => head_dim,
+            Some(f) => {
+                let d = head_dim as f64 * f;
+                if !(f > 0.0 && f <= 1.0) || (d as usize) == 0 || !(d as usize).is_multiple_of(2) {
+                    return Err(bad(
+                        file,
+                        format!(
+                            "`partial_rotary_factor` = {f} gives {} rotary dims of head_dim {head_dim}; it must give an even number from 2 to head_dim",
+                            d as usize
+                        ),
+                    ));
+                }
+                d as usize
+            }
+        };
         let (rope, rope_local) = read_ropes(&c, arch, rope_dim, max_position_embeddings)?;
 
         // Sliding windows: `layer_types` when given, else the family's rule.
@@ -437,14 +458,15 @@ fn read_rope_scaling(
                 })
             };
             let (short, long) = (list("short_factor")?, list("long_factor")?);
-            longrope_scaling(
-                arch,
-                short,
-                long,
-                orig,
-                max_pos,
-                s.f32("attention_factor")?,
-            )
+            // transformers: `attention_factor`, else from `factor` when given, else from
+            // max_position_embeddings / original_max_position_embeddings.
+            let attention_factor = match (s.f32("attention_factor")?, s.f64("factor")?) {
+                (Some(a), _) => Some(a),
+                (None, Some(f)) if f <= 1.0 => Some(1.0),
+                (None, Some(f)) => Some((1.0 + f.ln() / (orig as f64).ln()).sqrt() as f32),
+                (None, None) => None,
+            };
+            longrope_scaling(arch, short, long, orig, max_pos, attention_factor)
         }
         "yarn" => {
             let orig = orig()?;

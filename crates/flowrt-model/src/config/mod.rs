@@ -236,6 +236,12 @@ impl ModelConfig {
         if arch.qkv_bias {
             f.push("Q/K/V biases".into());
         }
+        if arch.fused_qkv {
+            f.push("fused QKV".into());
+        }
+        if arch.fused_gate_up {
+            f.push("fused gate/up".into());
+        }
         if arch.sandwich_norms {
             f.push("sandwich norms".into());
         }
@@ -259,7 +265,7 @@ impl ModelConfig {
                 rope += &format!(" (sliding layers {})", local.theta);
             }
             if self.rope_dim < self.head_dim {
-                rope += &format!(", {} of {} dims rotated", self.rope_dim, self.head_dim);
+                rope += &format!(", partial RoPE {} of {} dims", self.rope_dim, self.head_dim);
             }
             match &self.rope.scaling {
                 RopeScaling::None => {}
