@@ -9,11 +9,14 @@ one table of medians, flowrt/llama.cpp ratios and the targets with pass/FAIL; --
 writes every round's raw numbers. Both record the flowrt commit and binary hash, the kernels
 flowrt chose, llama.cpp's system info, the CPU model and the thread count.
 
-Models (--models, comma-separated; default all four):
+Models (--models, comma-separated; default the first four):
   smollm2-q4_1   SmolLM2-135M-Instruct Q4_1 from flowrt's model store (pulled if absent)
   minicpm5-q4_1  MiniCPM5-2B geometry (42 layers, hidden 2048, 16:2 GQA, vocab 73448,
   minicpm5-q4_0  2.28 B random weights), GGUF by scripts/hf_to_gguf.py
   minicpm5-q8_0
+  qwen3moe-q4_0  Qwen3-30B-A3B width with 4 layers (hidden 2048, 32:4 GQA, 128 experts, 8
+                 active, expert FFN 768, vocab 151936; 3.1 B random weights, about 0.54 B
+                 read per token), made by scripts/make_moe_geometry.py in --moe-cache
 Figures per model: prefill of 128 tokens (tok/s) and decode (tok/s; 64 tokens on SmolLM2,
 32 on MiniCPM5 to keep a round under a minute, -n overrides both); on minicpm5-q4_1 also the
 time to first token of a 38-token prompt (prefill plus the argmax of the last logits, ms).
@@ -65,7 +68,9 @@ MODELS = {
     "minicpm5-q4_1": Model("q4_1", 32, ttft=True),
     "minicpm5-q4_0": Model("q4_0", 32),
     "minicpm5-q8_0": Model("q8_0", 32),
+    "qwen3moe-q4_0": Model("moe:q4_0", 32),
 }
+DEFAULT_MODELS = ["smollm2-q4_1", "minicpm5-q4_1", "minicpm5-q4_0", "minicpm5-q8_0"]
 
 # Smallest acceptable flowrt/llama.cpp speed ratio per (model, figure): issue 6's acceptance ratios (flowrt / llama.cpp, side by side in one run).
 TARGET_RATIO = {
@@ -77,6 +82,9 @@ TARGET_RATIO = {
     ("minicpm5-q4_0", "decode"): 1.1,
     ("minicpm5-q8_0", "prefill"): 2.0,
     ("minicpm5-q8_0", "decode"): 1.8,
+    # issue 17's acceptance for the Qwen3-30B-A3B-shaped model
+    ("qwen3moe-q4_0", "prefill"): 2.0,
+    ("qwen3moe-q4_0", "decode"): 1.5,
 }
 
 
@@ -123,6 +131,20 @@ def minicpm5_ggufs(cache: Path, types: list[str], ref_python: Path) -> dict[str,
                      "python3 -m venv .venv-ref && .venv-ref/bin/pip install -r scripts/requirements-reference.txt")
         log(f"making MiniCPM5-geometry GGUFs {missing} in {cache} (several GB of RAM, minutes per file)")
         subprocess.run([str(ref_python), str(ROOT / "scripts" / "make_minicpm5_geometry.py"), "--out", str(cache),
+                        "--gguf", ",".join(missing), "--reuse-weights"], check=True)
+    return paths
+
+
+def moe_ggufs(cache: Path, types: list[str], ref_python: Path) -> dict[str, Path]:
+    """model-<type>.gguf of the Qwen3-MoE geometry in cache for every type, making the missing ones."""
+    paths = {t: cache / f"model-{t}.gguf" for t in types}
+    missing = [t for t, p in paths.items() if not p.exists()]
+    if missing:
+        if not ref_python.exists():
+            sys.exit(f"Qwen3-MoE GGUFs {missing} are not in {cache} and making them needs {ref_python}: "
+                     "python3 -m venv .venv-ref && .venv-ref/bin/pip install -r scripts/requirements-reference.txt")
+        log(f"making Qwen3-MoE-geometry GGUFs {missing} in {cache} (6 GB of bf16 weights first, minutes)")
+        subprocess.run([str(ref_python), str(ROOT / "scripts" / "make_moe_geometry.py"), "--out", str(cache),
                         "--gguf", ",".join(missing), "--reuse-weights"], check=True)
     return paths
 
@@ -216,7 +238,7 @@ def cpu_model() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma-separated, from: {', '.join(MODELS)}")
     ap.add_argument("-r", "--rounds", type=int, default=3, help="alternating rounds (default 3)")
     ap.add_argument("-t", "--threads", type=int, default=2, help="threads for both runtimes (default 2)")
     ap.add_argument("-p", type=int, default=128, help="prompt tokens of the prefill figure (default 128)")
@@ -232,6 +254,8 @@ def main() -> int:
                     help="python with torch, transformers and gguf, to make MiniCPM5 GGUFs (default .venv-ref)")
     ap.add_argument("--cache", type=Path, default=ROOT / ".flowrt-cache" / "minicpm5",
                     help="where MiniCPM5-geometry checkpoint and GGUFs are made and reused")
+    ap.add_argument("--moe-cache", type=Path, default=ROOT / ".flowrt-cache" / "qwen3moe",
+                    help="where the Qwen3-MoE-geometry checkpoint and GGUFs are made and reused")
     ap.add_argument("--prepare-only", action="store_true", help="make or fetch the model files, then exit")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the raw per-round numbers here")
     a = ap.parse_args()
@@ -247,8 +271,10 @@ def main() -> int:
         check_peer(peer_py)
 
     paths = {}
-    types = [MODELS[m].source for m in models if MODELS[m].source != "store"]
+    types = [MODELS[m].source for m in models if MODELS[m].source != "store" and ":" not in MODELS[m].source]
     ggufs = minicpm5_ggufs(a.cache, types, a.ref_python) if types else {}
+    moe = [MODELS[m].source.split(":")[1] for m in models if MODELS[m].source.startswith("moe:")]
+    ggufs.update({f"moe:{t}": p for t, p in (moe_ggufs(a.moe_cache, moe, a.ref_python) if moe else {}).items()})
     for m in models:
         paths[m] = smollm2_path(a.flowrt) if MODELS[m].source == "store" else ggufs[MODELS[m].source]
     if a.prepare_only:
