@@ -106,6 +106,13 @@ fn qwen3_yarn_rope() {
     check("qwen3-yarn");
 }
 
+/// 8 experts, top-2, renormalised; layer 1 dense (`mlp_only_layers`). The 7-token batches
+/// split prompts so that each batch groups a different mix of tokens by expert.
+#[test]
+fn qwen3_moe_mixture_of_experts() {
+    check("qwen3-moe");
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));

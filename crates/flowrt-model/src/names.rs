@@ -52,6 +52,14 @@ pub enum TensorRole {
     /// bias.
     LayerOutNorm,
     LayerOutNormBias,
+    /// Mixture of experts: the router, `(num_experts, hidden)`.
+    FfnGateInp,
+    /// Mixture of experts: every expert's gate, up and down matrices. GGUF stores each role
+    /// as one 3-D tensor (one matrix per expert); HF checkpoints one tensor per expert (see
+    /// [`TensorRole::hf_expert_name`]).
+    FfnGateExps,
+    FfnUpExps,
+    FfnDownExps,
 }
 
 impl TensorRole {
@@ -124,6 +132,10 @@ impl TensorRole {
             FfnDownBias => per_layer("ffn_down.bias"),
             LayerOutNorm => per_layer("layer_output_norm.weight"),
             LayerOutNormBias => per_layer("layer_output_norm.bias"),
+            FfnGateInp => per_layer("ffn_gate_inp.weight"),
+            FfnGateExps => per_layer("ffn_gate_exps.weight"),
+            FfnUpExps => per_layer("ffn_up_exps.weight"),
+            FfnDownExps => per_layer("ffn_down_exps.weight"),
         }
     }
 
@@ -164,6 +176,9 @@ impl TensorRole {
             AttnOutputBias => per_layer("self_attn.o_proj.bias"),
             FfnUpBias => per_layer("mlp.up_proj.bias"),
             FfnDownBias => per_layer("mlp.down_proj.bias"),
+            FfnGateInp => per_layer("mlp.gate.weight"),
+            // One tensor per expert: `hf_expert_name`.
+            FfnGateExps | FfnUpExps | FfnDownExps => None,
             PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
             | LayerOutNorm | LayerOutNormBias => None,
         }
@@ -196,8 +211,21 @@ impl TensorRole {
             LayerOutNorm => per_layer("output.LayerNorm.weight"),
             LayerOutNormBias => per_layer("output.LayerNorm.bias"),
             OutputNorm | Output | RopeFreqs | RopeFactorsLong | RopeFactorsShort | AttnNorm
-            | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm => None,
+            | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm
+            | FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps => None,
         }
+    }
+
+    /// HF name (after the model prefix) of expert `expert`'s matrix of an experts role
+    /// (`layers.{i}.mlp.experts.{j}.gate_proj.weight`, as transformers 5 saves Qwen3-MoE).
+    pub fn hf_expert_name(self, layer: usize, expert: usize) -> Option<String> {
+        let m = match self {
+            TensorRole::FfnGateExps => "gate_proj",
+            TensorRole::FfnUpExps => "up_proj",
+            TensorRole::FfnDownExps => "down_proj",
+            _ => return None,
+        };
+        Some(format!("layers.{layer}.mlp.experts.{expert}.{m}.weight"))
     }
 
     /// Whether the HF name sits under the decoder's prefix (`model.`); the output projection

@@ -6,7 +6,7 @@ mod hf;
 
 use std::path::Path;
 
-use crate::arch::{Activation, ArchSpec, RopePairing};
+use crate::arch::{Activation, ArchSpec, RopePairing, Router, RouterScoring};
 use crate::error::ModelError;
 use crate::rope::{longrope_attention_factor, RopeConfig, RopeScaling};
 
@@ -19,6 +19,41 @@ pub enum LayerType {
     Full,
     /// The last `sliding_window` positions (the query's own included).
     Sliding,
+}
+
+/// The mixture-of-experts layers of a model (HF names: `num_experts`, `num_experts_per_tok`,
+/// `moe_intermediate_size`, `norm_topk_prob`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts of each sparse layer.
+    pub num_experts: usize,
+    /// Experts each token runs (top-k).
+    pub num_experts_per_tok: usize,
+    /// Width of one expert's gated feed-forward layer.
+    pub moe_intermediate_size: usize,
+    /// How the router scores and weights the experts.
+    pub router: Router,
+    /// Whether each layer's feed-forward block is a mixture of experts (`num_hidden_layers`
+    /// entries; dense layers use `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    /// Sparse-layer flags from HF's rule: layer `i` is sparse unless it is listed in
+    /// `mlp_only_layers`, and when `(i + 1) % decoder_sparse_step == 0`.
+    pub fn hf_sparse_layers(
+        n_layers: usize,
+        decoder_sparse_step: usize,
+        mlp_only_layers: &[usize],
+    ) -> Vec<bool> {
+        (0..n_layers)
+            .map(|i| {
+                !mlp_only_layers.contains(&i)
+                    && decoder_sparse_step > 0
+                    && (i + 1).is_multiple_of(decoder_sparse_step)
+            })
+            .collect()
+    }
 }
 
 /// Everything the decoder needs to know about a model's shape and numerics.
@@ -77,6 +112,9 @@ pub struct ModelConfig {
     /// Whether the output projection is the embedding matrix, when the config says; `None`:
     /// tied exactly when the file has no output matrix.
     pub tie_word_embeddings: Option<bool>,
+    /// Mixture-of-experts layers (families with [`ArchSpec::router_scoring`] whose config
+    /// names experts); `None`: every layer is dense.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -182,6 +220,41 @@ impl ModelConfig {
                 return err(format!("final_logit_softcapping = {c} must be positive"));
             }
         }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 {
+                return err("num_experts is 0".into());
+            }
+            if m.num_experts > 1 << 12 {
+                return err(format!(
+                    "num_experts = {} exceeds the supported maximum {}",
+                    m.num_experts,
+                    1 << 12
+                ));
+            }
+            if m.num_experts_per_tok == 0 {
+                return err("num_experts_per_tok (top-k) is 0".into());
+            }
+            if m.num_experts_per_tok > m.num_experts {
+                return err(format!(
+                    "num_experts_per_tok (top-k) = {} exceeds num_experts = {}",
+                    m.num_experts_per_tok, m.num_experts
+                ));
+            }
+            if m.moe_intermediate_size == 0 || m.moe_intermediate_size > 1 << 18 {
+                return err(format!(
+                    "moe_intermediate_size = {} must be positive and at most {}",
+                    m.moe_intermediate_size,
+                    1 << 18
+                ));
+            }
+            if m.sparse_layers.len() != self.num_hidden_layers {
+                return err(format!(
+                    "{} sparse-layer flags for {} layers",
+                    m.sparse_layers.len(),
+                    self.num_hidden_layers
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -201,6 +274,11 @@ impl ModelConfig {
             LayerType::Full => None,
             LayerType::Sliding => self.sliding_window,
         }
+    }
+
+    /// The mixture of experts of layer `l`, when its feed-forward block is sparse.
+    pub fn layer_moe(&self, l: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|m| m.sparse_layers[l])
     }
 
     /// Whether layer `l` uses the local RoPE (`rope_local`).
@@ -309,6 +387,25 @@ impl ModelConfig {
         }
         if let Some(cap) = self.final_logit_softcapping {
             f.push(format!("logit soft-cap {cap}"));
+        }
+        if let Some(m) = &self.moe {
+            let scoring = match m.router.scoring {
+                RouterScoring::Softmax => "softmax",
+            };
+            let renorm = if m.router.renormalize {
+                ", renormalised"
+            } else {
+                ""
+            };
+            let sparse = m.sparse_layers.iter().filter(|s| **s).count();
+            let mut s = format!(
+                "mixture of experts: {} experts, {} active ({scoring}{renorm}), expert FFN {}",
+                m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
+            );
+            if sparse < self.num_hidden_layers {
+                s += &format!(", on {sparse} of {} layers", self.num_hidden_layers);
+            }
+            f.push(s);
         }
         f
     }
