@@ -331,3 +331,26 @@ fn smollm3_bad_no_rope_layers_names_the_field() {
     let m = LoadedModel::load(dir.path()).unwrap();
     assert_eq!(m.model.config.rope_layers, [true, true, true, false, true]);
 }
+
+/// Qwen3-MoE's expert count contradicted by the checkpoint's experts, or a top-k beyond the
+/// experts: errors naming the field.
+#[test]
+fn qwen3_moe_bad_expert_config_names_the_field() {
+    let dir = edited_copy("qwen3-moe", |c| c["num_local_experts"] = 6.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("layer 0 has 8 experts") && e.contains("the expert count (num_experts) is 6"),
+        "{e}"
+    );
+    let dir = edited_copy("qwen3-moe", |c| c["num_experts_per_tok"] = 9.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("num_experts_per_tok (top-k) = 9 exceeds num_experts = 8"),
+        "{e}"
+    );
+    let dir = edited_copy("qwen3-moe", |c| {
+        c.as_object_mut().unwrap().remove("num_local_experts");
+    });
+    let e = load_error(dir.path());
+    assert!(e.contains("num_experts"), "{e}");
+}
