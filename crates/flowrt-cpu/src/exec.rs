@@ -771,14 +771,22 @@ impl CpuBackend {
             .ok_or("the layer has no experts")?;
         let (ne, h) = (w.gate.len(), model.config.hidden_size);
         if self.moe_jobs.len() != ne {
-            return Err(format!("{} expert jobs for {ne} experts", self.moe_jobs.len()));
+            return Err(format!(
+                "{} expert jobs for {ne} experts",
+                self.moe_jobs.len()
+            ));
         }
         for j in &mut self.moe_jobs {
             j.rows.clear();
         }
         let lg = &self.bufs[logits as usize];
         for t in 0..n {
-            crate::moe::route(&lg[t * ne..(t + 1) * ne], top_k, router, &mut self.moe_chosen);
+            crate::moe::route(
+                &lg[t * ne..(t + 1) * ne],
+                top_k,
+                router,
+                &mut self.moe_chosen,
+            );
             for &(e, wt) in &self.moe_chosen {
                 self.moe_jobs[e].rows.push((t, wt));
             }
@@ -793,9 +801,10 @@ impl CpuBackend {
         };
         let kern = self.kernels;
         let x = &self.bufs[src as usize];
-        self.pool.for_each_chunk_mut(&mut self.moe_jobs, 1, &|_, e, job| {
-            job[0].run(kern, &fmt, w, e, x, act);
-        });
+        self.pool
+            .for_each_chunk_mut(&mut self.moe_jobs, 1, &|_, e, job| {
+                job[0].run(kern, &fmt, w, e, x, act);
+            });
         // Weighted sum in expert order (as the reference adds them).
         let d = &mut self.bufs[dst as usize][..n * h];
         d.fill(0.0);

@@ -97,7 +97,15 @@ impl ExpertJob {
             Activation::GeluTanh => kern.gelu_tanh_mul(&mut self.gate, &self.up),
             Activation::Gelu => crate::ops::gelu_mul(&mut self.gate, &self.up),
         }
-        matmul(kern, fmt, down_w, &self.gate, m, &mut self.act, &mut self.out);
+        matmul(
+            kern,
+            fmt,
+            down_w,
+            &self.gate,
+            m,
+            &mut self.act,
+            &mut self.out,
+        );
     }
 }
 

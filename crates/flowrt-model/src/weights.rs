@@ -162,7 +162,11 @@ impl LayerWeights {
             .chain(self.w_gate.as_ref())
             .chain(self.w_up.as_ref())
             .chain(self.w_down.as_ref())
-            .chain(self.moe.iter().flat_map(|m| std::iter::once(&m.router).chain(m.experts())))
+            .chain(
+                self.moe
+                    .iter()
+                    .flat_map(|m| std::iter::once(&m.router).chain(m.experts())),
+            )
     }
 }
 
@@ -385,7 +389,10 @@ impl Binder<'_> {
             Source::Gguf(_) => {
                 let t = self.find(role, layer)?;
                 let name = t.name;
-                if t.dims.len() == 3 && t.dims[..2] == [cols as u64, rows as u64] && t.dims[2] != n as u64 {
+                if t.dims.len() == 3
+                    && t.dims[..2] == [cols as u64, rows as u64]
+                    && t.dims[2] != n as u64
+                {
                     self.problems.push(format!(
                         "tensor `{name}` holds {} experts but the expert count (num_experts) is {n}",
                         t.dims[2]
@@ -416,12 +423,21 @@ impl Binder<'_> {
                             start: e * per,
                             end: (e + 1) * per,
                         };
-                        self.finish_matrix(format!("{name}[{e}]"), t.dtype.clone(), rows, cols, data)
+                        self.finish_matrix(
+                            format!("{name}[{e}]"),
+                            t.dtype.clone(),
+                            rows,
+                            cols,
+                            data,
+                        )
                     })
                     .collect()
             }
             Source::Hf { prefix, .. } => {
-                let name = |e: usize| role.hf_expert_name(layer, e).map(|n| format!("{prefix}{n}"));
+                let name = |e: usize| {
+                    role.hf_expert_name(layer, e)
+                        .map(|n| format!("{prefix}{n}"))
+                };
                 let present = |e: usize| name(e).is_some_and(|n| self.source.find(&n).is_some());
                 let found = (0..).take_while(|&e| present(e)).count();
                 if found != n {
@@ -1005,7 +1021,11 @@ impl Model {
                     .sum();
                 let experts = l.moe.as_ref().map_or(0, |x| {
                     let all: u64 = x.experts().map(m).sum();
-                    let k = self.config.moe.as_ref().map_or(0, |c| c.num_experts_per_tok);
+                    let k = self
+                        .config
+                        .moe
+                        .as_ref()
+                        .map_or(0, |c| c.num_experts_per_tok);
                     m(&x.router) + all * k as u64 / x.gate.len().max(1) as u64
                 });
                 dense + experts

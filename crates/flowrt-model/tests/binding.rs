@@ -376,7 +376,12 @@ fn tiny_moe(n_key: u32, n_tensor: u64, top_k: u32) -> GgufFile {
         .kv("qwen3moe.expert_feed_forward_length", EFF as u32);
     let mut add = |name: String, dims: &[u64]| {
         let n: u64 = dims.iter().product();
-        b.tensor(name, dims, GgmlType::F32, f32_bytes(&vec![0.25; n as usize]));
+        b.tensor(
+            name,
+            dims,
+            GgmlType::F32,
+            f32_bytes(&vec![0.25; n as usize]),
+        );
     };
     for t in f.tensors() {
         if !t.name.contains(".ffn_gate.")
@@ -409,7 +414,10 @@ fn qwen3moe_gguf_binds_its_experts_and_plans_a_moe_op() {
     assert!(m.layers[0].w_up.is_none());
     let plan = Plan::new(&m.config);
     let ffn = &plan.groups[2];
-    assert!(ffn.ops.iter().any(|o| o.name() == "matmul_router"), "{ffn:?}");
+    assert!(
+        ffn.ops.iter().any(|o| o.name() == "matmul_router"),
+        "{ffn:?}"
+    );
     assert!(ffn.ops.iter().any(|o| o.name() == "moe"), "{ffn:?}");
     let features = m.config.features().join("; ");
     assert!(

@@ -388,7 +388,12 @@ fn read_moe(
             .map(|v| v.as_u64().map(|x| x as usize))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| bad(c.file, "`mlp_only_layers` holds a non-integer".into()))?,
-        Some(v) => return Err(bad(c.file, format!("`mlp_only_layers` = {v} is not a list"))),
+        Some(v) => {
+            return Err(bad(
+                c.file,
+                format!("`mlp_only_layers` = {v} is not a list"),
+            ))
+        }
     };
     if let Some(&l) = only.iter().find(|&&l| l >= n_layers) {
         return Err(bad(
