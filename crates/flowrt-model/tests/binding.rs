@@ -421,7 +421,8 @@ fn qwen3moe_gguf_binds_its_experts_and_plans_a_moe_op() {
     assert!(ffn.ops.iter().any(|o| o.name() == "moe"), "{ffn:?}");
     let features = m.config.features().join("; ");
     assert!(
-        features.contains("mixture of experts: 6 experts, 2 active (softmax, renormalised)"),
+        features.contains("mixture of experts: 6 experts, 2 active (softmax, renormalised)")
+            && features.contains("384 of 1.15K expert parameters active per token"),
         "{features}"
     );
 }

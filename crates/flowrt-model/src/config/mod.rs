@@ -405,6 +405,15 @@ impl ModelConfig {
             if sparse < self.num_hidden_layers {
                 s += &format!(", on {sparse} of {} layers", self.num_hidden_layers);
             }
+            // Gate, up and down of each expert; a token runs top-k of them per sparse layer.
+            let per_expert = 3 * (self.hidden_size * m.moe_intermediate_size) as u64;
+            let all = per_expert * (m.num_experts * sparse) as u64;
+            let active = per_expert * (m.num_experts_per_tok * sparse) as u64;
+            s += &format!(
+                "; {} of {} expert parameters active per token",
+                short_count(active),
+                short_count(all)
+            );
             f.push(s);
         }
         f
@@ -488,6 +497,24 @@ pub(crate) fn longrope_scaling(
         attention_factor: attention_factor
             .unwrap_or_else(|| longrope_attention_factor(max_pos, orig)),
     }
+}
+
+/// `n` with a K/M/B suffix (3 significant digits), for feature phrases.
+fn short_count(n: u64) -> String {
+    let (v, unit) = match n {
+        0..1_000 => return n.to_string(),
+        1_000..1_000_000 => (n as f64 / 1e3, "K"),
+        1_000_000..1_000_000_000 => (n as f64 / 1e6, "M"),
+        _ => (n as f64 / 1e9, "B"),
+    };
+    let digits = if v < 10.0 {
+        2
+    } else if v < 100.0 {
+        1
+    } else {
+        0
+    };
+    format!("{v:.digits$}{unit}")
 }
 
 fn bad(file: &Path, reason: String) -> ModelError {
