@@ -2,7 +2,9 @@
 """Convert a small Hugging Face checkpoint directory to GGUF (flowrt's own converter).
 
 Supported: LlamaForCausalLM (arch "llama"), Qwen2ForCausalLM ("qwen2"),
-Qwen3ForCausalLM ("qwen3"), with default RoPE (no rope scaling). Weights come
+Qwen3ForCausalLM ("qwen3"), Qwen3MoeForCausalLM ("qwen3moe": expert_count,
+expert_used_count, expert_feed_forward_length, expert_weights_norm, flowrt's
+mlp_only_layers; blk.N.ffn_gate_inp and the 3-D blk.N.ffn_{gate,up,down}_exps), with default RoPE (no rope scaling). Weights come
 from model.safetensors or sharded model-*.safetensors + model.safetensors.index.json,
 read tensor by tensor (memory stays about one tensor).
 
@@ -56,7 +58,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 
-ARCHES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCHES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+          "Qwen3MoeForCausalLM": "qwen3moe"}
+# Mixture of experts (qwen3moe): HF's per-expert tensors inside model.layers.{i}.mlp.experts.{j}.
+# stacked into one 3-D GGUF tensor per role (one matrix per expert, ggml dims [in, out, experts]).
+EXPERT_TENSORS = {
+    "gate_proj.weight": "ffn_gate_exps.weight",
+    "up_proj.weight": "ffn_up_exps.weight",
+    "down_proj.weight": "ffn_down_exps.weight",
+}
 OUTTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
 
 # HF name (inside model.layers.{i}.) -> GGUF name (inside blk.{i}.)
@@ -75,6 +85,7 @@ LAYER_TENSORS = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate.weight": "ffn_gate_inp.weight",  # the MoE router
 }
 GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -258,6 +269,19 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(vocab)
+    n_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    if arch == "qwen3moe":
+        w.add_expert_count(int(n_experts))
+        w.add_expert_used_count(int(cfg["num_experts_per_tok"]))
+        w.add_expert_feed_forward_length(int(cfg["moe_intermediate_size"]))
+        # llama.cpp always renormalises qwen3moe's top-k weights; say so when the model does not.
+        w.add_bool(f"{arch}.expert_weights_norm", bool(cfg.get("norm_topk_prob", False)))
+        step = int(cfg.get("decoder_sparse_step", 1))
+        only = set(cfg.get("mlp_only_layers") or [])
+        dense = [i for i in range(n_layer) if i in only or (i + 1) % step != 0]
+        if dense:
+            # flowrt's key (HF's mlp_only_layers); llama.cpp has none.
+            w.add_array(f"{arch}.mlp_only_layers", dense)
 
     tk = tokenizer_metadata(model_dir, vocab, cfg, pre)
     w.add_tokenizer_model("gpt2")
@@ -276,16 +300,21 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     if tk["chat_template"]:
         w.add_chat_template(tk["chat_template"])
 
-    plan: list[tuple[str, str]] = [("model.embed_tokens.weight", "token_embd.weight")]
+    # (HF name, or the per-expert names stacked into one tensor; GGUF name)
+    plan: list[tuple[str | tuple[str, ...], str]] = [("model.embed_tokens.weight", "token_embd.weight")]
     for i in range(n_layer):
         for h, g in LAYER_TENSORS.items():
             hn = f"model.layers.{i}.{h}"
             if hn in names:
                 plan.append((hn, f"blk.{i}.{g}"))
+        for h, g in EXPERT_TENSORS.items():
+            hns = tuple(f"model.layers.{i}.mlp.experts.{j}.{h}" for j in range(int(n_experts or 0)))
+            if hns and hns[0] in names:
+                plan.append((hns, f"blk.{i}.{g}"))
     plan.append(("model.norm.weight", "output_norm.weight"))
     if not tied:
         plan.append(("lm_head.weight", "output.weight"))
-    unused = names - {h for h, _ in plan}
+    unused = names - {n for h, _ in plan for n in ((h,) if isinstance(h, str) else h)}
     if unused:
         raise ConvertError(f"tensors this converter does not map: {sorted(unused)[:8]}")
 
@@ -293,14 +322,14 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     counts: dict[str, int] = {}
     fallbacks = []
     for hname, gname in plan:
-        t = src.get(hname)
+        t = src.get(hname) if isinstance(hname, str) else np.stack([src.get(n) for n in hname])
         if arch == "llama" and gname.endswith("attn_q.weight"):
             t = permute_qk(t, n_head)
         elif arch == "llama" and gname.endswith("attn_k.weight"):
             t = permute_qk(t, n_kv)
-        if t.ndim == 2 and qt != Q.F32:
+        if t.ndim in (2, 3) and qt != Q.F32:
             want = qt
-            if want not in (Q.F16,) and t.shape[1] % 32 != 0:
+            if want not in (Q.F16,) and t.shape[-1] % 32 != 0:
                 want = Q.F16
                 fallbacks.append(gname)
             data = quantize(np.ascontiguousarray(t, dtype=np.float32), want)

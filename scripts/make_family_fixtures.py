@@ -78,6 +78,9 @@ Cases:
                 the reference is therefore computed token by token with a KV cache
                 (as a generating run does), where position p uses the long set exactly
                 when p >= 32: prompts 1 and 2 cross into it.
+  qwen3-moe     Qwen3MoeForCausalLM: 3 layers, 8 experts, top-k 2, expert FFN 32,
+                norm_topk_prob true; layer 1 dense (mlp_only_layers [1], FFN 96);
+                router weights with std 0.5 so that the top-2 choice has a margin
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -263,6 +266,17 @@ CASES: dict[str, dict] = {
         init=dict(linear=0.08, embed=0.5, head=0.35),
         incremental=True,
     ),
+    "qwen3-moe": dict(
+        arch="Qwen3MoeForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=8, num_key_value_heads=2, head_dim=16, hidden_act="silu",
+                    max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=False, attention_bias=False,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                    router_aux_loss_coef=0.0),
+        init=dict(linear=0.08, embed=0.5, head=0.35, router=0.5),
+    ),
 }
 
 
@@ -334,7 +348,7 @@ def make_config(case: dict):
             kw.pop(k)
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
-    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM"):
+    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -352,7 +366,9 @@ def init_weights(model, init: dict, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("norm.weight"):
+            if name.endswith("mlp.gate.weight") and "router" in init:
+                val = init["router"] * z  # MoE router: a clear top-k margin
+            elif name.endswith("norm.weight"):
                 val = 0.2 * z if init.get("gemma_norm") else 1.0 + 0.2 * z
             elif name.endswith(".bias"):
                 val = init.get("bias", 0.1) * z

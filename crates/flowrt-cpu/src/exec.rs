@@ -247,7 +247,7 @@ pub struct CpuBackend {
     rope_local: Option<RopeTable>,
     kv: KvCache,
     max_batch: usize,
-    bufs: [Vec<f32>; 10], // indexed by `Buf as usize`, each (max_batch, width)
+    bufs: [Vec<f32>; 11], // indexed by `Buf as usize`, each (max_batch, width)
     quant: Vec<u8>,       // quantised activation rows for the current matmul input
     quant_of: Option<(Buf, ActRows, usize, usize)>, // (buffer, format, first row, rows) held in `quant`
     rows: Vec<(usize, usize)>, // (max_batch) sequence and position of each row of the batch
@@ -260,6 +260,9 @@ pub struct CpuBackend {
     /// Matrices repacked in the x8 layout (the rest are used in their row layout).
     packed: PackedWeights,
     per_thread: Vec<Mutex<ThreadScratch>>,
+    /// One job per expert of a mixture-of-experts layer (empty without experts).
+    moe_jobs: Vec<crate::moe::ExpertJob>,
+    moe_chosen: Vec<(usize, f32)>, // (top_k) one token's experts and weights
     attn_split: AttnSplit,
     /// (slots, group, head_dim + 2) partial outputs of split attention, with each head's max
     /// and sum (see `attention::slot_len`); empty when no batch can split.
@@ -354,6 +357,10 @@ impl CpuBackend {
             n_pooled: 0,
             logit_rows: Vec::with_capacity(max_batch),
             per_thread,
+            moe_jobs: (0..c.moe.as_ref().map_or(0, |m| m.num_experts))
+                .map(|_| Default::default())
+                .collect(),
+            moe_chosen: Vec::new(),
             attn_split: opts.attn_split,
             attn_parts: vec![0.0; attn_slots * attention::slot_len(group, c.head_dim)],
             n_logit_rows: 0,
@@ -684,6 +691,14 @@ impl CpuBackend {
                 let l = layer.ok_or("attention outside a layer")?;
                 self.attention(l, window, causal, batch);
             }
+            Op::Moe {
+                src,
+                logits,
+                dst,
+                top_k,
+                router,
+                activation,
+            } => self.moe(layer, [src, logits, dst], top_k, router, activation, n)?,
             Op::Act(act) => {
                 let ff = c.intermediate_size;
                 let up = &mut self.bufs[Buf::Up as usize][..n * ff];
@@ -732,6 +747,70 @@ impl CpuBackend {
                         *xi += si * scale;
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// A mixture of experts over the batch's `n` rows: route each row by its logits, run each
+    /// chosen expert once on its rows, and sum the weighted outputs into `dst` (see
+    /// [`crate::moe`]).
+    fn moe(
+        &mut self,
+        layer: Option<usize>,
+        [src, logits, dst]: [Buf; 3],
+        top_k: usize,
+        router: flowrt_model::Router,
+        act: flowrt_model::Activation,
+        n: usize,
+    ) -> Result<(), String> {
+        let model = self.model.clone();
+        let w = layer
+            .and_then(|l| model.layers.get(l))
+            .and_then(|l| l.moe.as_ref())
+            .ok_or("the layer has no experts")?;
+        let (ne, h) = (w.gate.len(), model.config.hidden_size);
+        if self.moe_jobs.len() != ne {
+            return Err(format!(
+                "{} expert jobs for {ne} experts",
+                self.moe_jobs.len()
+            ));
+        }
+        for j in &mut self.moe_jobs {
+            j.rows.clear();
+        }
+        let lg = &self.bufs[logits as usize];
+        for t in 0..n {
+            crate::moe::route(
+                &lg[t * ne..(t + 1) * ne],
+                top_k,
+                router,
+                &mut self.moe_chosen,
+            );
+            for &(e, wt) in &self.moe_chosen {
+                self.moe_jobs[e].rows.push((t, wt));
+            }
+        }
+        let act_quant = self.act_quant;
+        let fmt = |ty: GgmlType| {
+            if act_quant == ActQuant::Q16 && Kernels::supports_q16(ty) {
+                crate::moe::RowFormat::Q16
+            } else {
+                crate::moe::RowFormat::Ggml(Kernels::vec_dot_type(ty))
+            }
+        };
+        let kern = self.kernels;
+        let x = &self.bufs[src as usize];
+        self.pool
+            .for_each_chunk_mut(&mut self.moe_jobs, 1, &|_, e, job| {
+                job[0].run(kern, &fmt, w, e, x, act);
+            });
+        // Weighted sum in expert order (as the reference adds them).
+        let d = &mut self.bufs[dst as usize][..n * h];
+        d.fill(0.0);
+        for j in &self.moe_jobs {
+            for (i, &(t, wt)) in j.rows.iter().enumerate() {
+                kern.axpy_f32(&mut d[t * h..(t + 1) * h], wt, &j.out[i * h..(i + 1) * h]);
             }
         }
         Ok(())
@@ -1020,7 +1099,7 @@ impl CpuBackend {
 }
 
 /// Borrow buffer `a` shared and buffer `b` mutably (they must differ).
-fn two_bufs(bufs: &mut [Vec<f32>; 10], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
+fn two_bufs(bufs: &mut [Vec<f32>; 11], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
     let [a, b] = bufs
         .get_disjoint_mut([a as usize, b as usize])
         .expect("an op reads and writes the same buffer");

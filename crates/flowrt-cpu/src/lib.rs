@@ -3,6 +3,7 @@
 
 mod exec;
 mod kv;
+mod moe;
 mod ops;
 mod packed;
 mod pool;

@@ -48,6 +48,21 @@ pub fn group_costs(model: &Model, plan: &Plan) -> Vec<GroupCost> {
                         let per_pos = 4 * c.q_dim() as u64;
                         cost.attention_flops_per_pos += if causal { per_pos } else { 2 * per_pos };
                     }
+                    // A mixture of experts: each token runs `top_k` experts. Bytes count the
+                    // experts of one token (what a decoded token reads); a batch of many tokens
+                    // reads up to every expert once.
+                    Op::Moe { top_k, .. } => {
+                        let layer = g.kind.layer().and_then(|l| model.layers.get(l));
+                        if let Some(x) = layer.and_then(|l| l.moe.as_ref()) {
+                            let n = x.gate.len().max(1) as u64;
+                            let (bytes, flops) = x
+                                .experts()
+                                .map(mat)
+                                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+                            cost.weight_bytes += bytes * top_k as u64 / n;
+                            cost.matmul_flops += flops * top_k as u64 / n;
+                        }
+                    }
                     _ => {}
                 }
             }

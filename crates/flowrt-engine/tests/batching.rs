@@ -141,3 +141,33 @@ fn bad_steps_are_errors_and_change_nothing() {
     assert!(matches!(e, Err(EngineError::PromptTooLong { .. })), "{e:?}");
     assert_eq!((b.n_past(0), b.n_past(1)), (n_ctx - 2, 3));
 }
+
+/// A mixture of experts (8 experts, top-2): a batch groups its tokens by expert, so each row
+/// must still get exactly its own experts' outputs.
+#[test]
+fn batched_sequences_equal_solo_runs_qwen3_moe() {
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/qwen3-moe")).unwrap(),
+        1e-5,
+    );
+}
+
+/// Prefix reuse on the mixture of experts: a session that re-syncs to a longer prompt sharing
+/// a prefix gives the logits of a fresh prefill of the whole prompt.
+#[test]
+fn prefix_reuse_equals_fresh_prefill_qwen3_moe() {
+    let m = LoadedModel::load(&common::fixture("families/qwen3-moe")).unwrap();
+    let a: Vec<u32> = (0..11).map(|i| (i * 17 + 3) % 300).collect();
+    let mut b = a.clone();
+    b.truncate(8);
+    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
+    let mut s = Session::new(&m, &opts()).unwrap();
+    s.feed(&a).unwrap();
+    assert_eq!(s.common_prefix(&b), 8);
+    let reused = s.sync(&b).unwrap().to_vec();
+    let mut f = Session::new(&m, &opts()).unwrap();
+    let fresh = f.feed(&b).unwrap().to_vec();
+    let d = max_diff(&reused, &fresh);
+    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
+    assert_eq!(argmax(&reused), argmax(&fresh));
+}

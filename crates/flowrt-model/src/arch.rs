@@ -108,6 +108,22 @@ pub enum TensorNames {
     Bert,
 }
 
+/// How a mixture-of-experts router turns its logits (one per expert) into the scores from
+/// which each token's top-k experts are chosen and weighted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouterScoring {
+    /// `softmax` over all experts (Qwen3-MoE, Mixtral).
+    Softmax,
+}
+
+/// A mixture-of-experts router: how experts are scored, and whether the chosen top-k weights
+/// are divided by their sum (HF `norm_topk_prob`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Router {
+    pub scoring: RouterScoring,
+    pub renormalize: bool,
+}
+
 /// Defaults a family documents for config values its files may omit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ArchDefaults {
@@ -200,6 +216,9 @@ pub struct ArchSpec {
     /// prefix (BERT: the position-id buffer, and the pooler that sentence-transformers does
     /// not use).
     pub hf_unused: &'static [&'static str],
+    /// Sparse (mixture-of-experts) feed-forward layers, scored so, where the config says
+    /// which layers are sparse (see [`crate::MoeConfig`]); `None`: every layer is dense.
+    pub router_scoring: Option<RouterScoring>,
 }
 
 const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
@@ -238,6 +257,7 @@ pub const LLAMA: ArchSpec = ArchSpec {
     fused_qkv: false,
     fused_gate_up: false,
     hf_unused: &[],
+    router_scoring: None,
 };
 
 /// Mistral: Llama with a sliding attention window on every layer. GGUF files of Mistral
@@ -272,6 +292,19 @@ pub const QWEN3: ArchSpec = ArchSpec {
     qk_norm: true,
     sliding_window: true,
     ..LLAMA
+};
+
+/// Qwen3-MoE (`Qwen3MoeForCausalLM`): Qwen3 whose feed-forward layers are mixtures of
+/// experts (softmax router, top-k, renormalised when `norm_topk_prob`), except the layers of
+/// `mlp_only_layers` and those off `decoder_sparse_step`, which stay dense. GGUF (llama.cpp's
+/// `qwen3moe`): `qwen3moe.expert_count`, `expert_used_count`, `expert_feed_forward_length`;
+/// llama.cpp always renormalises qwen3moe's top-k weights.
+pub const QWEN3_MOE: ArchSpec = ArchSpec {
+    name: "qwen3moe",
+    gguf_archs: &["qwen3moe"],
+    hf_model_types: &["qwen3_moe"],
+    router_scoring: Some(RouterScoring::Softmax),
+    ..QWEN3
 };
 
 /// Gemma 3 (text): GELU-tanh, sandwich norms with `1 + w`, QK-norm, embeddings × √hidden,
@@ -398,6 +431,7 @@ pub const BERT: ArchSpec = ArchSpec {
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
     &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
+    &QWEN3_MOE,
 ];
 
 /// The family whose GGUF `general.architecture` is `arch`.

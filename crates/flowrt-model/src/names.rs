@@ -57,6 +57,14 @@ pub enum TensorRole {
     /// Gate and up stacked in one matrix, the gate's rows first (families with
     /// `fused_gate_up`).
     FfnGateUp,
+    /// Mixture of experts: the router, `(num_experts, hidden)`.
+    FfnGateInp,
+    /// Mixture of experts: every expert's gate, up and down matrices. GGUF stores each role
+    /// as one 3-D tensor (one matrix per expert); HF checkpoints one tensor per expert (see
+    /// [`TensorRole::hf_expert_name`]).
+    FfnGateExps,
+    FfnUpExps,
+    FfnDownExps,
 }
 
 impl TensorRole {
@@ -132,6 +140,10 @@ impl TensorRole {
             AttnQkv => per_layer("attn_qkv.weight"),
             // llama.cpp's phi3: `ffn_up` holds gate and up, with no `ffn_gate`.
             FfnGateUp => per_layer("ffn_up.weight"),
+            FfnGateInp => per_layer("ffn_gate_inp.weight"),
+            FfnGateExps => per_layer("ffn_gate_exps.weight"),
+            FfnUpExps => per_layer("ffn_up_exps.weight"),
+            FfnDownExps => per_layer("ffn_down_exps.weight"),
         }
     }
 
@@ -174,6 +186,9 @@ impl TensorRole {
             FfnDownBias => per_layer("mlp.down_proj.bias"),
             AttnQkv => per_layer("self_attn.qkv_proj.weight"),
             FfnGateUp => per_layer("mlp.gate_up_proj.weight"),
+            FfnGateInp => per_layer("mlp.gate.weight"),
+            // One tensor per expert: `hf_expert_name`.
+            FfnGateExps | FfnUpExps | FfnDownExps => None,
             PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
             | LayerOutNorm | LayerOutNormBias => None,
         }
@@ -207,8 +222,20 @@ impl TensorRole {
             LayerOutNormBias => per_layer("output.LayerNorm.bias"),
             OutputNorm | Output | RopeFreqs | RopeFactorsLong | RopeFactorsShort | AttnNorm
             | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm | AttnQkv
-            | FfnGateUp => None,
+            | FfnGateUp | FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps => None,
         }
+    }
+
+    /// HF name (after the model prefix) of expert `expert`'s matrix of an experts role
+    /// (`layers.{i}.mlp.experts.{j}.gate_proj.weight`, as transformers 5 saves Qwen3-MoE).
+    pub fn hf_expert_name(self, layer: usize, expert: usize) -> Option<String> {
+        let m = match self {
+            TensorRole::FfnGateExps => "gate_proj",
+            TensorRole::FfnUpExps => "up_proj",
+            TensorRole::FfnDownExps => "down_proj",
+            _ => return None,
+        };
+        Some(format!("layers.{layer}.mlp.experts.{expert}.{m}.weight"))
     }
 
     /// Whether the HF name sits under the decoder's prefix (`model.`); the output projection

@@ -11,12 +11,13 @@
 //! - `Attn`   (n, q_dim)         attention output before the output projection
 //! - `Proj`   (n, hidden)        a projection back into the residual width
 //! - `Gate`/`Up` (n, intermediate)
+//! - `Router` (n, num_experts)  a mixture of experts' router logits (0 wide without experts)
 //! - `Logits` (n_out, vocab)     for the tokens whose logits were asked for
 //!
 //! An embedding plan ([`Plan::embedding`]) ends instead with one pooled row per sequence of
 //! the batch, `(n_seq, hidden)`, which a backend hands out as its embeddings.
 
-use crate::arch::{Activation, NormKind, NormPosition, Positions};
+use crate::arch::{Activation, NormKind, NormPosition, Positions, Router};
 use crate::config::ModelConfig;
 use crate::pooling::Pooling;
 
@@ -33,11 +34,12 @@ pub enum Buf {
     Gate,
     Up,
     Logits,
+    Router,
 }
 
 impl Buf {
     /// Every buffer, in `Buf as usize` order.
-    pub const ALL: [Buf; 10] = [
+    pub const ALL: [Buf; 11] = [
         Buf::X,
         Buf::Xn,
         Buf::Q,
@@ -48,6 +50,7 @@ impl Buf {
         Buf::Gate,
         Buf::Up,
         Buf::Logits,
+        Buf::Router,
     ];
 
     /// Values per token (per logit row for `Logits`).
@@ -58,6 +61,7 @@ impl Buf {
             Buf::K | Buf::V => c.kv_dim(),
             Buf::Gate | Buf::Up => c.intermediate_size,
             Buf::Logits => c.vocab_size,
+            Buf::Router => c.moe.as_ref().map_or(0, |m| m.num_experts),
         }
     }
 }
@@ -86,6 +90,8 @@ pub enum MatRole {
     Gate,
     Up,
     Down,
+    /// A mixture of experts' router, `(num_experts, hidden)`.
+    Router,
     Output,
 }
 
@@ -130,6 +136,18 @@ pub enum Op {
     GatedAct(Activation),
     /// `Up = act(Up)` (plain feed-forward).
     Act(Activation),
+    /// A mixture of experts: for each token, score the experts from its router logits
+    /// (`logits`, `(n, num_experts)`), pick the `top_k` highest scores, weight them as
+    /// `router` says, and `dst[t] = Σ weight_e · down_e(act(gate_e(src[t])) * up_e(src[t]))`
+    /// over the chosen experts `e` of the layer.
+    Moe {
+        src: Buf,
+        logits: Buf,
+        dst: Buf,
+        top_k: usize,
+        router: Router,
+        activation: Activation,
+    },
     /// `X += src · scale`.
     AddResidual { src: Buf, scale: f32 },
     /// `Logits = softcap(Logits · scale)`, `softcap(x) = cap · tanh(x / cap)` when set.
@@ -155,6 +173,7 @@ impl Op {
                 MatRole::Gate => "matmul_gate",
                 MatRole::Up => "matmul_up",
                 MatRole::Down => "matmul_down",
+                MatRole::Router => "matmul_router",
                 MatRole::Output => "matmul_output",
             },
             Op::QkNorm => "qk_norm",
@@ -163,6 +182,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::GatedAct(_) => "gated_act",
             Op::Act(_) => "act",
+            Op::Moe { .. } => "moe",
             Op::AddResidual { .. } => "add_residual",
             Op::ScaleLogits { .. } => "scale_logits",
             Op::Pool { .. } => "pool",
@@ -300,9 +320,26 @@ impl Plan {
             });
             // Feed-forward block: X += Wdown · (act(Wgate·norm(X)) * Wup·norm(X)), or
             // Wdown · act(Wup·X) without a gate.
+            // A sparse layer: X += Σ_top-k w_e · expert_e(norm(X)), routed by Wrouter·norm(X).
             let mut ops = Vec::new();
             let src = input(&mut ops, NormWeight::Ffn);
-            if arch.gated_ffn {
+            if let Some(moe) = cfg.layer_moe(layer) {
+                ops.extend([
+                    Op::MatMul {
+                        src,
+                        dst: Buf::Router,
+                        weight: MatRole::Router,
+                    },
+                    Op::Moe {
+                        src,
+                        logits: Buf::Router,
+                        dst: Buf::Proj,
+                        top_k: moe.num_experts_per_tok,
+                        router: moe.router,
+                        activation: cfg.activation,
+                    },
+                ]);
+            } else if arch.gated_ffn {
                 ops.extend([
                     Op::MatMul {
                         src,

@@ -19,14 +19,8 @@ use crate::safetensors_dir::SafetensorsDir;
 /// Where a weight's bytes live.
 #[derive(Debug, Clone)]
 pub enum WeightData {
-    /// Bytes `start..end` of a tensor of a memory-mapped GGUF file (the whole tensor, or a
-    /// row range of a fused one).
-    Gguf {
-        file: Arc<GgufFile>,
-        tensor: usize,
-        start: usize,
-        end: usize,
-    },
+    /// A tensor of a memory-mapped GGUF file.
+    Gguf { file: Arc<GgufFile>, tensor: usize },
     /// A byte range of a memory-mapped safetensors shard.
     Safetensors {
         dir: Arc<SafetensorsDir>,
@@ -36,17 +30,19 @@ pub enum WeightData {
     },
     /// Bytes owned by the process (converted or quantised at load).
     Owned(Arc<Vec<u8>>),
+    /// Bytes `start..end` of another weight's bytes: one expert's matrix of a 3-D tensor, or
+    /// a row range of a fused one (Q/K/V, gate/up).
+    Slice {
+        of: Box<WeightData>,
+        start: usize,
+        end: usize,
+    },
 }
 
 impl WeightData {
     pub fn bytes(&self) -> &[u8] {
         match self {
-            WeightData::Gguf {
-                file,
-                tensor,
-                start,
-                end,
-            } => &file.tensor_data(&file.tensors()[*tensor])[*start..*end],
+            WeightData::Gguf { file, tensor } => file.tensor_data(&file.tensors()[*tensor]),
             WeightData::Safetensors {
                 dir,
                 shard,
@@ -54,12 +50,17 @@ impl WeightData {
                 end,
             } => &dir.maps[*shard][*start..*end],
             WeightData::Owned(v) => v,
+            WeightData::Slice { of, start, end } => &of.bytes()[*start..*end],
         }
     }
 
     /// Whether the bytes are a view of a memory-mapped file (not owned by the process).
     pub fn is_mapped(&self) -> bool {
-        !matches!(self, WeightData::Owned(_))
+        match self {
+            WeightData::Owned(_) => false,
+            WeightData::Slice { of, .. } => of.is_mapped(),
+            _ => true,
+        }
     }
 
     /// Lets the pages of bytes `offset..offset + len` of a GGUF tensor leave the resident set
@@ -67,16 +68,14 @@ impl WeightData {
     /// Other bytes (owned, or from safetensors shards, which hold only float types that no
     /// backend repacks) stay.
     pub fn release_range(&self, offset: usize, len: usize) {
-        if let WeightData::Gguf {
-            file,
-            tensor,
-            start: s,
-            end: e,
-        } = self
-        {
+        if let WeightData::Slice { of, start, end } = self {
+            let len = len.min(end.saturating_sub(start + offset));
+            return of.release_range(start + offset, len);
+        }
+        if let WeightData::Gguf { file, tensor } = self {
             let t = &file.tensors()[*tensor];
-            let start = file.data_offset().saturating_add(t.offset) as usize + s;
-            let len = len.min((e - s).saturating_sub(offset));
+            let start = file.data_offset().saturating_add(t.offset) as usize;
+            let len = len.min((t.size_bytes as usize).saturating_sub(offset));
             file.release(start.saturating_add(offset), len);
         }
     }
@@ -106,32 +105,13 @@ impl WeightMatrix {
         &self.bytes()[r0 * self.row_bytes..r1 * self.row_bytes]
     }
 
-    /// Rows `r0..r1` as a matrix of their own, named `name`: a view of the same mapped bytes
-    /// (rows are whole blocks in every quantised type, so a row range is a byte range), or a
-    /// copy of owned ones.
+    /// Rows `r0..r1` as a matrix of their own, named `name`: a view of the same bytes (rows
+    /// are whole blocks in every quantised type, so a row range is a byte range).
     pub fn row_range(&self, name: String, r0: usize, r1: usize) -> WeightMatrix {
-        let (b0, b1) = (r0 * self.row_bytes, r1 * self.row_bytes);
-        let data = match &self.data {
-            WeightData::Gguf {
-                file,
-                tensor,
-                start,
-                ..
-            } => WeightData::Gguf {
-                file: file.clone(),
-                tensor: *tensor,
-                start: start + b0,
-                end: start + b1,
-            },
-            WeightData::Safetensors {
-                dir, shard, start, ..
-            } => WeightData::Safetensors {
-                dir: dir.clone(),
-                shard: *shard,
-                start: start + b0,
-                end: start + b1,
-            },
-            WeightData::Owned(v) => WeightData::Owned(Arc::new(v[b0..b1].to_vec())),
+        let data = WeightData::Slice {
+            of: Box::new(self.data.clone()),
+            start: r0 * self.row_bytes,
+            end: r1 * self.row_bytes,
         };
         WeightMatrix {
             name,
@@ -166,20 +146,46 @@ pub struct LayerWeights {
     pub ffn_norm: Vec<f32>, // (hidden)
     pub ffn_norm_bias: Option<Vec<f32>>,  // (hidden) LayerNorm families only
     pub w_gate: Option<WeightMatrix>,     // (intermediate, hidden) gated feed-forward only
-    pub w_up: WeightMatrix,               // (intermediate, hidden)
+    pub w_up: Option<WeightMatrix>,       // (intermediate, hidden) dense layers only
     pub b_up: Option<Vec<f32>>,           // (intermediate) families with dense biases
-    pub w_down: WeightMatrix,             // (hidden, intermediate)
+    pub w_down: Option<WeightMatrix>,     // (hidden, intermediate) dense layers only
     pub b_down: Option<Vec<f32>>,         // (hidden) families with dense biases
     pub ffn_post_norm: Option<Vec<f32>>,  // (hidden) sandwich norms only
+    /// The experts of a sparse (mixture-of-experts) layer, in place of `w_gate`/`w_up`/`w_down`.
+    pub moe: Option<MoeWeights>,
+}
+
+/// The router and experts of one mixture-of-experts layer. Each expert's matrix is its own
+/// [`WeightMatrix`] in its stored type (for GGUF, a slice of the 3-D tensor).
+#[derive(Debug, Clone)]
+pub struct MoeWeights {
+    pub router: WeightMatrix,    // (num_experts, hidden)
+    pub gate: Vec<WeightMatrix>, // num_experts × (moe_intermediate, hidden)
+    pub up: Vec<WeightMatrix>,   // num_experts × (moe_intermediate, hidden)
+    pub down: Vec<WeightMatrix>, // num_experts × (hidden, moe_intermediate)
+}
+
+impl MoeWeights {
+    /// Every expert matrix (gate, up, down of expert 0, then of expert 1, ...).
+    pub fn experts(&self) -> impl Iterator<Item = &WeightMatrix> {
+        (0..self.gate.len()).flat_map(|e| [&self.gate[e], &self.up[e], &self.down[e]])
+    }
 }
 
 impl LayerWeights {
-    /// Every matrix of the layer, in role order (Q, K, V, O, gate, up, down).
+    /// Every matrix of the layer, in role order (Q, K, V, O, gate, up, down; for a sparse
+    /// layer the router and then every expert's matrices).
     pub fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
         [&self.wq, &self.wk, &self.wv, &self.wo]
             .into_iter()
             .chain(self.w_gate.as_ref())
-            .chain([&self.w_up, &self.w_down])
+            .chain(self.w_up.as_ref())
+            .chain(self.w_down.as_ref())
+            .chain(
+                self.moe
+                    .iter()
+                    .flat_map(|m| std::iter::once(&m.router).chain(m.experts())),
+            )
     }
 }
 
@@ -286,8 +292,6 @@ impl Source {
                     data: WeightData::Gguf {
                         file: file.clone(),
                         tensor: i,
-                        start: 0,
-                        end: file.tensor_data(t).len(),
                     },
                 })
             }
@@ -386,6 +390,126 @@ impl Binder<'_> {
             ));
             return None;
         }
+        self.finish_matrix(name, t.dtype, rows, cols, t.data)
+    }
+
+    /// The experts' matrices of an experts role in `layer`, each `(rows, cols)`: the slices
+    /// of a 3-D GGUF tensor `[cols, rows, n]`, or one HF tensor per expert. A count of experts
+    /// other than `n` is a problem naming the config's expert count.
+    fn experts(
+        &mut self,
+        role: TensorRole,
+        layer: usize,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Option<Vec<WeightMatrix>> {
+        match self.source {
+            Source::Gguf(_) => {
+                let t = self.find(role, layer)?;
+                let name = t.name;
+                if t.dims.len() == 3
+                    && t.dims[..2] == [cols as u64, rows as u64]
+                    && t.dims[2] != n as u64
+                {
+                    self.problems.push(format!(
+                        "tensor `{name}` holds {} experts but the expert count (num_experts) is {n}",
+                        t.dims[2]
+                    ));
+                    return None;
+                }
+                if t.dims != [cols as u64, rows as u64, n as u64] {
+                    self.problems.push(format!(
+                        "tensor `{name}` has shape {:?}, expected [{cols}, {rows}, {n}] (ggml order: input features first, then one matrix per expert)",
+                        t.dims
+                    ));
+                    return None;
+                }
+                let per = match &t.dtype {
+                    Ok(d) => match d.row_size(cols as u64) {
+                        Ok(b) => b as usize * rows,
+                        Err(e) => {
+                            self.problems.push(format!("tensor `{name}`: {e}"));
+                            return None;
+                        }
+                    },
+                    Err(_) => 0,
+                };
+                (0..n)
+                    .map(|e| {
+                        let data = WeightData::Slice {
+                            of: Box::new(t.data.clone()),
+                            start: e * per,
+                            end: (e + 1) * per,
+                        };
+                        self.finish_matrix(
+                            format!("{name}[{e}]"),
+                            t.dtype.clone(),
+                            rows,
+                            cols,
+                            data,
+                        )
+                    })
+                    .collect()
+            }
+            Source::Hf { prefix, .. } => {
+                let name = |e: usize| {
+                    role.hf_expert_name(layer, e)
+                        .map(|n| format!("{prefix}{n}"))
+                };
+                let present = |e: usize| name(e).is_some_and(|n| self.source.find(&n).is_some());
+                let found = (0..).take_while(|&e| present(e)).count();
+                if found != n {
+                    let which = if found < n {
+                        format!("`{}` is missing", name(found).unwrap_or_default())
+                    } else {
+                        format!("up to `{}`", name(found - 1).unwrap_or_default())
+                    };
+                    self.problems.push(format!(
+                        "layer {layer} has {found} experts ({which}) but the expert count (num_experts) is {n}"
+                    ));
+                    for e in 0..found {
+                        if let Some(nm) = name(e) {
+                            self.used.insert(nm);
+                        }
+                    }
+                    return None;
+                }
+                (0..n)
+                    .map(|e| {
+                        let nm = name(e)?;
+                        self.used.insert(nm.clone());
+                        let t = self.source.find(&nm)?;
+                        if t.dims != [cols as u64, rows as u64] {
+                            self.problems.push(format!(
+                                "tensor `{nm}` has shape {:?}, expected [{cols}, {rows}] (ggml order: input features first)",
+                                t.dims
+                            ));
+                            return None;
+                        }
+                        self.finish_matrix(nm, t.dtype, rows, cols, t.data)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A matrix from a tensor whose shape was checked: its type, row size and (if asked)
+    /// quantisation on load.
+    fn finish_matrix(
+        &mut self,
+        name: String,
+        dtype: Result<GgmlType, String>,
+        rows: usize,
+        cols: usize,
+        data: WeightData,
+    ) -> Option<WeightMatrix> {
+        let t = Found {
+            name: name.clone(),
+            dims: Vec::new(),
+            dtype,
+            data,
+        };
         let dtype = match t.dtype {
             Ok(d) => d,
             Err(ty) => {
@@ -513,6 +637,22 @@ impl Binder<'_> {
     ) -> Option<Option<WeightMatrix>> {
         if present {
             self.matrix(role, 0, rows, cols).map(Some)
+        } else {
+            Some(None)
+        }
+    }
+
+    /// A per-layer matrix that exists only when `present`.
+    fn optional_layer_matrix(
+        &mut self,
+        present: bool,
+        role: TensorRole,
+        layer: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Option<Option<WeightMatrix>> {
+        if present {
+            self.matrix(role, layer, rows, cols).map(Some)
         } else {
             Some(None)
         }
@@ -797,25 +937,48 @@ impl Model {
             let attn_post_norm = b.optional(arch.sandwich_norms, AttnPostNorm, l, h);
             let ffn_norm = b.vector(ffn_norm_role, l, h);
             let ffn_norm_bias = b.norm_bias(layer_norm, ffn_norm_role, l, h);
-            let (w_gate, w_up) = if arch.gated_ffn && arch.fused_gate_up {
+            let moe_cfg = c.layer_moe(l);
+            let dense = moe_cfg.is_none();
+            // A sparse layer has experts in place of gate/up/down.
+            let (w_gate, w_up) = if !dense {
+                (Some(None), Some(None))
+            } else if arch.gated_ffn && arch.fused_gate_up {
                 let what = "2 × intermediate_size";
                 match b.fused(FfnGateUp, l, &[("gate", ff), ("up", ff)], h, what) {
                     Some(mut m) => {
                         let up = m.pop();
-                        (m.pop().map(Some), up)
+                        (m.pop().map(Some), up.map(Some))
                     }
                     None => (None, None),
                 }
             } else if arch.gated_ffn {
                 (
                     b.matrix(FfnGate, l, ff, h).map(Some),
-                    b.matrix(FfnUp, l, ff, h),
+                    b.matrix(FfnUp, l, ff, h).map(Some),
                 )
             } else {
-                (Some(None), b.matrix(FfnUp, l, ff, h))
+                (Some(None), b.matrix(FfnUp, l, ff, h).map(Some))
             };
             let b_up = b.optional(arch.dense_bias, FfnUpBias, l, ff);
-            let w_down = b.matrix(FfnDown, l, h, ff);
+            let w_down = b.optional_layer_matrix(dense, FfnDown, l, h, ff);
+            let moe = match moe_cfg {
+                None => Some(None),
+                Some(m) => {
+                    let (n, mf) = (m.num_experts, m.moe_intermediate_size);
+                    let router = b.matrix(FfnGateInp, l, n, h);
+                    let gate = b.experts(FfnGateExps, l, n, mf, h);
+                    let up = b.experts(FfnUpExps, l, n, mf, h);
+                    let down = b.experts(FfnDownExps, l, n, h, mf);
+                    (|| {
+                        Some(Some(MoeWeights {
+                            router: router?,
+                            gate: gate?,
+                            up: up?,
+                            down: down?,
+                        }))
+                    })()
+                }
+            };
             let b_down = b.optional(arch.dense_bias, FfnDownBias, l, h);
             let ffn_post_norm = b.optional(arch.sandwich_norms, FfnPostNorm, l, h);
             let layer = (|| {
@@ -841,6 +1004,7 @@ impl Model {
                     w_down: w_down?,
                     b_down: b_down?,
                     ffn_post_norm: ffn_post_norm?,
+                    moe: moe?,
                 })
             })();
             if let Some(layer) = layer {
@@ -904,8 +1068,9 @@ impl Model {
             MatRole::V => &lw.wv,
             MatRole::O => &lw.wo,
             MatRole::Gate => lw.w_gate.as_ref()?,
-            MatRole::Up => &lw.w_up,
-            MatRole::Down => &lw.w_down,
+            MatRole::Up => lw.w_up.as_ref()?,
+            MatRole::Down => lw.w_down.as_ref()?,
+            MatRole::Router => &lw.moe.as_ref()?.router,
             MatRole::Output => self.output.as_ref()?,
         })
     }
@@ -920,17 +1085,37 @@ impl Model {
             MatRole::O => lw.bo.as_ref(),
             MatRole::Up => lw.b_up.as_ref(),
             MatRole::Down => lw.b_down.as_ref(),
-            MatRole::Gate | MatRole::Output => None,
+            MatRole::Gate | MatRole::Router | MatRole::Output => None,
         }
     }
 
-    /// Bytes of weights read per decoded token (every matrix once; embeddings: one row).
+    /// Bytes of weights read per decoded token (every matrix once; of a mixture of experts,
+    /// the router and the share of the experts a token runs, top-k of them; embeddings: one
+    /// row).
     pub fn weight_bytes_per_token(&self) -> u64 {
         let m = |w: &WeightMatrix| (w.rows * w.row_bytes) as u64;
         let layers: u64 = self
             .layers
             .iter()
-            .map(|l| l.matrices().map(m).sum::<u64>())
+            .map(|l| {
+                let dense: u64 = [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(&l.w_gate)
+                    .chain(&l.w_up)
+                    .chain(&l.w_down)
+                    .map(m)
+                    .sum();
+                let experts = l.moe.as_ref().map_or(0, |x| {
+                    let all: u64 = x.experts().map(m).sum();
+                    let k = self
+                        .config
+                        .moe
+                        .as_ref()
+                        .map_or(0, |c| c.num_experts_per_tok);
+                    m(&x.router) + all * k as u64 / x.gate.len().max(1) as u64
+                });
+                dense + experts
+            })
             .sum();
         layers + self.output.as_ref().map_or(0, m) + self.token_embd.row_bytes as u64
     }

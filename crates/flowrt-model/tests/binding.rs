@@ -405,6 +405,47 @@ fn tiny_phi3(qkv_rows: u64, gate_up_rows: u64) -> GgufFile {
     GgufFile::from_bytes(b.to_bytes()).unwrap()
 }
 
+/// A tiny `qwen3moe` GGUF (2 layers, hidden 8): `expert_count` says `n_key` experts, the 3-D
+/// expert tensors hold `n_tensor`, each token runs `top_k`.
+fn tiny_moe(n_key: u32, n_tensor: u64, top_k: u32) -> GgufFile {
+    const EFF: u64 = 4;
+    let arch = "qwen3moe";
+    let mut b = GgufBuilder::new();
+    let f = tiny(&[], 2, arch);
+    for (k, v) in f.metadata() {
+        b.kv(k.as_str(), v.clone());
+    }
+    b.kv("qwen3moe.expert_count", n_key)
+        .kv("qwen3moe.expert_used_count", top_k)
+        .kv("qwen3moe.expert_feed_forward_length", EFF as u32);
+    let mut add = |name: String, dims: &[u64]| {
+        let n: u64 = dims.iter().product();
+        b.tensor(
+            name,
+            dims,
+            GgmlType::F32,
+            f32_bytes(&vec![0.25; n as usize]),
+        );
+    };
+    for t in f.tensors() {
+        if !t.name.contains(".ffn_gate.")
+            && !t.name.contains(".ffn_up.")
+            && !t.name.contains(".ffn_down.")
+        {
+            add(t.name.clone(), &t.dims);
+        }
+    }
+    for l in 0..2 {
+        add(format!("blk.{l}.attn_q_norm.weight"), &[2]);
+        add(format!("blk.{l}.attn_k_norm.weight"), &[2]);
+        add(format!("blk.{l}.ffn_gate_inp.weight"), &[H, n_key as u64]);
+        add(format!("blk.{l}.ffn_gate_exps.weight"), &[H, EFF, n_tensor]);
+        add(format!("blk.{l}.ffn_up_exps.weight"), &[H, EFF, n_tensor]);
+        add(format!("blk.{l}.ffn_down_exps.weight"), &[EFF, H, n_tensor]);
+    }
+    GgufFile::from_bytes(b.to_bytes()).unwrap()
+}
+
 /// Phi-3's fused Q/K/V and gate/up are split into row ranges at load: Q the first
 /// heads × head_dim rows, then K, then V; the gate the first intermediate_size rows, then up.
 #[test]
@@ -420,10 +461,10 @@ fn phi3_fused_tensors_split_into_row_ranges() {
         [first_row(&l.wq), first_row(&l.wk), first_row(&l.wv)],
         [0.0, 8.0, 12.0]
     );
-    let gate = l.w_gate.as_ref().unwrap();
-    assert_eq!((gate.rows, l.w_up.rows), (16, 16));
-    assert_eq!([first_row(gate), first_row(&l.w_up)], [0.0, 16.0]);
-    assert_eq!(l.w_up.bytes().len(), 16 * 8 * 4);
+    let (gate, up) = (l.w_gate.as_ref().unwrap(), l.w_up.as_ref().unwrap());
+    assert_eq!((gate.rows, up.rows), (16, 16));
+    assert_eq!([first_row(gate), first_row(up)], [0.0, 16.0]);
+    assert_eq!(up.bytes().len(), 16 * 8 * 4);
     assert_eq!(m.config.rope_dim, 2);
 }
 
@@ -477,4 +518,56 @@ fn phi3_partial_rotary_factor_giving_an_odd_width_names_the_field() {
         let e = config(bad.into(), nested).unwrap_err().to_string();
         assert!(e.contains("`partial_rotary_factor`"), "{bad}: {e}");
     }
+}
+
+#[test]
+fn qwen3moe_gguf_binds_its_experts_and_plans_a_moe_op() {
+    let m = Model::from_gguf(Arc::new(tiny_moe(6, 6, 2))).unwrap();
+    let moe = m.config.moe.as_ref().expect("a mixture of experts");
+    assert_eq!((moe.num_experts, moe.num_experts_per_tok), (6, 2));
+    assert!(moe.router.renormalize, "llama.cpp renormalises qwen3moe");
+    let x = m.layers[1].moe.as_ref().unwrap();
+    assert_eq!(x.gate.len(), 6);
+    assert_eq!((x.down[5].rows, x.down[5].cols), (H as usize, 4));
+    assert!(m.layers[0].w_up.is_none());
+    let plan = Plan::new(&m.config);
+    let ffn = &plan.groups[2];
+    assert!(
+        ffn.ops.iter().any(|o| o.name() == "matmul_router"),
+        "{ffn:?}"
+    );
+    assert!(ffn.ops.iter().any(|o| o.name() == "moe"), "{ffn:?}");
+    let features = m.config.features().join("; ");
+    assert!(
+        features.contains("mixture of experts: 6 experts, 2 active (softmax, renormalised)")
+            && features.contains("384 of 1.15K expert parameters active per token"),
+        "{features}"
+    );
+}
+
+#[test]
+fn moe_top_k_beyond_the_experts_or_zero_is_named() {
+    let e = Model::from_gguf(Arc::new(tiny_moe(4, 4, 5)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("num_experts_per_tok (top-k) = 5 exceeds num_experts = 4"),
+        "{e}"
+    );
+    let e = Model::from_gguf(Arc::new(tiny_moe(4, 4, 0)))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("num_experts_per_tok (top-k) is 0"), "{e}");
+}
+
+#[test]
+fn moe_expert_count_contradicted_by_the_tensors_is_named() {
+    let e = Model::from_gguf(Arc::new(tiny_moe(8, 4, 2)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("blk.0.ffn_gate_exps.weight")
+            && e.contains("holds 4 experts but the expert count (num_experts) is 8"),
+        "{e}"
+    );
 }

@@ -76,3 +76,17 @@ fn gemma3_names_windows_local_rope_scale_and_soft_cap() {
         "1/√24: {f:?}"
     );
 }
+
+#[test]
+fn qwen3_moe_names_its_experts_and_active_parameters() {
+    let f = features("qwen3-moe");
+    // 2 sparse layers × 8 experts × 3 · 64 · 32 parameters; top-2 of them per token.
+    assert!(
+        f.contains(
+            &"mixture of experts: 8 experts, 2 active (softmax, renormalised), expert FFN 32, \
+              on 2 of 3 layers; 24.6K of 98.3K expert parameters active per token"
+                .to_string()
+        ),
+        "{f:?}"
+    );
+}

@@ -135,6 +135,11 @@ impl VulkanBackend {
             .check_options("vulkan", &[])
             .map_err(VulkanError::Unsupported)?;
         let c = &model.config;
+        if c.moe.is_some() {
+            return Err(VulkanError::MixtureOfExperts {
+                family: c.arch.name.to_string(),
+            });
+        }
         let missing = lacks(c);
         if !missing.is_empty() {
             return Err(VulkanError::Unsupported(format!(
@@ -206,7 +211,9 @@ impl VulkanBackend {
         // Activations.
         let mut bufs = Vec::with_capacity(Buf::ALL.len());
         for b in Buf::ALL {
-            let bytes = (max_batch * b.width(&model.config) * 4) as u64;
+            // At least 4 bytes: a buffer a model does not use (`Router` without experts) is
+            // still bound.
+            let bytes = ((max_batch * b.width(&model.config) * 4) as u64).max(4);
             bufs.push(gpu.storage(&format!("activations {b:?}"), bytes)?);
         }
         let acts = Acts {
@@ -288,8 +295,11 @@ impl VulkanBackend {
                     .w_gate
                     .as_ref()
                     .ok_or_else(|| absent("feed-forward gate"))?)?,
-                up(&lw.w_up)?,
-                up(&lw.w_down)?,
+                up(lw.w_up.as_ref().ok_or_else(|| absent("feed-forward up"))?)?,
+                up(lw
+                    .w_down
+                    .as_ref()
+                    .ok_or_else(|| absent("feed-forward down"))?)?,
             ]);
         }
         let vec_buf = |what: &str, v: &[f32]| gpu.upload(what, f32_bytes(v));
@@ -641,6 +651,7 @@ impl VulkanBackend {
                     Op::AddPositions { .. }
                     | Op::LayerNorm { .. }
                     | Op::Act(_)
+                    | Op::Moe { .. }
                     | Op::Pool { .. } => {
                         return Err(VulkanError::Unsupported(format!(
                             "op `{}` has no Vulkan kernel (use --backend cpu)",

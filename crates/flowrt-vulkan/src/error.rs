@@ -28,6 +28,9 @@ pub enum VulkanError {
     /// A kernel that did not compile or validate (a bug in flowrt).
     #[error("kernel `{name}` failed to build: {reason}")]
     Kernel { name: String, reason: String },
+    /// A mixture-of-experts model: the Vulkan backend has no expert kernels yet.
+    #[error("the `{family}` model is a mixture of experts, which the Vulkan backend does not implement yet (use --backend cpu)")]
+    MixtureOfExperts { family: String },
     /// The model or settings ask for something this backend cannot do.
     #[error("{0}")]
     Unsupported(String),

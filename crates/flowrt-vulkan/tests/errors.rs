@@ -71,3 +71,20 @@ fn bad_settings_and_sizes_are_named() {
     assert!(e.to_string().contains("`kernels`"), "{e}");
     coverage::ran("vulkan errors", "bad settings and sizes");
 }
+
+/// A mixture-of-experts model is refused at load, before any device is opened, by a typed
+/// error that says so (no panic, no dense substitute).
+#[test]
+fn mixture_of_experts_is_refused_by_name() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/qwen3-moe");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cfg = flowrt_model::ModelConfig::from_hf_json(&dir.join("config.json"), &json).unwrap();
+    let m = Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap());
+    let e = VulkanBackend::new(m, &BackendSettings::default())
+        .err()
+        .expect("a mixture of experts is refused");
+    assert!(matches!(e, VulkanError::MixtureOfExperts { .. }), "{e}");
+    assert!(e.to_string().contains("mixture of experts"), "{e}");
+}

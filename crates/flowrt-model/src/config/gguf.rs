@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use flowrt_gguf::{Array, GgufFile, Value};
 
-use super::{bad, longrope_scaling, LayerType, ModelConfig};
+use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig};
 use crate::arch::{self, EmbedScale, NormKind, Scalings};
 use crate::error::ModelError;
 use crate::names::TensorRole;
@@ -325,6 +325,61 @@ impl ModelConfig {
             }
         }
 
+        // Mixtures of experts: llama.cpp's `expert_count`, `expert_used_count` and
+        // `expert_feed_forward_length`; top-k weights renormalised unless
+        // `expert_weights_norm` says otherwise (llama.cpp always renormalises qwen3moe's).
+        // Every layer is sparse unless `{arch}.mlp_only_layers` (HF's list, as `flowrt pack`
+        // writes it; llama.cpp reads no such key) names dense ones.
+        let moe = match arch.router_scoring {
+            None => None,
+            Some(scoring) => {
+                let renormalize = match f.get(&key("expert_weights_norm")) {
+                    None => true,
+                    Some(Value::Bool(b)) => *b,
+                    Some(v) => {
+                        return Err(bad(
+                            &file,
+                            format!("`{}` = {v:?} is not a bool", key("expert_weights_norm")),
+                        ))
+                    }
+                };
+                let only = match f.get(&key("mlp_only_layers")) {
+                    None => Vec::new(),
+                    Some(Value::Array(a)) => integers(a)
+                        .and_then(|v| {
+                            v.into_iter()
+                                .map(|x| usize::try_from(x).ok().filter(|&l| l < num_hidden_layers))
+                                .collect::<Option<Vec<_>>>()
+                        })
+                        .ok_or_else(|| {
+                            bad(
+                                &file,
+                                format!(
+                                    "`{}` is not a list of layer indices below {num_hidden_layers}",
+                                    key("mlp_only_layers")
+                                ),
+                            )
+                        })?,
+                    Some(v) => {
+                        return Err(bad(
+                            &file,
+                            format!("`{}` = {v:?} is not a list", key("mlp_only_layers")),
+                        ))
+                    }
+                };
+                Some(MoeConfig {
+                    num_experts: req_u("expert_count")?,
+                    num_experts_per_tok: req_u("expert_used_count")?,
+                    moe_intermediate_size: req_u("expert_feed_forward_length")?,
+                    router: arch::Router {
+                        scoring,
+                        renormalize,
+                    },
+                    sparse_layers: MoeConfig::hf_sparse_layers(num_hidden_layers, 1, &only),
+                })
+            }
+        };
+
         let cfg = ModelConfig {
             arch,
             hidden_size,
@@ -354,6 +409,7 @@ impl ModelConfig {
             logit_multiplier,
             final_logit_softcapping,
             tie_word_embeddings: None,
+            moe,
         };
         cfg.validate(&file)?;
         Ok(cfg)

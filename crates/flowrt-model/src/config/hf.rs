@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{bad, longrope_scaling, LayerType, ModelConfig};
+use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig};
 use crate::arch::{self, Activation, EmbedScale, NormKind, Positions, RopePairing, Scalings};
 use crate::error::ModelError;
 use crate::rope::{yarn_attention_factor, RopeConfig, RopeScaling};
@@ -334,6 +334,11 @@ impl ModelConfig {
             Scalings::None | Scalings::MiniCpm => attn_scale,
         };
 
+        let moe = match arch.router_scoring {
+            None => None,
+            Some(scoring) => Some(read_moe(&c, scoring, num_hidden_layers)?),
+        };
+
         let cfg = ModelConfig {
             arch,
             hidden_size,
@@ -362,10 +367,71 @@ impl ModelConfig {
             tie_word_embeddings: c
                 .bool("tie_word_embeddings")?
                 .or(top.bool("tie_word_embeddings")?),
+            moe,
         };
         cfg.validate(file)?;
         Ok(cfg)
     }
+}
+
+/// The mixture of experts of a family with a router. The expert count is `num_experts`
+/// (transformers 5 writes `num_local_experts`; both must agree when both are given); the
+/// top-k, expert width and expert count are required. `decoder_sparse_step` (1),
+/// `mlp_only_layers` (none) and `norm_topk_prob` (false) take transformers' defaults.
+fn read_moe(
+    c: &Obj,
+    scoring: arch::RouterScoring,
+    n_layers: usize,
+) -> Result<MoeConfig, ModelError> {
+    let num_experts = match (c.usize("num_experts")?, c.usize("num_local_experts")?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(bad(
+                c.file,
+                format!("num_experts = {a} and num_local_experts = {b} disagree"),
+            ))
+        }
+        (Some(a), _) | (None, Some(a)) => a,
+        (None, None) => {
+            return Err(ModelError::MissingKey {
+                file: c.file.to_path_buf(),
+                key: "num_experts".into(),
+            })
+        }
+    };
+    let step = c.usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(bad(c.file, "decoder_sparse_step is 0".into()));
+    }
+    let only = match c.present("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().map(|x| x as usize))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| bad(c.file, "`mlp_only_layers` holds a non-integer".into()))?,
+        Some(v) => {
+            return Err(bad(
+                c.file,
+                format!("`mlp_only_layers` = {v} is not a list"),
+            ))
+        }
+    };
+    if let Some(&l) = only.iter().find(|&&l| l >= n_layers) {
+        return Err(bad(
+            c.file,
+            format!("`mlp_only_layers` names layer {l} of {n_layers}"),
+        ));
+    }
+    Ok(MoeConfig {
+        num_experts,
+        num_experts_per_tok: c.req_usize("num_experts_per_tok")?,
+        moe_intermediate_size: c.req_usize("moe_intermediate_size")?,
+        router: arch::Router {
+            scoring,
+            renormalize: c.bool("norm_topk_prob")?.unwrap_or(false),
+        },
+        sparse_layers: MoeConfig::hf_sparse_layers(n_layers, step, &only),
+    })
 }
 
 /// The global and (if the family has one) local RoPE.

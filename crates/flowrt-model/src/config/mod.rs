@@ -6,7 +6,7 @@ mod hf;
 
 use std::path::Path;
 
-use crate::arch::{Activation, ArchSpec, RopePairing};
+use crate::arch::{Activation, ArchSpec, RopePairing, Router, RouterScoring};
 use crate::error::ModelError;
 use crate::rope::{longrope_attention_factor, RopeConfig, RopeScaling};
 
@@ -19,6 +19,41 @@ pub enum LayerType {
     Full,
     /// The last `sliding_window` positions (the query's own included).
     Sliding,
+}
+
+/// The mixture-of-experts layers of a model (HF names: `num_experts`, `num_experts_per_tok`,
+/// `moe_intermediate_size`, `norm_topk_prob`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    /// Experts of each sparse layer.
+    pub num_experts: usize,
+    /// Experts each token runs (top-k).
+    pub num_experts_per_tok: usize,
+    /// Width of one expert's gated feed-forward layer.
+    pub moe_intermediate_size: usize,
+    /// How the router scores and weights the experts.
+    pub router: Router,
+    /// Whether each layer's feed-forward block is a mixture of experts (`num_hidden_layers`
+    /// entries; dense layers use `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+}
+
+impl MoeConfig {
+    /// Sparse-layer flags from HF's rule: layer `i` is sparse unless it is listed in
+    /// `mlp_only_layers`, and when `(i + 1) % decoder_sparse_step == 0`.
+    pub fn hf_sparse_layers(
+        n_layers: usize,
+        decoder_sparse_step: usize,
+        mlp_only_layers: &[usize],
+    ) -> Vec<bool> {
+        (0..n_layers)
+            .map(|i| {
+                !mlp_only_layers.contains(&i)
+                    && decoder_sparse_step > 0
+                    && (i + 1).is_multiple_of(decoder_sparse_step)
+            })
+            .collect()
+    }
 }
 
 /// Everything the decoder needs to know about a model's shape and numerics.
@@ -77,6 +112,9 @@ pub struct ModelConfig {
     /// Whether the output projection is the embedding matrix, when the config says; `None`:
     /// tied exactly when the file has no output matrix.
     pub tie_word_embeddings: Option<bool>,
+    /// Mixture-of-experts layers (families with [`ArchSpec::router_scoring`] whose config
+    /// names experts); `None`: every layer is dense.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -182,6 +220,41 @@ impl ModelConfig {
                 return err(format!("final_logit_softcapping = {c} must be positive"));
             }
         }
+        if let Some(m) = &self.moe {
+            if m.num_experts == 0 {
+                return err("num_experts is 0".into());
+            }
+            if m.num_experts > 1 << 12 {
+                return err(format!(
+                    "num_experts = {} exceeds the supported maximum {}",
+                    m.num_experts,
+                    1 << 12
+                ));
+            }
+            if m.num_experts_per_tok == 0 {
+                return err("num_experts_per_tok (top-k) is 0".into());
+            }
+            if m.num_experts_per_tok > m.num_experts {
+                return err(format!(
+                    "num_experts_per_tok (top-k) = {} exceeds num_experts = {}",
+                    m.num_experts_per_tok, m.num_experts
+                ));
+            }
+            if m.moe_intermediate_size == 0 || m.moe_intermediate_size > 1 << 18 {
+                return err(format!(
+                    "moe_intermediate_size = {} must be positive and at most {}",
+                    m.moe_intermediate_size,
+                    1 << 18
+                ));
+            }
+            if m.sparse_layers.len() != self.num_hidden_layers {
+                return err(format!(
+                    "{} sparse-layer flags for {} layers",
+                    m.sparse_layers.len(),
+                    self.num_hidden_layers
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -201,6 +274,11 @@ impl ModelConfig {
             LayerType::Full => None,
             LayerType::Sliding => self.sliding_window,
         }
+    }
+
+    /// The mixture of experts of layer `l`, when its feed-forward block is sparse.
+    pub fn layer_moe(&self, l: usize) -> Option<&MoeConfig> {
+        self.moe.as_ref().filter(|m| m.sparse_layers[l])
     }
 
     /// Whether layer `l` uses the local RoPE (`rope_local`).
@@ -316,6 +394,34 @@ impl ModelConfig {
         if let Some(cap) = self.final_logit_softcapping {
             f.push(format!("logit soft-cap {cap}"));
         }
+        if let Some(m) = &self.moe {
+            let scoring = match m.router.scoring {
+                RouterScoring::Softmax => "softmax",
+            };
+            let renorm = if m.router.renormalize {
+                ", renormalised"
+            } else {
+                ""
+            };
+            let sparse = m.sparse_layers.iter().filter(|s| **s).count();
+            let mut s = format!(
+                "mixture of experts: {} experts, {} active ({scoring}{renorm}), expert FFN {}",
+                m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
+            );
+            if sparse < self.num_hidden_layers {
+                s += &format!(", on {sparse} of {} layers", self.num_hidden_layers);
+            }
+            // Gate, up and down of each expert; a token runs top-k of them per sparse layer.
+            let per_expert = 3 * (self.hidden_size * m.moe_intermediate_size) as u64;
+            let all = per_expert * (m.num_experts * sparse) as u64;
+            let active = per_expert * (m.num_experts_per_tok * sparse) as u64;
+            s += &format!(
+                "; {} of {} expert parameters active per token",
+                short_count(active),
+                short_count(all)
+            );
+            f.push(s);
+        }
         f
     }
 
@@ -397,6 +503,24 @@ pub(crate) fn longrope_scaling(
         attention_factor: attention_factor
             .unwrap_or_else(|| longrope_attention_factor(max_pos, orig)),
     }
+}
+
+/// `n` with a K/M/B suffix (3 significant digits), for feature phrases.
+fn short_count(n: u64) -> String {
+    let (v, unit) = match n {
+        0..1_000 => return n.to_string(),
+        1_000..1_000_000 => (n as f64 / 1e3, "K"),
+        1_000_000..1_000_000_000 => (n as f64 / 1e6, "M"),
+        _ => (n as f64 / 1e9, "B"),
+    };
+    let digits = if v < 10.0 {
+        2
+    } else if v < 100.0 {
+        1
+    } else {
+        0
+    };
+    format!("{v:.digits$}{unit}")
 }
 
 fn bad(file: &Path, reason: String) -> ModelError {

@@ -1,0 +1,178 @@
+//! Mixture-of-experts feed-forward blocks ([`flowrt_model::Op::Moe`]) on the CPU.
+//!
+//! Each token's router logits pick its top-k experts and their weights ([`route`]). Tokens are
+//! then grouped by expert, so that each chosen expert's matrices are read once per batch: its
+//! tokens' input rows are gathered, run through the expert's gated feed-forward as one matmul
+//! per matrix ([`ExpertJob::run`]), and the outputs are added, weighted, to the tokens' rows
+//! in expert order. Experts run in parallel (one task per expert); an expert no token chose
+//! is not read at all.
+
+use flowrt_dtype::GgmlType;
+use flowrt_kernels::Kernels;
+use flowrt_model::{Activation, MoeWeights, Router, RouterScoring, WeightMatrix};
+
+/// The format of quantised activation rows for a weight type (see `exec::ActRows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowFormat {
+    Ggml(GgmlType),
+    Q16,
+}
+
+/// One expert's share of a batch, and its scratch (kept between batches).
+#[derive(Default)]
+pub(crate) struct ExpertJob {
+    /// (batch row, routing weight) of each token that chose this expert.
+    pub rows: Vec<(usize, f32)>,
+    x: Vec<f32>,    // (m, hidden) gathered input rows
+    act: Vec<u8>,   // (m, row bytes) quantised activation rows of the current matmul
+    gate: Vec<f32>, // (m, moe_intermediate)
+    up: Vec<f32>,   // (m, moe_intermediate)
+    /// (m, hidden) the expert's output for each of its rows.
+    pub out: Vec<f32>,
+}
+
+/// The experts token `logits` (one per expert) chooses and their weights, into `chosen`
+/// (best first): scores by `router.scoring`, the `top_k` highest (ties to the lower index),
+/// divided by their sum when `router.renormalize`.
+pub(crate) fn route(logits: &[f32], top_k: usize, router: Router, chosen: &mut Vec<(usize, f32)>) {
+    chosen.clear();
+    let scores: Vec<f32> = match router.scoring {
+        RouterScoring::Softmax => {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            e.into_iter().map(|v| v / sum).collect()
+        }
+    };
+    for _ in 0..top_k.min(scores.len()) {
+        let mut best: Option<usize> = None;
+        for (i, &s) in scores.iter().enumerate() {
+            if chosen.iter().any(|&(c, _)| c == i) {
+                continue;
+            }
+            if best.is_none_or(|b| s > scores[b]) {
+                best = Some(i);
+            }
+        }
+        if let Some(b) = best {
+            chosen.push((b, scores[b]));
+        }
+    }
+    if router.renormalize {
+        let sum: f32 = chosen.iter().map(|c| c.1).sum();
+        if sum > 0.0 {
+            chosen.iter_mut().for_each(|c| c.1 /= sum);
+        }
+    }
+}
+
+impl ExpertJob {
+    /// Run expert `e` of `w` on this job's rows of `src` (`(n, hidden)`), into `out`.
+    pub(crate) fn run(
+        &mut self,
+        kern: &Kernels,
+        fmt: &dyn Fn(GgmlType) -> RowFormat,
+        w: &MoeWeights,
+        e: usize,
+        src: &[f32],
+        act: Activation,
+    ) {
+        let m = self.rows.len();
+        if m == 0 {
+            return;
+        }
+        let (gate_w, up_w, down_w) = (&w.gate[e], &w.up[e], &w.down[e]);
+        let (h, ff) = (gate_w.cols, gate_w.rows);
+        self.x.clear();
+        for &(t, _) in &self.rows {
+            self.x.extend_from_slice(&src[t * h..(t + 1) * h]);
+        }
+        self.gate.resize(m * ff, 0.0);
+        self.up.resize(m * ff, 0.0);
+        self.out.resize(m * h, 0.0);
+        matmul(kern, fmt, gate_w, &self.x, m, &mut self.act, &mut self.gate);
+        matmul(kern, fmt, up_w, &self.x, m, &mut self.act, &mut self.up);
+        match act {
+            Activation::Silu => kern.silu_mul(&mut self.gate, &self.up),
+            Activation::GeluTanh => kern.gelu_tanh_mul(&mut self.gate, &self.up),
+            Activation::Gelu => crate::ops::gelu_mul(&mut self.gate, &self.up),
+        }
+        matmul(
+            kern,
+            fmt,
+            down_w,
+            &self.gate,
+            m,
+            &mut self.act,
+            &mut self.out,
+        );
+    }
+}
+
+/// `out = x · Wᵀ` for `m` rows of `x`, quantising them into `act` first.
+fn matmul(
+    kern: &Kernels,
+    fmt: &dyn Fn(GgmlType) -> RowFormat,
+    w: &WeightMatrix,
+    x: &[f32],
+    m: usize,
+    act: &mut Vec<u8>,
+    out: &mut [f32],
+) {
+    let k = w.cols;
+    let f = fmt(w.dtype);
+    let row = match f {
+        RowFormat::Q16 => flowrt_kernels::q16::q16_row_size(k),
+        RowFormat::Ggml(t) => flowrt_kernels::row_size(t, k),
+    };
+    act.resize(m * row, 0);
+    for (r, dst) in act.chunks_exact_mut(row).enumerate() {
+        let xr = &x[r * k..(r + 1) * k];
+        match f {
+            RowFormat::Q16 => kern.quantize_row_q16(xr, dst),
+            RowFormat::Ggml(t) => kern.quantize_row(t, xr, dst),
+        }
+    }
+    let out = &mut out[..m * w.rows];
+    match f {
+        RowFormat::Q16 => kern.matmul_q16(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows),
+        RowFormat::Ggml(_) => kern.matmul(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOFTMAX: RouterScoring = RouterScoring::Softmax;
+
+    #[test]
+    fn route_picks_the_top_k_and_renormalises() {
+        let mut c = Vec::new();
+        let logits = [0.0, 2.0, -1.0, 1.0];
+        route(
+            &logits,
+            2,
+            Router {
+                scoring: SOFTMAX,
+                renormalize: true,
+            },
+            &mut c,
+        );
+        assert_eq!(c.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3]);
+        let (a, b) = (2f32.exp(), 1f32.exp());
+        assert!((c[0].1 - a / (a + b)).abs() < 1e-6);
+        assert!((c[0].1 + c[1].1 - 1.0).abs() < 1e-6);
+        route(
+            &logits,
+            2,
+            Router {
+                scoring: SOFTMAX,
+                renormalize: false,
+            },
+            &mut c,
+        );
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert!((c[1].1 - b / z).abs() < 1e-6);
+    }
+}
