@@ -801,9 +801,12 @@ impl CpuBackend {
         };
         let kern = self.kernels;
         let x = &self.bufs[src as usize];
+        let packed = &self.packed;
+        let l = layer.ok_or("the layer has no experts")?;
         self.pool
             .for_each_chunk_mut(&mut self.moe_jobs, 1, &|_, e, job| {
-                job[0].run(kern, &fmt, w, e, x, act);
+                let p = [0, 1, 2].map(|which| packed.expert(l, e, which));
+                job[0].run(kern, &fmt, w, e, p, x, act);
             });
         // Weighted sum in expert order (as the reference adds them).
         let d = &mut self.bufs[dst as usize][..n * h];

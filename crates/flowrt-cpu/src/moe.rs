@@ -68,12 +68,16 @@ pub(crate) fn route(logits: &[f32], top_k: usize, router: Router, chosen: &mut V
 
 impl ExpertJob {
     /// Run expert `e` of `w` on this job's rows of `src` (`(n, hidden)`), into `out`.
+    /// `packed`: the expert's gate, up and down matrices in the x8 layout, where they were
+    /// repacked at load (the row layout of `w` otherwise).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &mut self,
         kern: &Kernels,
         fmt: &dyn Fn(GgmlType) -> RowFormat,
         w: &MoeWeights,
         e: usize,
+        packed: [Option<&[u8]>; 3],
         src: &[f32],
         act: Activation,
     ) {
@@ -90,8 +94,27 @@ impl ExpertJob {
         self.gate.resize(m * ff, 0.0);
         self.up.resize(m * ff, 0.0);
         self.out.resize(m * h, 0.0);
-        matmul(kern, fmt, gate_w, &self.x, m, &mut self.act, &mut self.gate);
-        matmul(kern, fmt, up_w, &self.x, m, &mut self.act, &mut self.up);
+        let [p_gate, p_up, p_down] = packed;
+        matmul(
+            kern,
+            fmt,
+            gate_w,
+            p_gate,
+            &self.x,
+            m,
+            &mut self.act,
+            &mut self.gate,
+        );
+        matmul(
+            kern,
+            fmt,
+            up_w,
+            p_up,
+            &self.x,
+            m,
+            &mut self.act,
+            &mut self.up,
+        );
         match act {
             Activation::Silu => kern.silu_mul(&mut self.gate, &self.up),
             Activation::GeluTanh => kern.gelu_tanh_mul(&mut self.gate, &self.up),
@@ -101,6 +124,7 @@ impl ExpertJob {
             kern,
             fmt,
             down_w,
+            p_down,
             &self.gate,
             m,
             &mut self.act,
@@ -109,11 +133,14 @@ impl ExpertJob {
     }
 }
 
-/// `out = x · Wᵀ` for `m` rows of `x`, quantising them into `act` first.
+/// `out = x · Wᵀ` for `m` rows of `x`, quantising them into `act` first; `packed`: `w` in
+/// the x8 layout, if it was repacked.
+#[allow(clippy::too_many_arguments)]
 fn matmul(
     kern: &Kernels,
     fmt: &dyn Fn(GgmlType) -> RowFormat,
     w: &WeightMatrix,
+    packed: Option<&[u8]>,
     x: &[f32],
     m: usize,
     act: &mut Vec<u8>,
@@ -134,9 +161,12 @@ fn matmul(
         }
     }
     let out = &mut out[..m * w.rows];
-    match f {
-        RowFormat::Q16 => kern.matmul_q16(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows),
-        RowFormat::Ggml(_) => kern.matmul(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows),
+    match (f, packed) {
+        (RowFormat::Q16, Some(p)) => kern.matmul_q16_x8(w.dtype, k, p, w.rows, act, m, out, w.rows),
+        (RowFormat::Q16, None) => {
+            kern.matmul_q16(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows)
+        }
+        (RowFormat::Ggml(_), _) => kern.matmul(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows),
     }
 }
 

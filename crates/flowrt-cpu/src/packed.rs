@@ -37,6 +37,8 @@ const PACK_ROWS: usize = 64 * x8::ROWS;
 pub(crate) struct PackedWeights {
     mem: Option<Mmap>,
     layers: Vec<[Option<Range<usize>>; 7]>,
+    /// Per layer, each expert's gate, up and down (empty for dense layers).
+    experts: Vec<Vec<[Option<Range<usize>>; 3]>>,
     output: Option<Range<usize>>,
 }
 
@@ -46,6 +48,7 @@ impl PackedWeights {
         PackedWeights {
             mem: None,
             layers: vec![Default::default(); n_layers],
+            experts: vec![Vec::new(); n_layers],
             output: None,
         }
     }
@@ -72,6 +75,13 @@ impl PackedWeights {
                 if eligible(m) {
                     me.layers[l][s] = Some(take(m));
                 }
+            }
+            if let Some(x) = &model.layers[l].moe {
+                me.experts[l] = (0..x.gate.len())
+                    .map(|e| {
+                        [&x.gate[e], &x.up[e], &x.down[e]].map(|m| eligible(m).then(|| take(m)))
+                    })
+                    .collect();
             }
         }
         if let Some(output) = model.output.as_ref().filter(|m| eligible(m)) {
@@ -129,6 +139,13 @@ impl PackedWeights {
             (role, Some(l)) => self.layers.get(l)?[slot(role)?].as_ref(),
             (_, None) => None,
         }?;
+        Some(&self.mem.as_ref()?[r.clone()])
+    }
+
+    /// The packed bytes of expert `e`'s gate (`which` 0), up (1) or down (2) matrix of
+    /// `layer`, if it was packed.
+    pub(crate) fn expert(&self, layer: usize, e: usize, which: usize) -> Option<&[u8]> {
+        let r = self.experts.get(layer)?.get(e)?.get(which)?.as_ref()?;
         Some(&self.mem.as_ref()?[r.clone()])
     }
 
