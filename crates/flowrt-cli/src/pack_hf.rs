@@ -904,7 +904,10 @@ mod tests {
         let names: Vec<&str> = TARGETS.iter().map(|t| t.family).collect();
         assert_eq!(
             names,
-            ["llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite", "smollm3"]
+            [
+                "llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite", "smollm3",
+                "phi3"
+            ]
         );
         for t in &TARGETS {
             let spec = arch::ARCHS
