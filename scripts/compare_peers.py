@@ -121,30 +121,16 @@ def smollm2_path(flowrt: str) -> Path:
     return path
 
 
-def minicpm5_ggufs(cache: Path, types: list[str], ref_python: Path) -> dict[str, Path]:
-    """model-<type>.gguf in cache for every type, making the missing ones."""
+def ggufs(what: str, script: str, cache: Path, types: list[str], ref_python: Path) -> dict[str, Path]:
+    """model-<type>.gguf in cache for every type, making the missing ones with scripts/<script>."""
     paths = {t: cache / f"model-{t}.gguf" for t in types}
     missing = [t for t, p in paths.items() if not p.exists()]
     if missing:
         if not ref_python.exists():
-            sys.exit(f"MiniCPM5 GGUFs {missing} are not in {cache} and making them needs {ref_python}: "
+            sys.exit(f"{what} GGUFs {missing} are not in {cache} and making them needs {ref_python}: "
                      "python3 -m venv .venv-ref && .venv-ref/bin/pip install -r scripts/requirements-reference.txt")
-        log(f"making MiniCPM5-geometry GGUFs {missing} in {cache} (several GB of RAM, minutes per file)")
-        subprocess.run([str(ref_python), str(ROOT / "scripts" / "make_minicpm5_geometry.py"), "--out", str(cache),
-                        "--gguf", ",".join(missing), "--reuse-weights"], check=True)
-    return paths
-
-
-def moe_ggufs(cache: Path, types: list[str], ref_python: Path) -> dict[str, Path]:
-    """model-<type>.gguf of the Qwen3-MoE geometry in cache for every type, making the missing ones."""
-    paths = {t: cache / f"model-{t}.gguf" for t in types}
-    missing = [t for t, p in paths.items() if not p.exists()]
-    if missing:
-        if not ref_python.exists():
-            sys.exit(f"Qwen3-MoE GGUFs {missing} are not in {cache} and making them needs {ref_python}: "
-                     "python3 -m venv .venv-ref && .venv-ref/bin/pip install -r scripts/requirements-reference.txt")
-        log(f"making Qwen3-MoE-geometry GGUFs {missing} in {cache} (6 GB of bf16 weights first, minutes)")
-        subprocess.run([str(ref_python), str(ROOT / "scripts" / "make_moe_geometry.py"), "--out", str(cache),
+        log(f"making {what} GGUFs {missing} in {cache} (several GB of RAM, minutes per file)")
+        subprocess.run([str(ref_python), str(ROOT / "scripts" / script), "--out", str(cache),
                         "--gguf", ",".join(missing), "--reuse-weights"], check=True)
     return paths
 
@@ -272,11 +258,13 @@ def main() -> int:
 
     paths = {}
     types = [MODELS[m].source for m in models if MODELS[m].source != "store" and ":" not in MODELS[m].source]
-    ggufs = minicpm5_ggufs(a.cache, types, a.ref_python) if types else {}
+    files = ggufs("MiniCPM5-geometry", "make_minicpm5_geometry.py", a.cache, types, a.ref_python) if types else {}
     moe = [MODELS[m].source.split(":")[1] for m in models if MODELS[m].source.startswith("moe:")]
-    ggufs.update({f"moe:{t}": p for t, p in (moe_ggufs(a.moe_cache, moe, a.ref_python) if moe else {}).items()})
+    if moe:
+        made = ggufs("Qwen3-MoE-geometry", "make_moe_geometry.py", a.moe_cache, moe, a.ref_python)
+        files.update({f"moe:{t}": p for t, p in made.items()})
     for m in models:
-        paths[m] = smollm2_path(a.flowrt) if MODELS[m].source == "store" else ggufs[MODELS[m].source]
+        paths[m] = smollm2_path(a.flowrt) if MODELS[m].source == "store" else files[MODELS[m].source]
     if a.prepare_only:
         print("\n".join(f"{m}: {p}" for m, p in paths.items()))
         return 0
