@@ -263,6 +263,7 @@ pub struct CpuBackend {
     /// One job per expert of a mixture-of-experts layer (empty without experts).
     moe_jobs: Vec<crate::moe::ExpertJob>,
     moe_chosen: Vec<(usize, f32)>, // (top_k) one token's experts and weights
+    moe_scores: Vec<f32>,          // (num_experts) one token's router scores
     attn_split: AttnSplit,
     /// (slots, group, head_dim + 2) partial outputs of split attention, with each head's max
     /// and sum (see `attention::slot_len`); empty when no batch can split.
@@ -361,6 +362,7 @@ impl CpuBackend {
                 .map(|_| Default::default())
                 .collect(),
             moe_chosen: Vec::new(),
+            moe_scores: Vec::new(),
             attn_split: opts.attn_split,
             attn_parts: vec![0.0; attn_slots * attention::slot_len(group, c.head_dim)],
             n_logit_rows: 0,
@@ -785,6 +787,7 @@ impl CpuBackend {
                 &lg[t * ne..(t + 1) * ne],
                 top_k,
                 router,
+                &mut self.moe_scores,
                 &mut self.moe_chosen,
             );
             for &(e, wt) in &self.moe_chosen {

@@ -33,17 +33,26 @@ pub(crate) struct ExpertJob {
 
 /// The experts token `logits` (one per expert) chooses and their weights, into `chosen`
 /// (best first): scores by `router.scoring`, the `top_k` highest (ties to the lower index),
-/// divided by their sum when `router.renormalize`.
-pub(crate) fn route(logits: &[f32], top_k: usize, router: Router, chosen: &mut Vec<(usize, f32)>) {
+/// divided by their sum when `router.renormalize`. `scores`: scratch, one per expert (kept
+/// between tokens, so routing allocates nothing once it has grown).
+pub(crate) fn route(
+    logits: &[f32],
+    top_k: usize,
+    router: Router,
+    scores: &mut Vec<f32>,
+    chosen: &mut Vec<(usize, f32)>,
+) {
     chosen.clear();
-    let scores: Vec<f32> = match router.scoring {
+    scores.clear();
+    match router.scoring {
         RouterScoring::Softmax => {
             let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let e: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
-            let sum: f32 = e.iter().sum();
-            e.into_iter().map(|v| v / sum).collect()
+            scores.extend(logits.iter().map(|&l| (l - max).exp()));
+            let sum: f32 = scores.iter().sum();
+            scores.iter_mut().for_each(|v| *v /= sum);
         }
-    };
+    }
+    let scores = &scores[..];
     for _ in 0..top_k.min(scores.len()) {
         let mut best: Option<usize> = None;
         for (i, &s) in scores.iter().enumerate() {
@@ -178,7 +187,7 @@ mod tests {
 
     #[test]
     fn route_picks_the_top_k_and_renormalises() {
-        let mut c = Vec::new();
+        let (mut c, mut s) = (Vec::new(), Vec::new());
         let logits = [0.0, 2.0, -1.0, 1.0];
         route(
             &logits,
@@ -187,6 +196,7 @@ mod tests {
                 scoring: SOFTMAX,
                 renormalize: true,
             },
+            &mut s,
             &mut c,
         );
         assert_eq!(c.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3]);
@@ -200,6 +210,7 @@ mod tests {
                 scoring: SOFTMAX,
                 renormalize: false,
             },
+            &mut s,
             &mut c,
         );
         let z: f32 = logits.iter().map(|l| l.exp()).sum();

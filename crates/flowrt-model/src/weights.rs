@@ -382,15 +382,19 @@ impl Binder<'_> {
         cols: usize,
     ) -> Option<WeightMatrix> {
         let t = self.find(role, layer)?;
-        let name = t.name;
+        self.shaped_matrix(t, rows, cols)
+    }
+
+    /// A matrix from tensor `t` when its shape is `(rows, cols)`, else a problem naming both.
+    fn shaped_matrix(&mut self, t: Found, rows: usize, cols: usize) -> Option<WeightMatrix> {
         if t.dims != [cols as u64, rows as u64] {
             self.problems.push(format!(
-                "tensor `{name}` has shape {:?}, expected [{cols}, {rows}] (ggml order: input features first)",
-                t.dims
+                "tensor `{}` has shape {:?}, expected [{cols}, {rows}] (ggml order: input features first)",
+                t.name, t.dims
             ));
             return None;
         }
-        self.finish_matrix(name, t.dtype, rows, cols, t.data)
+        self.finish_matrix(t.name, t.dtype, rows, cols, t.data)
     }
 
     /// The experts' matrices of an experts role in `layer`, each `(rows, cols)`: the slices
@@ -480,14 +484,7 @@ impl Binder<'_> {
                         let nm = name(e)?;
                         self.used.insert(nm.clone());
                         let t = self.source.find(&nm)?;
-                        if t.dims != [cols as u64, rows as u64] {
-                            self.problems.push(format!(
-                                "tensor `{nm}` has shape {:?}, expected [{cols}, {rows}] (ggml order: input features first)",
-                                t.dims
-                            ));
-                            return None;
-                        }
-                        self.finish_matrix(nm, t.dtype, rows, cols, t.data)
+                        self.shaped_matrix(t, rows, cols)
                     })
                     .collect()
             }
