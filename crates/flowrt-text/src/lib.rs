@@ -10,7 +10,8 @@
 //!   transformers renders it with jinja2.
 //!
 //! - [`tools`]: tool-call formats (detection from the template, parsing, streaming) and the
-//!   prompt for templates without tool support; [`reasoning`]: `<think>` separation.
+//!   prompt for templates without tool support; [`reasoning`]: `<think>` separation;
+//!   [`harmony`]: gpt-oss's harmony format (channels as reasoning, content and tool calls).
 //!
 //! Tests compare against HF goldens made by `scripts/make_text_goldens.py` and
 //! `scripts/make_hf_tokenizer_fixtures.py`.
@@ -18,6 +19,7 @@
 mod chat;
 mod error;
 mod gguf_read;
+pub mod harmony;
 pub mod hf;
 pub mod reasoning;
 mod tokenizer;
@@ -29,6 +31,7 @@ pub use chat::{
     MAX_RENDERED_BYTES, RENDER_TIME_LIMIT,
 };
 pub use error::TextError;
+pub use harmony::{parse_harmony, HarmonyDelta, HarmonyError, HarmonyParse, HarmonyParser};
 pub use reasoning::{ReasoningFormat, ReasoningSplitter};
 pub use tokenizer::{supported_pre_tokenizers, TokenStreamDecoder, Tokenizer, VocabKind};
 pub use tools::{parse_tool_calls, ParsedCall, ToolFormat, ToolParse, ToolStreamParser};

@@ -25,15 +25,22 @@ pub enum ReasoningFormat {
     None,
     /// `<think>` ... `</think>` before the answer.
     Think,
+    /// The harmony format's `analysis` channel (gpt-oss; see [`crate::harmony`]). The model
+    /// always reasons; `reasoning_effort` (low, medium, high) sets how much.
+    Harmony,
 }
 
 impl ReasoningFormat {
-    /// From the chat template source and the vocabulary's token texts: `Think` when the
-    /// template mentions `<think>` or `</think>`, or the vocabulary has both tags as tokens.
+    /// From the chat template source and the vocabulary's token texts: `Harmony` when
+    /// [`crate::harmony::detect`] says so; `Think` when the template mentions `<think>` or
+    /// `</think>`, or the vocabulary has both tags as tokens.
     pub fn detect<'a>(
         template_source: Option<&str>,
-        token_texts: impl IntoIterator<Item = &'a str>,
+        token_texts: impl IntoIterator<Item = &'a str> + Clone,
     ) -> ReasoningFormat {
+        if crate::harmony::detect(template_source, token_texts.clone()) {
+            return ReasoningFormat::Harmony;
+        }
         if let Some(t) = template_source {
             if t.contains(THINK_OPEN) || t.contains(THINK_CLOSE) {
                 return ReasoningFormat::Think;
@@ -52,7 +59,7 @@ impl ReasoningFormat {
 
     /// Whether the model can reason in a separate block at all.
     pub fn supports_thinking(self) -> bool {
-        self == ReasoningFormat::Think
+        self != ReasoningFormat::None
     }
 
     /// `Ok` when a request for thinking (`think: true`, a reasoning effort, ...) can be
@@ -70,6 +77,7 @@ impl ReasoningFormat {
         match self {
             ReasoningFormat::None => "none",
             ReasoningFormat::Think => "think",
+            ReasoningFormat::Harmony => "harmony",
         }
     }
 }

@@ -14,6 +14,10 @@
 //! - [`ToolFormat::Generic`] (templates without tool support, e.g. SmolLM2): flowrt lists the
 //!   tools in a system message and the whole answer is one JSON object, either
 //!   `{"tool_calls": [{"name": "f", "arguments": {args}}, ...]}` or `{"content": "text"}`.
+//! - [`ToolFormat::Harmony`] (gpt-oss): a message to a function,
+//!   `<|channel|>commentary to=functions.f <|constrain|>json<|message|>{args}<|call|>`; read by
+//!   [`crate::harmony::HarmonyParser`] together with the reasoning, not by
+//!   [`ToolStreamParser`] (which passes harmony text through as content).
 
 use serde_json::Value;
 
@@ -26,6 +30,7 @@ pub enum ToolFormat {
     Llama3Json,
     Mistral,
     Generic,
+    Harmony,
 }
 
 impl ToolFormat {
@@ -36,6 +41,7 @@ impl ToolFormat {
             ToolFormat::Llama3Json => "llama3-json",
             ToolFormat::Mistral => "mistral",
             ToolFormat::Generic => "generic",
+            ToolFormat::Harmony => "harmony",
         }
     }
 }
@@ -44,6 +50,9 @@ impl ToolFormat {
     /// The format of a model, from its chat template source and the texts of its vocabulary.
     ///
     /// The template decides: it is what teaches the model its call syntax.
+    /// - [`ToolFormat::Harmony`] when [`crate::harmony::detect`] says so (the template has
+    ///   `<|channel|>` and `<|message|>`, or there is no template and the vocabulary has the
+    ///   harmony tokens);
     /// - [`ToolFormat::Hermes`] when it mentions `<tool_call>`;
     /// - [`ToolFormat::Mistral`] when it mentions `[TOOL_CALLS]`;
     /// - [`ToolFormat::Llama3Json`] when it mentions `<|python_tag|>`, or writes calls as
@@ -56,8 +65,11 @@ impl ToolFormat {
     /// vocabulary has the `<|python_tag|>` token is Llama3Json even without `ipython`.
     pub fn detect<'a>(
         template_source: Option<&str>,
-        token_texts: impl IntoIterator<Item = &'a str>,
+        token_texts: impl IntoIterator<Item = &'a str> + Clone,
     ) -> ToolFormat {
+        if crate::harmony::detect(template_source, token_texts.clone()) {
+            return ToolFormat::Harmony;
+        }
         let Some(t) = template_source else {
             return ToolFormat::Generic;
         };
@@ -216,6 +228,7 @@ impl ToolStreamParser {
         let state = match format {
             ToolFormat::Hermes | ToolFormat::Mistral => State::Text,
             ToolFormat::Llama3Json | ToolFormat::Generic => State::Start,
+            ToolFormat::Harmony => State::PlainText,
         };
         Self {
             format,
@@ -323,6 +336,7 @@ impl ToolStreamParser {
         match self.format {
             ToolFormat::Hermes => self.step_hermes(out, end),
             ToolFormat::Mistral => self.step_mistral(out, end),
+            ToolFormat::Harmony => false, // never in Calls
             ToolFormat::Llama3Json | ToolFormat::Generic => {
                 if !end {
                     return false;

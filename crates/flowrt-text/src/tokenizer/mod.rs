@@ -25,7 +25,15 @@ const EOG_TEXTS: &[&str] = &[
     "<|end|>",
     "<|end_of_text|>",
     "<EOT>",
+    "<|return|>",
+    "<|call|>",
 ];
+
+/// In a harmony vocabulary (gpt-oss: it has `<|return|>` and `<|call|>`) `<|end|>` ends a
+/// message, not the turn (the turn goes on with the answer after the reasoning), so it is not
+/// an end-of-generation token even where the file names it.
+const HARMONY_TURN_ENDS: [&str; 2] = ["<|return|>", "<|call|>"];
+const HARMONY_MESSAGE_END: &str = "<|end|>";
 
 /// Which kind of vocab this is (`tokenizer.ggml.model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +241,14 @@ impl Tokenizer {
                 if tokenizer.types[id as usize] == token_type::CONTROL {
                     eog.push(id);
                 }
+            }
+        }
+        let harmony = HARMONY_TURN_ENDS
+            .iter()
+            .all(|t| tokenizer.token_to_id(t).is_some_and(|id| eog.contains(&id)));
+        if harmony {
+            if let Some(end) = tokenizer.token_to_id(HARMONY_MESSAGE_END) {
+                eog.retain(|&id| id != end);
             }
         }
         eog.sort_unstable();
