@@ -23,6 +23,9 @@
 //!   unconstrained.
 //! - `None`: no constraint.
 //!
+//! Harmony (gpt-oss) calls are messages after the reasoning: `Auto` is not constrained (the
+//! output is parsed), `Required` and `Named` are refused ([`ToolGrammarError::Unsupported`]).
+//!
 //! Markers (`<tool_call>`, `</tool_call>`, `<|python_tag|>`, `[TOOL_CALLS]`) are written as
 //! text unless [`ToolMarkers`] says the vocabulary has them as special (control) tokens; then
 //! the grammar asks for that token id. Note that generation decodes its text with special
@@ -83,6 +86,13 @@ pub enum ToolGrammarError {
     /// `tool_choice: "required"` with an empty tool list.
     #[error("tool_choice is \"required\" but no tools were given")]
     NoTools,
+    /// The format has no call grammar for this choice yet (harmony: only `auto`, which is
+    /// not constrained).
+    #[error("tool_choice {choice} is not supported for the {format} tool-call format yet (use auto or none)")]
+    Unsupported {
+        format: &'static str,
+        choice: &'static str,
+    },
     /// The assembled grammar did not compile.
     #[error("the tool-call grammar does not compile: {0}")]
     Grammar(#[source] ConstraintError),
@@ -334,6 +344,8 @@ fn grammar(
                 format!("PLAIN? | {tag}? call")
             }
         }
+        // Refused before (see `tool_call_constraint_with`).
+        ToolFormat::Harmony => return None,
         ToolFormat::Generic => {
             let calls = if parallel {
                 "call (\", \" call)*"
@@ -403,6 +415,21 @@ pub fn tool_call_constraint_with(
     let Some(sel) = selected(tools, choice)? else {
         return Ok(None);
     };
+    if format == ToolFormat::Harmony {
+        // Harmony calls are messages after the model's reasoning; `auto` leaves the model
+        // free (its output is parsed), a forced call has no grammar yet.
+        return match choice {
+            ToolChoice::Auto | ToolChoice::None => Ok(None),
+            ToolChoice::Required => Err(ToolGrammarError::Unsupported {
+                format: format.name(),
+                choice: "required",
+            }),
+            ToolChoice::Named(_) => Err(ToolGrammarError::Unsupported {
+                format: format.name(),
+                choice: "named",
+            }),
+        };
+    }
     Ok(grammar(format, &sel, choice, parallel, markers).map(ConstraintSpec::Lark))
 }
 

@@ -283,6 +283,7 @@ fn parse_calls(format: ToolFormat, text: &str) -> Result<Vec<(String, Value)>, S
             }
             calls.push((name, args));
         }
+        ToolFormat::Harmony => return Err("harmony has no call grammar".into()),
         ToolFormat::Mistral | ToolFormat::Generic => {
             let (open, close) = if format == ToolFormat::Mistral {
                 ("[TOOL_CALLS][", "]")
@@ -744,4 +745,39 @@ fn compile_times() {
             assert!(times[2] < Duration::from_secs(2), "{:?}", times[2]);
         }
     }
+}
+
+/// Harmony: `auto` is not constrained (the output is parsed); a forced call is refused with a
+/// typed error, never an unconstrained answer passed off as one.
+#[test]
+fn harmony_auto_is_free_and_forced_calls_are_refused() {
+    let t = [ToolDef {
+        name: "get_weather".into(),
+        description: None,
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+    }];
+    for choice in [ToolChoice::Auto, ToolChoice::None] {
+        assert!(tool_call_constraint(ToolFormat::Harmony, &t, &choice, true)
+            .unwrap()
+            .is_none());
+    }
+    for (choice, word) in [
+        (ToolChoice::Required, "required"),
+        (ToolChoice::Named("get_weather".into()), "named"),
+    ] {
+        let e = tool_call_constraint(ToolFormat::Harmony, &t, &choice, false).unwrap_err();
+        assert!(
+            matches!(e, ToolGrammarError::Unsupported { format: "harmony", choice } if choice == word),
+            "{e}"
+        );
+    }
+    // The tools are still checked: a named choice of an unknown function is that error.
+    let e = tool_call_constraint(
+        ToolFormat::Harmony,
+        &t,
+        &ToolChoice::Named("x".into()),
+        false,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ToolGrammarError::UnknownFunction { .. }), "{e}");
 }

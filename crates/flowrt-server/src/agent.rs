@@ -9,8 +9,8 @@ use flowrt_text::reasoning::{prompt_ends_in_reasoning, template_reads_enable_thi
 use flowrt_text::reasoning::{ReasoningDelta, ReasoningSplitter};
 use flowrt_text::tools::{generic_messages, ToolDelta};
 use flowrt_text::{
-    ChatMessage, ChatPrompt, FunctionCall, ParsedCall, ReasoningFormat, RenderOptions, ToolCall,
-    ToolFormat, ToolStreamParser,
+    ChatMessage, ChatPrompt, FunctionCall, HarmonyDelta, HarmonyParser, ParsedCall,
+    ReasoningFormat, RenderOptions, ToolCall, ToolFormat, ToolStreamParser,
 };
 use serde_json::{json, Map, Value};
 
@@ -348,6 +348,16 @@ pub struct OutputShape {
     pub tools: Option<ToolFormat>,
     /// Split `<think>` reasoning off; `Some(true)` when the prompt already opened it.
     pub reasoning: Option<bool>,
+    /// The answer is harmony (gpt-oss): its channels give reasoning, content and (with
+    /// `tools` set) calls; `reasoning` is then `None`.
+    pub harmony: bool,
+}
+
+impl OutputShape {
+    /// Whether the answer may hold reasoning to split off.
+    pub fn may_reason(&self) -> bool {
+        self.reasoning.is_some() || self.harmony
+    }
 }
 
 /// A rendered chat prompt, the constraint its tools call for, and how to read its answer.
@@ -377,7 +387,7 @@ fn tool_error(e: ToolGrammarError) -> ApiError {
             format!("tools[{index}].function.parameters"),
             clip(&e.to_string(), 500),
         ),
-        ToolGrammarError::UnknownFunction { .. } => {
+        ToolGrammarError::UnknownFunction { .. } | ToolGrammarError::Unsupported { .. } => {
             ApiError::invalid_param("tool_choice", clip(&e.to_string(), 300))
         }
         _ => ApiError::invalid_param("tools", clip(&e.to_string(), 500)),
@@ -393,6 +403,9 @@ fn tool_error(e: ToolGrammarError) -> ApiError {
 /// - Thinking: asking a model that cannot think is a 400; `enable_thinking` is set for
 ///   templates that read it. A structured-output answer starts without reasoning: thinking is
 ///   switched off where the template can do it, and refused (400) where it cannot.
+/// - Harmony (gpt-oss): the answer is read by its channels (reasoning, content, calls), with
+///   special tokens kept in its text; `auto` tool calls are not constrained; see
+///   `harmony_checks` for what is refused and how thinking switches map to `reasoning_effort`.
 pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<ChatPlan, ApiError> {
     let template = model.template.as_ref().ok_or_else(|| {
         ApiError::invalid_param(
@@ -403,8 +416,14 @@ pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<Ch
     let thinks = model.reasoning.supports_thinking();
     let switchable = template_reads_enable_thinking(template.source());
     let tools_active = input.tools_active();
-    let constrained = tools_active || input.structured.is_some();
+    let harmony =
+        model.tool_format == ToolFormat::Harmony || model.reasoning == ReasoningFormat::Harmony;
     let mut kwargs = input.kwargs.clone();
+    if harmony {
+        harmony_checks(&input, &mut kwargs, name)?;
+    }
+    // Harmony's `auto` tool calls are parsed, not constrained.
+    let constrained = !harmony && (tools_active || input.structured.is_some());
     match input.think {
         Some((true, param)) if !thinks => {
             return Err(ApiError::invalid_param(
@@ -465,8 +484,9 @@ pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<Ch
         ));
     }
     let mut tool_constraint = None;
-    let mut keep_special = false;
-    if tools_active {
+    // Harmony's channels and headers are control tokens the parser reads.
+    let mut keep_special = harmony;
+    if tools_active && !harmony {
         let guide = model
             .guide()
             .map_err(|e| ApiError::internal("building the constraint vocabulary", &e))?;
@@ -487,10 +507,60 @@ pub fn plan_chat(model: &LoadedModel, input: ChatInput, name: &str) -> Result<Ch
         shape: OutputShape {
             tools: tools_active.then_some(format),
             reasoning: (model.reasoning == ReasoningFormat::Think).then_some(in_reasoning),
+            harmony,
         },
         tool_constraint,
         keep_special,
     })
+}
+
+/// The reasoning efforts gpt-oss is trained on (`Reasoning: low|medium|high` in its system
+/// message, from the template variable `reasoning_effort`).
+const HARMONY_EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+/// What a harmony model can and cannot do with a request:
+/// - it always reasons (in the analysis channel): switching thinking off (`think: false`,
+///   `reasoning_effort: "none"`, Anthropic's default) asks for the least reasoning, effort
+///   `low`, and the reasoning is still split off; efforts below low (`none`, `minimal`) are
+///   `low`; other efforts than low, medium and high are a 400;
+/// - structured output and forced tool calls (`tool_choice` required or named) have no
+///   grammar for harmony yet: a 400 naming the field.
+fn harmony_checks(
+    input: &ChatInput,
+    kwargs: &mut Map<String, Value>,
+    name: &str,
+) -> Result<(), ApiError> {
+    if let Some(sp) = input.structured {
+        return Err(ApiError::invalid_param(
+            sp,
+            format!("structured output is not supported yet for model `{name}`, whose harmony format puts the answer after its reasoning in a channel of its own"),
+        ));
+    }
+    if input.tools_active() && matches!(input.choice, ToolChoice::Required | ToolChoice::Named(_)) {
+        return Err(ApiError::invalid_param(
+            "tool_choice",
+            format!("model `{name}` writes harmony, whose calls can be left to the model (`auto`) but not forced yet (`required` or a named function)"),
+        ));
+    }
+    match kwargs.get("reasoning_effort") {
+        None | Some(Value::Null) => {
+            if let Some((false, _)) = input.think {
+                kwargs.insert("reasoning_effort".into(), Value::from("low"));
+            }
+        }
+        Some(Value::String(e)) if matches!(e.as_str(), "none" | "minimal") => {
+            kwargs.insert("reasoning_effort".into(), Value::from("low"));
+        }
+        Some(Value::String(e)) if HARMONY_EFFORTS.contains(&e.as_str()) => {}
+        Some(other) => return Err(ApiError::invalid_param(
+            "reasoning_effort",
+            format!(
+                "model `{name}` (harmony) takes the reasoning efforts low, medium and high, not {}",
+                clip(&other.to_string(), 40)
+            ),
+        )),
+    }
+    Ok(())
 }
 
 /// A piece of an answer, as the routes present it.
@@ -501,13 +571,16 @@ pub enum Piece {
     Call(ParsedCall),
 }
 
-/// Reads an answer as it streams: reasoning split off first, then tool calls out of the rest.
+/// Reads an answer as it streams: reasoning split off first, then tool calls out of the rest
+/// (a harmony answer: all three from its channels, by [`HarmonyParser`]).
 ///
 /// Tool calls are presented only for a complete answer: from the first call on, everything is
 /// held until [`Shaper::finish`]; an answer cut short (`max_tokens`, context) gives its held
 /// text back as content, so a call is never presented from an incomplete answer.
 #[derive(Debug)]
 pub struct Shaper {
+    /// A harmony answer: this parser reads all of it (`reasoning` and `tools` are `None`).
+    harmony: Option<HarmonyParser>,
     reasoning: Option<ReasoningSplitter>,
     tools: Option<ToolStreamParser>,
     /// The content-side text given to the tool parser, as generated.
@@ -522,7 +595,19 @@ pub struct Shaper {
 
 impl Shaper {
     pub fn new(shape: OutputShape) -> Shaper {
+        if shape.harmony {
+            return Shaper {
+                harmony: Some(HarmonyParser::new(shape.tools.is_some())),
+                reasoning: None,
+                tools: None,
+                raw: String::new(),
+                released: 0,
+                held: None,
+                calls: 0,
+            };
+        }
         Shaper {
+            harmony: None,
             reasoning: shape.reasoning.map(ReasoningSplitter::new),
             tools: shape.tools.map(ToolStreamParser::new),
             raw: String::new(),
@@ -579,6 +664,12 @@ impl Shaper {
     /// The pieces `text` (the next part of the answer) completes.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         let mut out = Vec::new();
+        if let Some(h) = self.harmony.as_mut() {
+            self.raw.push_str(text);
+            let d = h.push(text);
+            self.harmony_pieces(d, &mut out);
+            return out;
+        }
         match self.reasoning.as_mut() {
             Some(r) => {
                 let d = r.push(text);
@@ -594,6 +685,27 @@ impl Shaper {
     /// first call on is content. A call the answer did not finish is content either way.
     pub fn finish(&mut self, complete: bool) -> Vec<Piece> {
         let mut out = Vec::new();
+        if let Some(h) = self.harmony.as_mut() {
+            let (d, err) = h.finish(complete);
+            if let Some(e) = err {
+                tracing::debug!(error = %e, "the answer holds text that is not harmony");
+            }
+            let first_call = h.first_call_offset();
+            self.harmony_pieces(d, &mut out);
+            if let Some(held) = self.held.take() {
+                if complete {
+                    self.calls += held.iter().filter(|p| matches!(p, Piece::Call(_))).count();
+                    out.extend(held);
+                } else if let Some(rest) = first_call
+                    .and_then(|at| self.raw.get(at..))
+                    .filter(|r| !r.is_empty())
+                {
+                    // Cut short after a call: the text from that call's message on is content.
+                    out.push(Piece::Content(rest.to_string()));
+                }
+            }
+            return out;
+        }
         if let Some(r) = self.reasoning.as_mut() {
             let d = r.finish();
             self.reasoning_pieces(d, &mut out);
@@ -616,6 +728,19 @@ impl Shaper {
             }
         }
         out
+    }
+}
+
+impl Shaper {
+    fn harmony_pieces(&mut self, deltas: Vec<HarmonyDelta>, out: &mut Vec<Piece>) {
+        for d in deltas {
+            let p = match d {
+                HarmonyDelta::Reasoning(r) => Piece::Reasoning(r),
+                HarmonyDelta::Content(c) => Piece::Content(c),
+                HarmonyDelta::Call(c) => Piece::Call(c),
+            };
+            self.gate(p, out);
+        }
     }
 }
 

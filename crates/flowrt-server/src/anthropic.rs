@@ -424,7 +424,7 @@ pub async fn messages(
     let mut first = vec![event("message_start", &start_msg)];
     // A model that cannot think answers in one text block, opened at once; otherwise blocks
     // open as their first piece arrives (thinking before text).
-    if shape.reasoning.is_none() {
+    if !shape.may_reason() {
         first.extend(blocks.open(BlockKind::Text));
     }
     first.push(event("ping", &json!({"type": "ping"})));

@@ -998,6 +998,7 @@ fn the_shaper_splits_reasoning_content_and_calls_in_any_chunking() {
     let think = OutputShape {
         tools: None,
         reasoning: Some(false),
+        harmony: false,
     };
     every_chunking(
         think,
@@ -1012,6 +1013,7 @@ fn the_shaper_splits_reasoning_content_and_calls_in_any_chunking() {
     let opened = OutputShape {
         tools: None,
         reasoning: Some(true),
+        harmony: false,
     };
     every_chunking(opened, "hm </think>ok", |s, how| {
         assert_eq!(
@@ -1032,6 +1034,7 @@ fn the_shaper_splits_reasoning_content_and_calls_in_any_chunking() {
     let hermes = OutputShape {
         tools: Some(ToolFormat::Hermes),
         reasoning: Some(false),
+        harmony: false,
     };
     let text = "<think>\nweather\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"zone\": \"CET\"}}\n</tool_call>";
     every_chunking(hermes, text, |s, how| {
@@ -1078,6 +1081,155 @@ fn the_shaper_splits_reasoning_content_and_calls_in_any_chunking() {
     pieces.extend(s.finish(true));
     assert!(matches!(pieces[0], Piece::Reasoning(_)), "{pieces:?}");
     assert!(matches!(pieces.last(), Some(Piece::Call(_))), "{pieces:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Harmony (gpt-oss): plan_chat with a minimal harmony template, and the Shaper
+
+const HARMONY: &str = "flowrt-harmony-minimal.jinja";
+
+fn harmony_model() -> LoadedModel {
+    let m = tiny_model(HARMONY, "<|startoftext|>", "<|return|>");
+    assert_eq!(m.tool_format, ToolFormat::Harmony);
+    assert_eq!(m.reasoning, ReasoningFormat::Harmony);
+    m
+}
+
+#[test]
+fn harmony_plans_render_efforts_and_refuse_what_has_no_grammar() {
+    let m = harmony_model();
+    let p = plan_chat(&m, input(None), TINY).unwrap();
+    let text = p.prompt.text();
+    assert!(text.contains("Reasoning: medium"), "{text:?}");
+    assert!(
+        text.ends_with("<|start|>user<|message|>Hello<|end|><|start|>assistant"),
+        "{text:?}"
+    );
+    assert!(p.shape.harmony && p.shape.reasoning.is_none() && p.shape.tools.is_none());
+    assert!(p.keep_special, "harmony's markers must reach the parser");
+    assert!(p.shape.may_reason());
+
+    // Efforts: given, mapped (none / minimal / thinking off: low), or refused.
+    for (think, effort, want) in [
+        (Some((true, "think")), Some("high"), "Reasoning: high"),
+        (None, Some("low"), "Reasoning: low"),
+        (None, Some("minimal"), "Reasoning: low"),
+        (
+            Some((false, "reasoning_effort")),
+            Some("none"),
+            "Reasoning: low",
+        ),
+        (Some((false, "thinking")), None, "Reasoning: low"),
+        (Some((true, "think")), None, "Reasoning: medium"),
+    ] {
+        let mut i = input(None);
+        i.think = think;
+        if let Some(e) = effort {
+            i.kwargs.insert("reasoning_effort".into(), json!(e));
+        }
+        let p = plan_chat(&m, i, TINY).unwrap();
+        assert!(
+            p.prompt.text().contains(want),
+            "{think:?} {effort:?}: {:?}",
+            p.prompt.text()
+        );
+    }
+    let mut i = input(None);
+    i.kwargs.insert("reasoning_effort".into(), json!("extreme"));
+    let e = plan_chat(&m, i, TINY).err().expect("a 400");
+    assert_eq!(e.param.as_deref(), Some("reasoning_effort"), "{e:?}");
+
+    // Tools: auto renders them and parses calls, unconstrained, with thinking on.
+    let mut calls = input(Some(true));
+    calls.tools = parse_tools(Some(&tools())).unwrap();
+    let p = plan_chat(&m, calls.clone(), TINY).unwrap();
+    assert!(
+        p.prompt.text().contains("# Functions\n- get_weather: "),
+        "{:?}",
+        p.prompt.text()
+    );
+    assert!(p.tool_constraint.is_none() && p.keep_special);
+    assert_eq!(p.shape.tools, Some(ToolFormat::Harmony));
+    // Forced calls and structured output have no harmony grammar yet: 400s naming the field.
+    for choice in [ToolChoice::Required, ToolChoice::Named("get_time".into())] {
+        calls.choice = choice;
+        let e = plan_chat(&m, calls.clone(), TINY).err().expect("a 400");
+        assert_eq!(e.param.as_deref(), Some("tool_choice"), "{e:?}");
+    }
+    let mut structured = input(None);
+    structured.structured = Some("response_format");
+    let e = plan_chat(&m, structured, TINY).err().expect("a 400");
+    assert_eq!(e.param.as_deref(), Some("response_format"), "{e:?}");
+
+    // A tool conversation renders: the call from `functions.NAME`, the result back to it.
+    let mut conv = input(None);
+    conv.tools = parse_tools(Some(&tools())).unwrap();
+    conv.messages = multi_turn_messages("call_1");
+    let p = plan_chat(&m, conv, TINY).unwrap();
+    let text = p.prompt.text();
+    assert!(
+        text.contains(
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+        ) && text.contains(
+            "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+        ),
+        "{text:?}"
+    );
+}
+
+fn harmony_shape(tools: bool) -> OutputShape {
+    OutputShape {
+        tools: tools.then_some(ToolFormat::Harmony),
+        reasoning: None,
+        harmony: true,
+    }
+}
+
+#[test]
+fn the_shaper_reads_harmony_channels_in_any_chunking() {
+    let answer = "<|channel|>analysis<|message|>User wants weather.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.";
+    every_chunking(harmony_shape(false), answer, |s, how| {
+        assert_eq!(s.reasoning, "User wants weather.", "{how}");
+        assert_eq!(s.content, "It is sunny.", "{how}");
+        assert!(s.calls.is_empty(), "{how}");
+    });
+    let call = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}";
+    every_chunking(harmony_shape(true), call, |s, how| {
+        assert_eq!(s.reasoning, "Need weather.", "{how}");
+        assert_eq!(s.content, "", "{how}");
+        assert_eq!(s.calls.len(), 1, "{how}");
+        assert_eq!(s.calls[0].name, "get_weather");
+        check_args("get_weather", &s.calls[0].arguments);
+    });
+    // Without tools a call is not presented: its text is content.
+    let mut s = Shaper::new(harmony_shape(false));
+    let mut out = Shaped::default();
+    out.add(s.push(call));
+    out.add(s.finish(true));
+    assert!(out.calls.is_empty());
+    assert!(
+        out.content
+            .starts_with("<|start|>assistant<|channel|>commentary to=functions.get_weather"),
+        "{:?}",
+        out.content
+    );
+    // Cut by a limit after the call's arguments closed: content, not a call.
+    let mut s = Shaper::new(harmony_shape(true));
+    let mut out = Shaped::default();
+    out.add(s.push(call));
+    out.add(s.finish(false));
+    assert!(out.calls.is_empty() && s.calls() == 0);
+    assert_eq!(out.reasoning, "Need weather.");
+    assert!(
+        out.content
+            .starts_with("<|start|>assistant<|channel|>commentary"),
+        "{:?}",
+        out.content
+    );
+    // Reasoning streams before the answer is over.
+    let mut s = Shaper::new(harmony_shape(true));
+    let first = s.push("<|channel|>analysis<|message|>Hmm");
+    assert_eq!(first, [Piece::Reasoning("Hmm".into())]);
 }
 
 // ---------------------------------------------------------------------------------------------

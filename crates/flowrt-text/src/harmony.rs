@@ -386,7 +386,8 @@ impl HarmonyParser {
             self.state = State::Header;
             return true;
         }
-        if trimmed.is_empty() || (!end && (START.starts_with(trimmed) || CHANNEL.starts_with(trimmed)))
+        if trimmed.is_empty()
+            || (!end && (START.starts_with(trimmed) || CHANNEL.starts_with(trimmed)))
         {
             if end {
                 self.base += self.buf.len();

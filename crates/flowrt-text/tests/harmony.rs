@@ -10,7 +10,7 @@ use flowrt_text::harmony::{detect, HarmonyDelta, HarmonyError, HarmonyParse, Har
 use flowrt_text::tools::ToolDelta;
 use flowrt_text::{
     parse_harmony, ChatMessage, ChatTemplate, FunctionCall, ReasoningFormat, RenderOptions,
-    ToolCall, ToolFormat, ToolStreamParser, Tokenizer,
+    Tokenizer, ToolCall, ToolFormat, ToolStreamParser,
 };
 use serde_json::{json, Map, Value};
 
@@ -41,7 +41,11 @@ fn check_every_split(text: &str, calls: bool) -> HarmonyParse {
         .filter(|&i| text.is_char_boundary(i))
         .collect();
     for &i in &bounds {
-        assert_eq!(streamed(text, &[i], calls, true), whole, "split at {i}: {text:?}");
+        assert_eq!(
+            streamed(text, &[i], calls, true),
+            whole,
+            "split at {i}: {text:?}"
+        );
         for &j in bounds.iter().filter(|&&j| j > i) {
             assert_eq!(
                 streamed(text, &[i, j], calls, true),
@@ -51,7 +55,11 @@ fn check_every_split(text: &str, calls: bool) -> HarmonyParse {
         }
     }
     let every: Vec<usize> = bounds.clone();
-    assert_eq!(streamed(text, &every, calls, true), whole, "byte by byte: {text:?}");
+    assert_eq!(
+        streamed(text, &every, calls, true),
+        whole,
+        "byte by byte: {text:?}"
+    );
     whole
 }
 
@@ -67,7 +75,8 @@ const REASON_THEN_ANSWER: &str = "<|channel|>analysis<|message|>User greets. Rep
 
 const CALL_AFTER_CHANNEL: &str = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"c\"}";
 
-const CALL_BEFORE_CHANNEL: &str = " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Zürich\"}";
+const CALL_BEFORE_CHANNEL: &str =
+    " to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Zürich\"}";
 
 #[test]
 fn detection_is_from_the_template_or_the_vocabulary() {
@@ -89,7 +98,8 @@ fn detection_is_from_the_template_or_the_vocabulary() {
     assert!(!detect(None, ["<|channel|>", "<|message|>", "<|end|>"]));
     // A ChatML template in a harmony vocabulary is not harmony; a template that mentions only
     // one of the markers is not either.
-    let chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
+    let chatml =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}";
     assert!(!detect(Some(chatml), vocab));
     assert!(!detect(Some("{{ '<|channel|>' }}"), vocab));
     assert_eq!(ToolFormat::detect(Some(chatml), vocab), ToolFormat::Generic);
@@ -143,7 +153,8 @@ fn commentary_without_a_recipient_is_content() {
     assert_eq!(p.content, "Let me look that up. ");
     assert_eq!(p.calls, [call("search", json!({"q": "x"}))]);
     // A preamble and a final answer: both content, in order.
-    let text = "<|channel|>commentary<|message|>A<|end|><|start|>assistant<|channel|>final<|message|>B";
+    let text =
+        "<|channel|>commentary<|message|>A<|end|><|start|>assistant<|channel|>final<|message|>B";
     assert_eq!(check_every_split(text, false).content, "AB");
 }
 
@@ -151,10 +162,19 @@ fn commentary_without_a_recipient_is_content() {
 fn reasoning_and_content_stream_before_the_message_ends() {
     let mut p = HarmonyParser::new(false);
     assert_eq!(p.push("<|channel|>anal"), []);
-    assert_eq!(p.push("ysis<|message|>Thinking"), [HarmonyDelta::Reasoning("Thinking".into())]);
+    assert_eq!(
+        p.push("ysis<|message|>Thinking"),
+        [HarmonyDelta::Reasoning("Thinking".into())]
+    );
     // A possible marker is held back until decided.
-    assert_eq!(p.push(" hard<|e"), [HarmonyDelta::Reasoning(" hard".into())]);
-    assert_eq!(p.push("nd|><|start|>assistant<|channel|>final<|message|>An"), [HarmonyDelta::Content("An".into())]);
+    assert_eq!(
+        p.push(" hard<|e"),
+        [HarmonyDelta::Reasoning(" hard".into())]
+    );
+    assert_eq!(
+        p.push("nd|><|start|>assistant<|channel|>final<|message|>An"),
+        [HarmonyDelta::Content("An".into())]
+    );
     assert_eq!(p.push("swer <"), [HarmonyDelta::Content("swer ".into())]);
     assert_eq!(p.push("3"), [HarmonyDelta::Content("<3".into())]);
     assert_eq!(p.finish(true), (vec![], None));
@@ -163,21 +183,30 @@ fn reasoning_and_content_stream_before_the_message_ends() {
 #[test]
 fn malformed_output_is_content_with_a_typed_error() {
     // Unknown channel: the message, from its start, and the rest are content.
-    let text = "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>secret<|message|>x";
+    let text =
+        "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>secret<|message|>x";
     let p = check_every_split(text, true);
     assert_eq!(p.reasoning, "hm");
     assert_eq!(p.content, "<|start|>assistant<|channel|>secret<|message|>x");
-    assert!(matches!(p.error, Some(HarmonyError::UnknownChannel { index: 1, ref channel }) if channel == "secret"));
+    assert!(
+        matches!(p.error, Some(HarmonyError::UnknownChannel { index: 1, ref channel }) if channel == "secret")
+    );
 
     // Arguments that are not JSON, or not an object.
     let text = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": ";
     let p = check_every_split(text, true);
     assert!(p.calls.is_empty());
     assert_eq!(p.content, text);
-    assert!(matches!(p.error, Some(HarmonyError::BadJson { index: 0, .. })));
+    assert!(matches!(
+        p.error,
+        Some(HarmonyError::BadJson { index: 0, .. })
+    ));
     let text = "<|channel|>commentary to=functions.f<|message|>[1, 2]";
     let p = check_every_split(text, true);
-    assert_eq!((p.content.as_str(), p.error.clone()), (text, Some(HarmonyError::NotObject { index: 0 })));
+    assert_eq!(
+        (p.content.as_str(), p.error.clone()),
+        (text, Some(HarmonyError::NotObject { index: 0 }))
+    );
 
     // A recipient that is not a function, and a call when no tools were offered.
     let text = "<|channel|>commentary to=browser.search<|message|>{}";
@@ -192,14 +221,20 @@ fn malformed_output_is_content_with_a_typed_error() {
     // The output ends inside a header.
     let text = "<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>fin";
     let p = check_every_split(text, false);
-    assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("r", "<|start|>assistant<|channel|>fin"));
+    assert_eq!(
+        (p.reasoning.as_str(), p.content.as_str()),
+        ("r", "<|start|>assistant<|channel|>fin")
+    );
     assert_eq!(p.error, Some(HarmonyError::Unterminated { index: 1 }));
 
     // Plain text where a header should be (a model that does not write harmony).
     let text = "Just an answer, no channels at all <|end|> and more";
     let p = check_every_split(text, false);
     assert_eq!(p.content, text);
-    assert!(matches!(p.error, Some(HarmonyError::BadHeader { index: 0, .. })));
+    assert!(matches!(
+        p.error,
+        Some(HarmonyError::BadHeader { index: 0, .. })
+    ));
     let long = "x".repeat(600);
     let p = check_every_split(&long, false);
     assert_eq!(p.content, long);
@@ -212,8 +247,14 @@ fn malformed_output_is_content_with_a_typed_error() {
     assert_eq!(p.error, Some(HarmonyError::Stray { index: 1 }));
 
     // Another role than the assistant's, and a header with no channel.
-    let p = check_every_split("<|channel|>final<|message|>a<|end|><|start|>user<|message|>b", false);
-    assert!(matches!(p.error, Some(HarmonyError::BadHeader { index: 1, .. })));
+    let p = check_every_split(
+        "<|channel|>final<|message|>a<|end|><|start|>user<|message|>b",
+        false,
+    );
+    assert!(matches!(
+        p.error,
+        Some(HarmonyError::BadHeader { index: 1, .. })
+    ));
     assert_eq!(p.content, "a<|start|>user<|message|>b");
 }
 
@@ -250,11 +291,25 @@ impl Rng {
 /// they give whole, and the parser never panics. Well-formed ones give exactly their parts.
 #[test]
 fn property_streaming_equals_whole() {
-    let texts = ["", "a", "héllo ", "<", "<|", "|>", "{}", "x <|e", "\n", "日本"];
+    let texts = [
+        "", "a", "héllo ", "<", "<|", "|>", "{}", "x <|e", "\n", "日本",
+    ];
     let fragments = [
-        "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "assistant", "<|call|>",
-        "<|return|>", "<|constrain|>", "json", " to=functions.f", "analysis", "final",
-        "commentary", "{\"k\": 1}", "oops",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|call|>",
+        "<|return|>",
+        "<|constrain|>",
+        "json",
+        " to=functions.f",
+        "analysis",
+        "final",
+        "commentary",
+        "{\"k\": 1}",
+        "oops",
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for case in 0..3000 {
@@ -264,9 +319,12 @@ fn property_streaming_equals_whole() {
         let n = 1 + rng.next() % 4;
         for k in 0..n {
             if well_formed {
-                let body = format!("{}{}", rng.pick(&texts), rng.pick(&texts))
-                    .replace('<', "(");
-                let head = if k == 0 { "" } else { "<|end|><|start|>assistant" };
+                let body = format!("{}{}", rng.pick(&texts), rng.pick(&texts)).replace('<', "(");
+                let head = if k == 0 {
+                    ""
+                } else {
+                    "<|end|><|start|>assistant"
+                };
                 match rng.next() % 3 {
                     0 => {
                         text += &format!("{head}<|channel|>analysis<|message|>{body}");
@@ -285,14 +343,22 @@ fn property_streaming_equals_whole() {
                 }
             } else {
                 for _ in 0..1 + rng.next() % 6 {
-                    text += if rng.next() % 2 == 0 { rng.pick(&fragments) } else { rng.pick(&texts) };
+                    text += if rng.next() % 2 == 0 {
+                        rng.pick(&fragments)
+                    } else {
+                        rng.pick(&texts)
+                    };
                 }
             }
         }
         let whole = parse_harmony(&text, true);
         if well_formed {
             assert_eq!(whole.error, None, "{text:?}");
-            assert_eq!((&whole.reasoning, &whole.content, &whole.calls), (&want_r, &want_c, &want_calls), "{text:?}");
+            assert_eq!(
+                (&whole.reasoning, &whole.content, &whole.calls),
+                (&want_r, &want_c, &want_calls),
+                "{text:?}"
+            );
         }
         for _ in 0..4 {
             let mut cuts: Vec<usize> = (0..rng.next() % 8)
@@ -300,7 +366,11 @@ fn property_streaming_equals_whole() {
                 .filter(|&c| text.is_char_boundary(c))
                 .collect();
             cuts.sort_unstable();
-            assert_eq!(streamed(&text, &cuts, true, true), whole, "cuts {cuts:?} of {text:?}");
+            assert_eq!(
+                streamed(&text, &cuts, true, true),
+                whole,
+                "cuts {cuts:?} of {text:?}"
+            );
         }
     }
 }
@@ -321,10 +391,20 @@ fn harmony_turn_ends_are_the_end_of_generation_tokens() {
     let fx = fixture("bpe_ties.json");
     let mut v = gguf_vocab(&fx["vocab"]);
     let base = v.tokens.len() as u32;
-    let marks = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"];
+    let marks = [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+    ];
     for m in marks {
         v.tokens.push(m.to_string());
-        v.token_types.as_mut().unwrap().push(flowrt_text::token_type::CONTROL);
+        v.token_types
+            .as_mut()
+            .unwrap()
+            .push(flowrt_text::token_type::CONTROL);
     }
     let id = |m: &str| base + marks.iter().position(|x| *x == m).unwrap() as u32;
     v.eos = Some(id("<|return|>"));
@@ -338,7 +418,10 @@ fn harmony_turn_ends_are_the_end_of_generation_tokens() {
     let mut w = gguf_vocab(&fx["vocab"]);
     for m in ["<|end|>"] {
         w.tokens.push(m.to_string());
-        w.token_types.as_mut().unwrap().push(flowrt_text::token_type::CONTROL);
+        w.token_types
+            .as_mut()
+            .unwrap()
+            .push(flowrt_text::token_type::CONTROL);
     }
     let t = Tokenizer::from_vocab(&w).unwrap();
     assert!(t.is_eog(base));
@@ -363,8 +446,10 @@ fn rendered(messages: &[ChatMessage], tools: Option<&[Value]>, effort: Option<&s
 
 #[test]
 fn the_harmony_template_renders_every_role() {
-    let tools = [json!({"type": "function", "function": {"name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})];
+    let tools = [
+        json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+    ];
     let mut asst = ChatMessage {
         role: "assistant".into(),
         reasoning_content: Some("Need the weather.".into()),
