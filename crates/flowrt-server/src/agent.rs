@@ -552,13 +552,15 @@ fn harmony_checks(
             kwargs.insert("reasoning_effort".into(), Value::from("low"));
         }
         Some(Value::String(e)) if HARMONY_EFFORTS.contains(&e.as_str()) => {}
-        Some(other) => return Err(ApiError::invalid_param(
-            "reasoning_effort",
-            format!(
+        Some(other) => {
+            return Err(ApiError::invalid_param(
+                "reasoning_effort",
+                format!(
                 "model `{name}` (harmony) takes the reasoning efforts low, medium and high, not {}",
                 clip(&other.to_string(), 40)
             ),
-        )),
+            ))
+        }
     }
     Ok(())
 }

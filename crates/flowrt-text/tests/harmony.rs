@@ -343,7 +343,7 @@ fn property_streaming_equals_whole() {
                 }
             } else {
                 for _ in 0..1 + rng.next() % 6 {
-                    text += if rng.next() % 2 == 0 {
+                    text += if rng.next().is_multiple_of(2) {
                         rng.pick(&fragments)
                     } else {
                         rng.pick(&texts)
@@ -416,13 +416,11 @@ fn harmony_turn_ends_are_the_end_of_generation_tokens() {
     assert!(!t.is_eog(id("<|start|>")));
     // Without <|call|> the vocabulary is not harmony: <|end|> stays an end of generation.
     let mut w = gguf_vocab(&fx["vocab"]);
-    for m in ["<|end|>"] {
-        w.tokens.push(m.to_string());
-        w.token_types
-            .as_mut()
-            .unwrap()
-            .push(flowrt_text::token_type::CONTROL);
-    }
+    w.tokens.push("<|end|>".to_string());
+    w.token_types
+        .as_mut()
+        .unwrap()
+        .push(flowrt_text::token_type::CONTROL);
     let t = Tokenizer::from_vocab(&w).unwrap();
     assert!(t.is_eog(base));
 }
