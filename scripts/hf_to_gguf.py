@@ -4,7 +4,14 @@
 Supported: LlamaForCausalLM (arch "llama"), Qwen2ForCausalLM ("qwen2"),
 Qwen3ForCausalLM ("qwen3"), Qwen3MoeForCausalLM ("qwen3moe": expert_count,
 expert_used_count, expert_feed_forward_length, expert_weights_norm, flowrt's
-mlp_only_layers; blk.N.ffn_gate_inp and the 3-D blk.N.ffn_{gate,up,down}_exps), with default RoPE (no rope scaling). Weights come
+mlp_only_layers; blk.N.ffn_gate_inp and the 3-D blk.N.ffn_{gate,up,down}_exps),
+GptOssForCausalLM ("gpt-oss", llama.cpp's names: attention.sliding_window (llama.cpp
+slides every other layer from 0; the converter refuses other layer_types), attn_sinks,
+attn_output.bias, ffn_gate_inp + .bias, ffn_{gate,up,down}_exps + .bias with HF's
+interleaved gate/up split apart and every expert matrix transposed to (out, in); YaRN as
+rope.scaling.* plus flowrt's rope.scaling.yarn_truncate (llama.cpp has none and always
+truncates); flowrt's swiglu_alpha / swiglu_limit when they differ from llama.cpp's fixed
+1.702 / 7.0), with default RoPE otherwise (no other rope scaling). Weights come
 from model.safetensors or sharded model-*.safetensors + model.safetensors.index.json,
 read tensor by tensor (memory stays about one tensor).
 
@@ -59,7 +66,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 ARCHES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-          "Qwen3MoeForCausalLM": "qwen3moe"}
+          "Qwen3MoeForCausalLM": "qwen3moe", "GptOssForCausalLM": "gpt-oss"}
 # Mixture of experts (qwen3moe): HF's per-expert tensors inside model.layers.{i}.mlp.experts.{j}.
 # stacked into one 3-D GGUF tensor per role (one matrix per expert, ggml dims [in, out, experts]).
 EXPERT_TENSORS = {
@@ -86,6 +93,11 @@ LAYER_TENSORS = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",  # the MoE router
+    # gpt-oss
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
 }
 GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -146,7 +158,7 @@ def rope_theta(cfg: dict) -> float:
     rp = cfg.get("rope_parameters") or {}
     rs = cfg.get("rope_scaling") or {}
     kind = rp.get("rope_type") or rs.get("rope_type") or rs.get("type") or "default"
-    if kind != "default":
+    if kind not in ("default", "yarn"):
         raise ConvertError(f"rope type {kind!r} is not supported by this converter")
     return float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
@@ -282,6 +294,28 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
         if dense:
             # flowrt's key (HF's mlp_only_layers); llama.cpp has none.
             w.add_array(f"{arch}.mlp_only_layers", dense)
+    if arch == "gpt-oss":
+        w.add_expert_count(int(n_experts))
+        w.add_expert_used_count(int(cfg["num_experts_per_tok"]))
+        w.add_expert_feed_forward_length(int(cfg["intermediate_size"]))
+        w.add_sliding_window(int(cfg["sliding_window"]))
+        want = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)]
+        if cfg.get("layer_types", want) != want:
+            raise ConvertError(f"layer_types {cfg['layer_types']} are not llama.cpp's gpt-oss pattern {want}")
+        for k, fixed in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)):
+            if float(cfg.get(k, fixed)) != fixed:
+                w.add_float32(f"{arch}.{k}", float(cfg[k]))  # flowrt's key
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if (rp.get("rope_type") or rp.get("type")) == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(rp["factor"]))
+        w.add_rope_scaling_orig_ctx_len(int(rp["original_max_position_embeddings"]))
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", float(rp.get("beta_fast", 32.0)))
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", float(rp.get("beta_slow", 1.0)))
+        if "attention_factor" in rp:
+            w.add_float32(f"{arch}.rope.scaling.yarn_attn_factor", float(rp["attention_factor"]))
+        # flowrt's key: transformers' `truncate` (llama.cpp always truncates).
+        w.add_bool(f"{arch}.rope.scaling.yarn_truncate", bool(rp.get("truncate", True)))
 
     tk = tokenizer_metadata(model_dir, vocab, cfg, pre)
     w.add_tokenizer_model("gpt2")
@@ -301,7 +335,8 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
         w.add_chat_template(tk["chat_template"])
 
     # (HF name, or the per-expert names stacked into one tensor; GGUF name)
-    plan: list[tuple[str | tuple[str, ...], str]] = [("model.embed_tokens.weight", "token_embd.weight")]
+    plan: list = [("model.embed_tokens.weight", "token_embd.weight")]
+    fused: set[str] = set()  # HF tensors read by the derived (callable) entries
     for i in range(n_layer):
         for h, g in LAYER_TENSORS.items():
             hn = f"model.layers.{i}.{h}"
@@ -311,10 +346,25 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
             hns = tuple(f"model.layers.{i}.mlp.experts.{j}.{h}" for j in range(int(n_experts or 0)))
             if hns and hns[0] in names:
                 plan.append((hns, f"blk.{i}.{g}"))
+        # gpt-oss: fused, transposed experts (E, in, out), gate/up interleaved on the last dim.
+        pre = f"model.layers.{i}.mlp.experts."
+        if pre + "gate_up_proj" in names:
+            gu, gub = pre + "gate_up_proj", pre + "gate_up_proj_bias"
+            dn, dnb = pre + "down_proj", pre + "down_proj_bias"
+            fused.update({gu, gub, dn, dnb})
+            tr = lambda a: np.ascontiguousarray(np.swapaxes(a, 1, 2))  # noqa: E731
+            plan += [
+                (lambda gu=gu: tr(src.get(gu)[..., ::2]), f"blk.{i}.ffn_gate_exps.weight"),
+                (lambda gu=gu: tr(src.get(gu)[..., 1::2]), f"blk.{i}.ffn_up_exps.weight"),
+                (lambda dn=dn: tr(src.get(dn)), f"blk.{i}.ffn_down_exps.weight"),
+                (lambda b=gub: src.get(b)[..., ::2], f"blk.{i}.ffn_gate_exps.bias"),
+                (lambda b=gub: src.get(b)[..., 1::2], f"blk.{i}.ffn_up_exps.bias"),
+                (lambda b=dnb: src.get(b), f"blk.{i}.ffn_down_exps.bias"),
+            ]
     plan.append(("model.norm.weight", "output_norm.weight"))
     if not tied:
         plan.append(("lm_head.weight", "output.weight"))
-    unused = names - {n for h, _ in plan for n in ((h,) if isinstance(h, str) else h)}
+    unused = names - fused - {n for h, _ in plan if not callable(h) for n in ((h,) if isinstance(h, str) else h)}
     if unused:
         raise ConvertError(f"tensors this converter does not map: {sorted(unused)[:8]}")
 
@@ -322,12 +372,15 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     counts: dict[str, int] = {}
     fallbacks = []
     for hname, gname in plan:
-        t = src.get(hname) if isinstance(hname, str) else np.stack([src.get(n) for n in hname])
+        if callable(hname):
+            t = hname()
+        else:
+            t = src.get(hname) if isinstance(hname, str) else np.stack([src.get(n) for n in hname])
         if arch == "llama" and gname.endswith("attn_q.weight"):
             t = permute_qk(t, n_head)
         elif arch == "llama" and gname.endswith("attn_k.weight"):
             t = permute_qk(t, n_kv)
-        if t.ndim in (2, 3) and qt != Q.F32:
+        if t.ndim in (2, 3) and qt != Q.F32 and not gname.endswith(".bias"):
             want = qt
             if want not in (Q.F16,) and t.shape[-1] % 32 != 0:
                 want = Q.F16

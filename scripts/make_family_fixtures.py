@@ -81,6 +81,15 @@ Cases:
   qwen3-moe     Qwen3MoeForCausalLM: 3 layers, 8 experts, top-k 2, expert FFN 32,
                 norm_topk_prob true; layer 1 dense (mlp_only_layers [1], FFN 96);
                 router weights with std 0.5 so that the top-2 choice has a margin
+  gpt-oss       GptOssForCausalLM: 4 layers, sliding (window 8) and full alternating
+                (layer_types, layer 0 slides), hidden 32 with 4 heads of head_dim 16
+                (q width 64 != hidden), 2 KV heads, 8 experts, top-k 2, expert width 32,
+                Q/K/V/O, router and expert biases, attention sinks drawn with std 1 (the
+                default init leaves them near 0), swiglu_limit 0.6 so that the clamp
+                bites on these small activations (alpha 1.702 as shipped), YaRN RoPE as
+                the config's default (factor 32 from 4096, truncate false, theta 150000);
+                experts saved as transformers 5 writes them (gate_up_proj (E, hidden,
+                2I) with gate/up interleaved, down_proj (E, I, hidden))
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -277,6 +286,16 @@ CASES: dict[str, dict] = {
                     router_aux_loss_coef=0.0),
         init=dict(linear=0.08, embed=0.5, head=0.35, router=0.5),
     ),
+    "gpt-oss": dict(
+        arch="GptOssForCausalLM",
+        config=dict(hidden_size=32, intermediate_size=32, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    max_position_embeddings=131072, rms_norm_eps=1e-5, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"] * 2,
+                    num_local_experts=8, num_experts_per_tok=2, swiglu_limit=0.6,
+                    tie_word_embeddings=False, attention_bias=True, router_aux_loss_coef=0.0),
+        init=dict(linear=0.1, embed=0.5, head=0.35, router=0.5, sinks=1.0),
+    ),
 }
 
 
@@ -348,7 +367,8 @@ def make_config(case: dict):
             kw.pop(k)
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
-    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"):
+    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
+                "GptOssForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -366,8 +386,10 @@ def init_weights(model, init: dict, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("mlp.gate.weight") and "router" in init:
+            if name.endswith(("mlp.gate.weight", "mlp.router.weight")) and "router" in init:
                 val = init["router"] * z  # MoE router: a clear top-k margin
+            elif name.endswith("self_attn.sinks") and "sinks" in init:
+                val = init["sinks"] * z  # gpt-oss: sinks that matter
             elif name.endswith("norm.weight"):
                 val = 0.2 * z if init.get("gemma_norm") else 1.0 + 0.2 * z
             elif name.endswith(".bias"):

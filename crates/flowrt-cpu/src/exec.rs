@@ -689,9 +689,13 @@ impl CpuBackend {
                     }
                 }
             }
-            Op::Attention { window, causal } => {
+            Op::Attention {
+                window,
+                causal,
+                sinks,
+            } => {
                 let l = layer.ok_or("attention outside a layer")?;
-                self.attention(l, window, causal, batch);
+                self.attention(l, window, causal, sinks, batch)?;
             }
             Op::Moe {
                 src,
@@ -737,6 +741,14 @@ impl CpuBackend {
                     }
                     flowrt_model::Activation::Gelu => {
                         crate::ops::gelu_mul(&mut gate[..n * ff], &up[..n * ff])
+                    }
+                    flowrt_model::Activation::ClampedSwiglu { alpha, limit } => {
+                        crate::ops::clamped_swiglu_mul(
+                            &mut gate[..n * ff],
+                            &up[..n * ff],
+                            alpha,
+                            limit,
+                        )
                     }
                 }
             }

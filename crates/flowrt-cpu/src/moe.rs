@@ -51,6 +51,8 @@ pub(crate) fn route(
             let sum: f32 = scores.iter().sum();
             scores.iter_mut().for_each(|v| *v /= sum);
         }
+        // Chosen by raw logit; weighted by a softmax over the chosen ones below.
+        RouterScoring::TopKSoftmax => scores.extend_from_slice(logits),
     }
     let scores = &scores[..];
     for _ in 0..top_k.min(scores.len()) {
@@ -67,7 +69,13 @@ pub(crate) fn route(
             chosen.push((b, scores[b]));
         }
     }
-    if router.renormalize {
+    if router.scoring == RouterScoring::TopKSoftmax {
+        // Best first: the first is the max.
+        let max = chosen.first().map_or(0.0, |c| c.1);
+        chosen.iter_mut().for_each(|c| c.1 = (c.1 - max).exp());
+        let sum: f32 = chosen.iter().map(|c| c.1).sum();
+        chosen.iter_mut().for_each(|c| c.1 /= sum);
+    } else if router.renormalize {
         let sum: f32 = chosen.iter().map(|c| c.1).sum();
         if sum > 0.0 {
             chosen.iter_mut().for_each(|c| c.1 /= sum);
@@ -124,10 +132,24 @@ impl ExpertJob {
             &mut self.act,
             &mut self.up,
         );
+        // Per-expert biases (gpt-oss), one row of each per expert.
+        let add_bias = |rows: &mut [f32], bias: &Option<Vec<f32>>, width: usize| {
+            if let Some(b) = bias {
+                let b = &b[e * width..(e + 1) * width];
+                for r in rows.chunks_exact_mut(width) {
+                    kern.add(r, b);
+                }
+            }
+        };
+        add_bias(&mut self.gate, &w.gate_bias, ff);
+        add_bias(&mut self.up, &w.up_bias, ff);
         match act {
             Activation::Silu => kern.silu_mul(&mut self.gate, &self.up),
             Activation::GeluTanh => kern.gelu_tanh_mul(&mut self.gate, &self.up),
             Activation::Gelu => crate::ops::gelu_mul(&mut self.gate, &self.up),
+            Activation::ClampedSwiglu { alpha, limit } => {
+                crate::ops::clamped_swiglu_mul(&mut self.gate, &self.up, alpha, limit)
+            }
         }
         matmul(
             kern,
@@ -139,6 +161,7 @@ impl ExpertJob {
             &mut self.act,
             &mut self.out,
         );
+        add_bias(&mut self.out, &w.down_bias, h);
     }
 }
 

@@ -86,6 +86,16 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU: `gate = g · sigmoid(alpha · g) · (u + 1)` with `g = min(gate,
+/// limit)` and `u = clamp(up, -limit, limit)`.
+pub fn clamped_swiglu_mul(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let u = u.clamp(-limit, limit);
+        *g = x / (1.0 + (-alpha * x).exp()) * (u + 1.0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,3 +171,33 @@ fn prefix_reuse_equals_fresh_prefill_qwen3_moe() {
     assert!(d <= 1e-5, "prefix reuse: max diff {d}");
     assert_eq!(argmax(&reused), argmax(&fresh));
 }
+
+/// gpt-oss (attention sinks, window 8 on alternate layers, biased top-k-softmax experts):
+/// batched sequences, each longer than the window, equal solo runs.
+#[test]
+fn batched_sequences_equal_solo_runs_gpt_oss() {
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/gpt-oss")).unwrap(),
+        1e-5,
+    );
+}
+
+/// Prefix reuse on gpt-oss past the window: a re-synced session continues a 12-token prefix
+/// (longer than the window of 8) as a fresh prefill of the whole 21-token prompt does.
+#[test]
+fn prefix_reuse_equals_fresh_prefill_gpt_oss() {
+    let m = LoadedModel::load(&common::fixture("families/gpt-oss")).unwrap();
+    let a: Vec<u32> = (0..15).map(|i| (i * 17 + 3) % 300).collect();
+    let mut b = a.clone();
+    b.truncate(12);
+    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
+    let mut s = Session::new(&m, &opts()).unwrap();
+    s.feed(&a).unwrap();
+    assert_eq!(s.common_prefix(&b), 12);
+    let reused = s.sync(&b).unwrap().to_vec();
+    let mut f = Session::new(&m, &opts()).unwrap();
+    let fresh = f.feed(&b).unwrap().to_vec();
+    let d = max_diff(&reused, &fresh);
+    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
+    assert_eq!(argmax(&reused), argmax(&fresh));
+}

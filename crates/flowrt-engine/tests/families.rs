@@ -139,6 +139,17 @@ fn qwen3_moe_mixture_of_experts() {
     check("qwen3-moe");
 }
 
+/// gpt-oss: attention sinks, sliding (window 8) and full layers alternating, YaRN (truncate
+/// false), Q/K/V/O biases, a biased top-k-softmax router over 8 experts (top-2) whose biased
+/// experts run the clamped SwiGLU, experts bound from HF's fused, transposed, interleaved
+/// tensors. Prompts of 20, 33 and 48 tokens cross the window; the 7-token batches split
+/// prompts across batches (sinks over the cached keys); f16 KV runs the split-K path too
+/// where it splits.
+#[test]
+fn gpt_oss_sinks_sliding_experts() {
+    check("gpt-oss");
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));
@@ -408,4 +419,76 @@ fn qwen3_moe_gguf_q8_0_within_quantisation_bounds() {
     // checkpoint agrees to mean KL 7e-13, so the rest is q8_0 rounding (router included).
     assert!(r.top1_agreement >= 0.97, "top-1 {}", r.top1_agreement);
     assert!(r.mean_kl <= 1e-3, "mean KL {}", r.mean_kl);
+}
+
+/// The gpt-oss fixture as a q8_0 GGUF (scripts/hf_to_gguf.py: llama.cpp's `gpt-oss` names,
+/// gate/up de-interleaved into `ffn_{gate,up}_exps`, every expert transposed, biases and
+/// sinks f32, YaRN with flowrt's `yarn_truncate` false, flowrt's `swiglu_limit`) against
+/// transformers' f32 logits: within q8_0's bounds.
+#[test]
+fn gpt_oss_gguf_q8_0_within_quantisation_bounds() {
+    let dir = common::fixture("families/gpt-oss");
+    let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
+    let c = &m.model.config;
+    assert_eq!(
+        c.layer_types,
+        [
+            flowrt_model::LayerType::Sliding,
+            flowrt_model::LayerType::Full,
+            flowrt_model::LayerType::Sliding,
+            flowrt_model::LayerType::Full
+        ]
+    );
+    assert_eq!(c.sliding_window, Some(8));
+    let x = m.model.layers[0].moe.as_ref().expect("layer 0 is sparse");
+    assert_eq!(x.gate[7].dtype, flowrt_dtype::GgmlType::Q8_0);
+    assert!(x.router_bias.is_some() && x.down_bias.is_some());
+    assert!(m.model.layers[3].sinks.is_some());
+    let mut s = Session::new(
+        &m,
+        &EngineOptions {
+            threads: 2,
+            kv: KvPrecision::F32,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
+    eprintln!(
+        "gpt-oss q8_0 GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+        r.top1_agreement, r.mean_kl, r.max_abs_logit_err
+    );
+    assert!(r.top1_agreement >= 0.97, "top-1 {}", r.top1_agreement);
+    assert!(r.mean_kl <= 1e-3, "mean KL {}", r.mean_kl);
+}
+
+/// gpt-oss bad input: an expert count the fused expert tensors contradict, a top-k beyond the
+/// experts, a sinks tensor of the wrong length: errors naming the field.
+#[test]
+fn gpt_oss_bad_config_names_the_field() {
+    let dir = edited_copy("gpt-oss", |c| c["num_local_experts"] = 6.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("holds 8 experts but the expert count (num_local_experts) is 6"),
+        "{e}"
+    );
+    let dir = edited_copy("gpt-oss", |c| c["num_experts_per_tok"] = 9.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("num_experts_per_tok (top-k) = 9 exceeds num_experts = 8"),
+        "{e}"
+    );
+    // 8 query heads of head_dim 8: the sinks hold 4.
+    let dir = edited_copy("gpt-oss", |c| {
+        c["num_attention_heads"] = 8.into();
+        c["head_dim"] = 8.into();
+    });
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("self_attn.sinks` has shape [4], expected [8] (num_attention_heads = 8)"),
+        "{e}"
+    );
+    let dir = edited_copy("gpt-oss", |c| c["swiglu_limit"] = (-1.0).into());
+    let e = load_error(dir.path());
+    assert!(e.contains("swiglu_limit = -1 must be positive"), "{e}");
 }

@@ -6,7 +6,7 @@
 //! fields, never on a family's name.
 
 /// Gated feed-forward activation: `act(gate) * up`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Activation {
     /// SwiGLU (Llama, Qwen, Mistral, MiniCPM).
     Silu,
@@ -14,6 +14,9 @@ pub enum Activation {
     GeluTanh,
     /// Exact GELU, `0.5 x (1 + erf(x / √2))` (BERT's `gelu`).
     Gelu,
+    /// gpt-oss's clamped SwiGLU: with `g = min(gate, limit)` and `u = clamp(up, -limit,
+    /// limit)`, `g · sigmoid(alpha · g) · (u + 1)` (HF `swiglu_alpha`, `swiglu_limit`).
+    ClampedSwiglu { alpha: f32, limit: f32 },
 }
 
 impl Activation {
@@ -114,6 +117,25 @@ pub enum TensorNames {
 pub enum RouterScoring {
     /// `softmax` over all experts (Qwen3-MoE, Mixtral).
     Softmax,
+    /// The top-k experts by raw logit, weighted by a softmax over their k logits only
+    /// (gpt-oss). The same weights as [`RouterScoring::Softmax`] renormalised over the chosen
+    /// k, up to rounding; `renormalize` changes nothing (they already sum to 1).
+    TopKSoftmax,
+}
+
+/// How an HF checkpoint stores a mixture of experts' matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HfExperts {
+    /// One tensor per expert and matrix, `mlp.experts.{j}.{gate,up,down}_proj.weight`, and
+    /// the router as `mlp.gate.weight` (Qwen3-MoE).
+    PerExpert,
+    /// One 3-D tensor per role, input features first: `mlp.experts.gate_up_proj` `(experts,
+    /// hidden, 2 × width)` with gate and up interleaved along the last dimension (gate at even
+    /// indices), `mlp.experts.down_proj` `(experts, width, hidden)`, their biases
+    /// `gate_up_proj_bias` `(experts, 2 × width)` and `down_proj_bias` `(experts, hidden)`;
+    /// the router as `mlp.router.weight` / `.bias` (gpt-oss). Transposed and split at load
+    /// into owned per-expert matrices.
+    FusedTransposed,
 }
 
 /// A mixture-of-experts router: how experts are scored, and whether the chosen top-k weights
@@ -219,6 +241,16 @@ pub struct ArchSpec {
     /// Sparse (mixture-of-experts) feed-forward layers, scored so, where the config says
     /// which layers are sparse (see [`crate::MoeConfig`]); `None`: every layer is dense.
     pub router_scoring: Option<RouterScoring>,
+    /// How HF checkpoints store the experts (families with a router).
+    pub hf_experts: HfExperts,
+    /// The router and every expert matrix carry biases (gpt-oss).
+    pub moe_bias: bool,
+    /// The HF key of one expert's feed-forward width (`moe_intermediate_size`; gpt-oss:
+    /// `intermediate_size`).
+    pub hf_expert_width_key: &'static str,
+    /// A learned logit per query head (`self_attn.sinks`, GGUF `attn_sinks`) joins each
+    /// query's softmax denominator and is dropped from the output (gpt-oss).
+    pub attn_sinks: bool,
 }
 
 const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
@@ -258,6 +290,10 @@ pub const LLAMA: ArchSpec = ArchSpec {
     fused_gate_up: false,
     hf_unused: &[],
     router_scoring: None,
+    hf_experts: HfExperts::PerExpert,
+    moe_bias: false,
+    hf_expert_width_key: "moe_intermediate_size",
+    attn_sinks: false,
 };
 
 /// Mistral: Llama with a sliding attention window on every layer. GGUF files of Mistral
@@ -428,10 +464,46 @@ pub const BERT: ArchSpec = ArchSpec {
     ..LLAMA
 };
 
+/// gpt-oss (`GptOssForCausalLM`): every feed-forward layer a mixture of experts whose router
+/// takes the top-k raw logits (with a bias) and softmaxes over them; experts with biases and
+/// the clamped SwiGLU (`swiglu_alpha`, `swiglu_limit`; HF's `hidden_act` is not used);
+/// attention with biases on Q/K/V/O and a learned sink logit per head; sliding-window
+/// (`sliding_window`, 128) and full layers alternating as `layer_types` says (layer 0
+/// slides); YaRN RoPE. HF stores the experts fused and transposed ([`HfExperts`]). GGUF
+/// (llama.cpp's `gpt-oss`): `gpt-oss.expert_count`, `expert_used_count`,
+/// `expert_feed_forward_length`, `attention.sliding_window` with every other layer sliding
+/// from layer 0 (llama.cpp's pattern 2), `attn_sinks`, `ffn_gate_inp` + `.bias`,
+/// `ffn_{gate,up,down}_exps` + `.bias` (gate and up apart); llama.cpp fixes alpha 1.702 and
+/// limit 7.0.
+pub const GPT_OSS: ArchSpec = ArchSpec {
+    name: "gpt-oss",
+    gguf_archs: &["gpt-oss"],
+    hf_model_types: &["gpt_oss"],
+    activation: Activation::ClampedSwiglu {
+        alpha: 1.702,
+        limit: 7.0,
+    },
+    gguf_rope_pairing: RopePairing::HalfSplit,
+    qkv_bias: true,
+    dense_bias: true,
+    sliding_window: true,
+    defaults: ArchDefaults {
+        rope_theta: 150_000.0,
+        sliding_window_pattern: Some(2),
+        ..PLAIN_DEFAULTS
+    },
+    router_scoring: Some(RouterScoring::TopKSoftmax),
+    hf_experts: HfExperts::FusedTransposed,
+    moe_bias: true,
+    hf_expert_width_key: "intermediate_size",
+    attn_sinks: true,
+    ..LLAMA
+};
+
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
     &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
-    &QWEN3_MOE,
+    &QWEN3_MOE, &GPT_OSS,
 ];
 
 /// The family whose GGUF `general.architecture` is `arch`.

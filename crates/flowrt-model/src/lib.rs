@@ -20,7 +20,7 @@ pub mod rope;
 pub mod safetensors_dir;
 pub mod weights;
 
-pub use arch::{Activation, ArchSpec, RopePairing, Router, RouterScoring};
+pub use arch::{Activation, ArchSpec, HfExperts, RopePairing, Router, RouterScoring};
 pub use config::{LayerType, ModelConfig, MoeConfig};
 pub use error::ModelError;
 pub use names::TensorRole;

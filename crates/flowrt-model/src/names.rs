@@ -1,6 +1,6 @@
 //! Tensor roles and their names in each format.
 
-use crate::arch::{ArchSpec, TensorNames};
+use crate::arch::{ArchSpec, HfExperts, TensorNames};
 
 /// What a tensor is for. Per-layer roles carry the layer index in the name functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,6 +65,20 @@ pub enum TensorRole {
     FfnGateExps,
     FfnUpExps,
     FfnDownExps,
+    /// Attention sinks: one logit per query head (families with
+    /// [`crate::ArchSpec::attn_sinks`]).
+    AttnSinks,
+    /// Mixture of experts with biases: the router's, `(num_experts)`.
+    FfnGateInpBias,
+    /// Every expert's gate, up and down biases, `(num_experts, width)` (GGUF; HF stores gate
+    /// and up together, [`TensorRole::FfnGateUpExpsBias`]).
+    FfnGateExpsBias,
+    FfnUpExpsBias,
+    FfnDownExpsBias,
+    /// HF fused experts ([`crate::HfExperts::FusedTransposed`]): gate and up of every expert
+    /// in one tensor, and their biases.
+    FfnGateUpExps,
+    FfnGateUpExpsBias,
 }
 
 impl TensorRole {
@@ -144,6 +158,14 @@ impl TensorRole {
             FfnGateExps => per_layer("ffn_gate_exps.weight"),
             FfnUpExps => per_layer("ffn_up_exps.weight"),
             FfnDownExps => per_layer("ffn_down_exps.weight"),
+            AttnSinks => per_layer("attn_sinks.weight"),
+            FfnGateInpBias => per_layer("ffn_gate_inp.bias"),
+            FfnGateExpsBias => per_layer("ffn_gate_exps.bias"),
+            FfnUpExpsBias => per_layer("ffn_up_exps.bias"),
+            FfnDownExpsBias => per_layer("ffn_down_exps.bias"),
+            // GGUF stores gate and up apart.
+            FfnGateUpExps => per_layer("ffn_gate_up_exps.weight"),
+            FfnGateUpExpsBias => per_layer("ffn_gate_up_exps.bias"),
         }
     }
 
@@ -186,9 +208,21 @@ impl TensorRole {
             FfnDownBias => per_layer("mlp.down_proj.bias"),
             AttnQkv => per_layer("self_attn.qkv_proj.weight"),
             FfnGateUp => per_layer("mlp.gate_up_proj.weight"),
+            FfnGateInp if arch.hf_experts == HfExperts::FusedTransposed => {
+                per_layer("mlp.router.weight")
+            }
             FfnGateInp => per_layer("mlp.gate.weight"),
+            FfnGateInpBias => per_layer("mlp.router.bias"),
+            AttnSinks => per_layer("self_attn.sinks"),
+            FfnGateUpExps => per_layer("mlp.experts.gate_up_proj"),
+            FfnGateUpExpsBias => per_layer("mlp.experts.gate_up_proj_bias"),
+            FfnDownExps if arch.hf_experts == HfExperts::FusedTransposed => {
+                per_layer("mlp.experts.down_proj")
+            }
+            FfnDownExpsBias => per_layer("mlp.experts.down_proj_bias"),
             // One tensor per expert: `hf_expert_name`.
             FfnGateExps | FfnUpExps | FfnDownExps => None,
+            FfnGateExpsBias | FfnUpExpsBias => None,
             PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
             | LayerOutNorm | LayerOutNormBias => None,
         }
@@ -222,7 +256,9 @@ impl TensorRole {
             LayerOutNormBias => per_layer("output.LayerNorm.bias"),
             OutputNorm | Output | RopeFreqs | RopeFactorsLong | RopeFactorsShort | AttnNorm
             | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm | AttnQkv
-            | FfnGateUp | FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps => None,
+            | FfnGateUp | FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps | AttnSinks
+            | FfnGateInpBias | FfnGateExpsBias | FfnUpExpsBias | FfnDownExpsBias
+            | FfnGateUpExps | FfnGateUpExpsBias => None,
         }
     }
 

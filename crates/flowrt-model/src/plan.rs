@@ -130,8 +130,14 @@ pub enum Op {
     /// `causal`: a query at position `p` sees positions `..= p` (with a window `w`, `p - w + 1
     /// ..= p`); otherwise it sees every position of its sequence up to the end of the
     /// sequence's span in the batch (bidirectional: the whole text, which an encoder's batch
-    /// carries at once). Each sequence sees only its own keys.
-    Attention { window: Option<usize>, causal: bool },
+    /// carries at once). Each sequence sees only its own keys. `sinks`: the layer's learned
+    /// sink logit of each query head joins that head's softmax denominator (as a score of a
+    /// key with no value), so its weights over the real keys sum to less than 1.
+    Attention {
+        window: Option<usize>,
+        causal: bool,
+        sinks: bool,
+    },
     /// `Gate = act(Gate) * Up`.
     GatedAct(Activation),
     /// `Up = act(Up)` (plain feed-forward).
@@ -306,6 +312,7 @@ impl Plan {
                 Op::Attention {
                     window: cfg.layer_window(layer),
                     causal: arch.causal,
+                    sinks: arch.attn_sinks,
                 },
                 Op::MatMul {
                     src: Buf::Attn,

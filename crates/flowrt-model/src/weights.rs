@@ -8,7 +8,7 @@ use flowrt_dtype::GgmlType;
 use flowrt_gguf::GgufFile;
 use half::{bf16, f16};
 
-use crate::arch::{ArchSpec, NormKind, NormPosition, Positions, TensorNames};
+use crate::arch::{ArchSpec, HfExperts, NormKind, NormPosition, Positions, TensorNames};
 use crate::config::{file_name, ModelConfig};
 use crate::error::ModelError;
 use crate::names::TensorRole;
@@ -151,6 +151,8 @@ pub struct LayerWeights {
     pub w_down: Option<WeightMatrix>,     // (hidden, intermediate) dense layers only
     pub b_down: Option<Vec<f32>>,         // (hidden) families with dense biases
     pub ffn_post_norm: Option<Vec<f32>>,  // (hidden) sandwich norms only
+    /// Attention sinks: one logit per query head (families with them).
+    pub sinks: Option<Vec<f32>>, // (num_attention_heads)
     /// The experts of a sparse (mixture-of-experts) layer, in place of `w_gate`/`w_up`/`w_down`.
     pub moe: Option<MoeWeights>,
 }
@@ -163,6 +165,13 @@ pub struct MoeWeights {
     pub gate: Vec<WeightMatrix>, // num_experts × (moe_intermediate, hidden)
     pub up: Vec<WeightMatrix>,   // num_experts × (moe_intermediate, hidden)
     pub down: Vec<WeightMatrix>, // num_experts × (hidden, moe_intermediate)
+    /// Biases of families with them ([`ArchSpec::moe_bias`]): the router's `(num_experts)`,
+    /// and every expert's gate and up `(num_experts × moe_intermediate)` and down
+    /// `(num_experts × hidden)`, expert after expert.
+    pub router_bias: Option<Vec<f32>>,
+    pub gate_bias: Option<Vec<f32>>,
+    pub up_bias: Option<Vec<f32>>,
+    pub down_bias: Option<Vec<f32>>,
 }
 
 impl MoeWeights {
@@ -546,17 +555,59 @@ impl Binder<'_> {
     }
 
     fn vector(&mut self, role: TensorRole, layer: usize, len: usize) -> Option<Vec<f32>> {
+        self.sized_vector(role, layer, len, None)
+    }
+
+    /// A vector of `len` values; `what` names the config field that sizes it, for the error
+    /// when the tensor disagrees.
+    fn sized_vector(
+        &mut self,
+        role: TensorRole,
+        layer: usize,
+        len: usize,
+        what: Option<&str>,
+    ) -> Option<Vec<f32>> {
         let t = self.find(role, layer)?;
-        let name = &t.name;
         if t.dims != [len as u64] {
+            let why = what.map_or(String::new(), |w| format!(" ({w} = {len})"));
             self.problems.push(format!(
-                "tensor `{name}` has shape {:?}, expected [{len}]",
-                t.dims
+                "tensor `{}` has shape {:?}, expected [{len}]{why}",
+                t.name, t.dims
             ));
             return None;
         }
+        let v = self.floats(&t)?;
+        let mut v = v;
+        if role.is_norm() && self.norm_offset != 0.0 {
+            v.iter_mut().for_each(|x| *x += self.norm_offset);
+        }
+        Some(v)
+    }
+
+    /// A `(rows, cols)` table of float values (per-expert biases), row after row.
+    fn table(
+        &mut self,
+        role: TensorRole,
+        layer: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Option<Vec<f32>> {
+        let t = self.find(role, layer)?;
+        if t.dims != [cols as u64, rows as u64] {
+            self.problems.push(format!(
+                "tensor `{}` has shape {:?}, expected [{cols}, {rows}] (ggml order: one row of {cols} per expert)",
+                t.name, t.dims
+            ));
+            return None;
+        }
+        self.floats(&t)
+    }
+
+    /// The values of a float tensor (f32, f16 or bf16) as f32.
+    fn floats(&mut self, t: &Found) -> Option<Vec<f32>> {
+        let name = &t.name;
         let bytes = t.data.bytes();
-        let mut v: Vec<f32> = match t.dtype {
+        let v: Vec<f32> = match &t.dtype {
             Ok(GgmlType::F32) => bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -582,10 +633,152 @@ impl Binder<'_> {
                 return None;
             }
         };
-        if role.is_norm() && self.norm_offset != 0.0 {
-            v.iter_mut().for_each(|x| *x += self.norm_offset);
-        }
         Some(v)
+    }
+
+    /// HF fused, transposed experts ([`crate::HfExperts::FusedTransposed`]) of `layer`: `n`
+    /// experts of width `ff` over `h` features. Gate and up come interleaved in
+    /// `gate_up_proj` `(n, h, 2 ff)` (gate at even indices), down as `(n, ff, h)`; each
+    /// expert's matrices are transposed into owned `(rows, cols)` copies in the stored float
+    /// type (a copy of the experts' bytes at load). Returns gate, up, down and the gate and
+    /// up biases (`n × ff` each) when the family has biases.
+    #[allow(clippy::type_complexity)]
+    fn fused_experts(
+        &mut self,
+        layer: usize,
+        n: usize,
+        ff: usize,
+        h: usize,
+        bias: bool,
+    ) -> Option<(
+        Vec<WeightMatrix>,
+        Vec<WeightMatrix>,
+        Vec<WeightMatrix>,
+        Option<Vec<f32>>,
+        Option<Vec<f32>>,
+    )> {
+        use TensorRole::*;
+        let gu = self.find(FfnGateUpExps, layer);
+        let down = self.find(FfnDownExps, layer);
+        let gu_bias = if bias {
+            self.find(FfnGateUpExpsBias, layer).map(Some)
+        } else {
+            Some(None)
+        };
+        let (gu, down, gu_bias) = (gu?, down?, gu_bias?);
+        let mut ok = true;
+        for (t, want) in [(&gu, [2 * ff, h, n]), (&down, [h, ff, n])] {
+            let want = want.map(|d| d as u64);
+            if t.dims.len() == 3 && t.dims[..2] == want[..2] && t.dims[2] != n as u64 {
+                self.problems.push(format!(
+                    "tensor `{}` holds {} experts but the expert count (num_local_experts) is {n}",
+                    t.name, t.dims[2]
+                ));
+                ok = false;
+            } else if t.dims != want {
+                self.problems.push(format!(
+                    "tensor `{}` has shape {:?}, expected {want:?} (ggml order; HF shape ({n}, {}, {}): experts, input features, output features{})",
+                    t.name,
+                    t.dims,
+                    want[1],
+                    want[0],
+                    if want[0] == 2 * ff as u64 { ", 2 × intermediate_size with gate and up interleaved" } else { "" }
+                ));
+                ok = false;
+            }
+        }
+        if let Some(b) = &gu_bias {
+            if b.dims != [2 * ff as u64, n as u64] {
+                self.problems.push(format!(
+                    "tensor `{}` has shape {:?}, expected [{}, {n}] (one row of 2 × intermediate_size per expert)",
+                    b.name,
+                    b.dims,
+                    2 * ff
+                ));
+                ok = false;
+            }
+        }
+        if !ok {
+            return None;
+        }
+        let elem = |t: &Found| match t.dtype {
+            Ok(GgmlType::F32) => Some(4usize),
+            Ok(GgmlType::F16) | Ok(GgmlType::BF16) => Some(2),
+            _ => None,
+        };
+        let (Some(es), Some(des)) = (elem(&gu), elem(&down)) else {
+            self.problems.push(format!(
+                "tensors `{}` and `{}` must be f32, f16 or bf16 to be split into experts",
+                gu.name, down.name
+            ));
+            return None;
+        };
+        // Element (r, c) of a row-major (rows, cols) matrix of `es`-byte elements.
+        fn transpose(
+            src: &[u8],
+            es: usize,
+            rows: usize,
+            cols: usize,
+            pick: impl Fn(usize, usize) -> usize,
+        ) -> Vec<u8> {
+            let mut out = Vec::with_capacity(rows * cols * es);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let i = pick(r, c) * es;
+                    out.extend_from_slice(&src[i..i + es]);
+                }
+            }
+            out
+        }
+        let (gub, db) = (gu.data.bytes(), down.data.bytes());
+        let (mut gate, mut up, mut dn) = (Vec::new(), Vec::new(), Vec::new());
+        for e in 0..n {
+            // gate_up[e] is (h, 2 ff): element (k, j) at e·h·2ff + k·2ff + j.
+            let base = e * h * 2 * ff;
+            let g = transpose(gub, es, ff, h, |i, k| base + k * 2 * ff + 2 * i);
+            let u = transpose(gub, es, ff, h, |i, k| base + k * 2 * ff + 2 * i + 1);
+            // down[e] is (ff, h): element (i, j) at e·ff·h + i·h + j; the matrix is (h, ff).
+            let dbase = e * ff * h;
+            let d = transpose(db, des, h, ff, |j, i| dbase + i * h + j);
+            let own = |v: Vec<u8>| WeightData::Owned(Arc::new(v));
+            gate.push(self.finish_matrix(
+                format!("{}[{e}].gate", gu.name),
+                gu.dtype.clone(),
+                ff,
+                h,
+                own(g),
+            ));
+            up.push(self.finish_matrix(
+                format!("{}[{e}].up", gu.name),
+                gu.dtype.clone(),
+                ff,
+                h,
+                own(u),
+            ));
+            dn.push(self.finish_matrix(
+                format!("{}[{e}]", down.name),
+                down.dtype.clone(),
+                h,
+                ff,
+                own(d),
+            ));
+        }
+        let (gate_bias, up_bias) = match gu_bias {
+            None => (None, None),
+            Some(b) => {
+                let v = self.floats(&b)?;
+                let gb = v.iter().step_by(2).copied().collect();
+                let ub = v.iter().skip(1).step_by(2).copied().collect();
+                (Some(gb), Some(ub))
+            }
+        };
+        Some((
+            gate.into_iter().collect::<Option<Vec<_>>>()?,
+            up.into_iter().collect::<Option<Vec<_>>>()?,
+            dn.into_iter().collect::<Option<Vec<_>>>()?,
+            gate_bias,
+            up_bias,
+        ))
     }
 
     /// A fused matrix of `parts` stacked row ranges, split into one matrix per part, in order.
@@ -956,27 +1149,65 @@ impl Model {
             } else {
                 (Some(None), b.matrix(FfnUp, l, ff, h).map(Some))
             };
-            let b_up = b.optional(arch.dense_bias, FfnUpBias, l, ff);
+            let b_up = b.optional(arch.dense_bias && dense, FfnUpBias, l, ff);
             let w_down = b.optional_layer_matrix(dense, FfnDown, l, h, ff);
             let moe = match moe_cfg {
                 None => Some(None),
                 Some(m) => {
                     let (n, mf) = (m.num_experts, m.moe_intermediate_size);
+                    let bias = arch.moe_bias;
                     let router = b.matrix(FfnGateInp, l, n, h);
-                    let gate = b.experts(FfnGateExps, l, n, mf, h);
-                    let up = b.experts(FfnUpExps, l, n, mf, h);
-                    let down = b.experts(FfnDownExps, l, n, h, mf);
+                    let router_bias = b.optional(bias, FfnGateInpBias, l, n);
+                    let fused = format == ModelFormat::HfDir
+                        && arch.hf_experts == HfExperts::FusedTransposed;
+                    let experts = if fused {
+                        b.fused_experts(l, n, mf, h, bias)
+                    } else {
+                        let gate = b.experts(FfnGateExps, l, n, mf, h);
+                        let up = b.experts(FfnUpExps, l, n, mf, h);
+                        let down = b.experts(FfnDownExps, l, n, h, mf);
+                        let (gb, ub) = if bias {
+                            (
+                                b.table(FfnGateExpsBias, l, n, mf).map(Some),
+                                b.table(FfnUpExpsBias, l, n, mf).map(Some),
+                            )
+                        } else {
+                            (Some(None), Some(None))
+                        };
+                        (|| Some((gate?, up?, down?, gb?, ub?)))()
+                    };
+                    let down_bias = if bias {
+                        b.table(FfnDownExpsBias, l, n, h).map(Some)
+                    } else {
+                        Some(None)
+                    };
                     (|| {
+                        let (gate, up, down, gate_bias, up_bias) = experts?;
                         Some(Some(MoeWeights {
                             router: router?,
-                            gate: gate?,
-                            up: up?,
-                            down: down?,
+                            gate,
+                            up,
+                            down,
+                            router_bias: router_bias?,
+                            gate_bias,
+                            up_bias,
+                            down_bias: down_bias?,
                         }))
                     })()
                 }
             };
-            let b_down = b.optional(arch.dense_bias, FfnDownBias, l, h);
+            let b_down = b.optional(arch.dense_bias && dense, FfnDownBias, l, h);
+            let sinks = if arch.attn_sinks {
+                b.sized_vector(
+                    AttnSinks,
+                    l,
+                    c.num_attention_heads,
+                    Some("num_attention_heads"),
+                )
+                .map(Some)
+            } else {
+                Some(None)
+            };
             let ffn_post_norm = b.optional(arch.sandwich_norms, FfnPostNorm, l, h);
             let layer = (|| {
                 Some(LayerWeights {
@@ -1001,6 +1232,7 @@ impl Model {
                     w_down: w_down?,
                     b_down: b_down?,
                     ffn_post_norm: ffn_post_norm?,
+                    sinks: sinks?,
                     moe: moe?,
                 })
             })();
@@ -1082,7 +1314,8 @@ impl Model {
             MatRole::O => lw.bo.as_ref(),
             MatRole::Up => lw.b_up.as_ref(),
             MatRole::Down => lw.b_down.as_ref(),
-            MatRole::Gate | MatRole::Router | MatRole::Output => None,
+            MatRole::Router => lw.moe.as_ref()?.router_bias.as_ref(),
+            MatRole::Gate | MatRole::Output => None,
         }
     }
 

@@ -90,3 +90,21 @@ fn qwen3_moe_names_its_experts_and_active_parameters() {
         "{f:?}"
     );
 }
+
+#[test]
+fn gpt_oss_names_sinks_windows_experts_and_clamped_swiglu() {
+    let f = features("gpt-oss");
+    for want in [
+        "attention sinks",
+        "sliding window 8 on alternate layers (0, 2, ...)",
+        "clamped SwiGLU (alpha 1.702, limit 0.6, up + 1)",
+    ] {
+        assert!(f.contains(&want.to_string()), "{want}: {f:?}");
+    }
+    assert!(
+        f.iter().any(|s| s.starts_with(
+            "mixture of experts: 8 experts, 2 active (softmax over the top-k logits), expert FFN 32, router and experts with biases"
+        )),
+        "{f:?}"
+    );
+}

@@ -576,10 +576,20 @@ impl VulkanBackend {
                             over: Over::Tokens,
                         });
                     }
-                    Op::Attention { window, causal } => {
+                    Op::Attention {
+                        window,
+                        causal,
+                        sinks,
+                    } => {
                         let l = layer.ok_or_else(|| {
                             VulkanError::Unsupported("attention outside a layer".into())
                         })?;
+                        if sinks {
+                            return Err(VulkanError::Unsupported(format!(
+                                "the `{}` family's attention sinks have no Vulkan kernel (use --backend cpu)",
+                                c.arch.name
+                            )));
+                        }
                         if !causal {
                             return Err(VulkanError::Unsupported(
                                 "bidirectional attention has no Vulkan kernel".into(),
@@ -618,6 +628,11 @@ impl VulkanBackend {
                             Activation::Gelu => {
                                 return Err(VulkanError::Unsupported(
                                     "exact (erf) GELU has no Vulkan kernel".into(),
+                                ))
+                            }
+                            Activation::ClampedSwiglu { .. } => {
+                                return Err(VulkanError::Unsupported(
+                                    "the clamped SwiGLU has no Vulkan kernel".into(),
                                 ))
                             }
                         };
@@ -1088,6 +1103,12 @@ fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
     }
     if c.activation == flowrt_model::Activation::Gelu {
         missing.push("exact (erf) GELU");
+    }
+    if matches!(c.activation, flowrt_model::Activation::ClampedSwiglu { .. }) {
+        missing.push("clamped SwiGLU");
+    }
+    if a.attn_sinks {
+        missing.push("attention sinks");
     }
     if a.dense_bias {
         missing.push("biases on the output and feed-forward projections");

@@ -149,6 +149,19 @@ fn visible(window: Option<usize>, last: usize) -> (usize, usize) {
     (first, last + 1 - first)
 }
 
+/// Softmax of one head's scores in place; with a sink logit `sink`, the sink joins the
+/// denominator (`exp(s_j) / (Σ exp(s_i) + exp(sink))`) and has no weight of its own.
+fn softmax_sink(kern: &flowrt_kernels::Kernels, x: &mut [f32], sink: Option<f32>) {
+    match sink {
+        None => kern.softmax(x),
+        Some(sink) => {
+            let (m, l) = kern.softmax_unscaled(x);
+            // exp(sink - m) may overflow to +inf: every weight is then 0, the limit.
+            kern.scale(x, 1.0 / (l + (sink - m).exp()));
+        }
+    }
+}
+
 /// Floats one part slot holds for `group` heads of `hd` values: the un-normalised outputs
 /// `(group, hd)`, then the maxes `(group)` and the sums `(group)`.
 pub(super) fn slot_len(group: usize, hd: usize) -> usize {
@@ -164,13 +177,22 @@ impl CpuBackend {
     /// One task per row and KV head computes all the query heads that share it, so each
     /// cached key and value row is read once for the group (GQA), not once per query head;
     /// over an f16 cache, long ranges of few items are split (see the module docs).
+    /// `sinks`: the layer's sink logits (one per query head) join each head's softmax
+    /// denominator.
     pub(super) fn attention(
         &mut self,
         l: usize,
         window: Option<usize>,
         causal: bool,
+        sinks: bool,
         batch: &Batch,
-    ) {
+    ) -> Result<(), String> {
+        let model = self.model.clone();
+        let sinks = match (sinks, &model.layers[l].sinks) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s.as_slice()),
+            (true, None) => return Err("the layer has no attention sink weights".into()),
+        };
         let n = batch.tokens.len();
         let items = n * self.model.config.num_key_value_heads;
         // The last position each row sees.
@@ -197,14 +219,21 @@ impl CpuBackend {
         };
         // `attn_parts` holds `max_slots` slots: enough for any batch (see the tests below).
         if parts == 1 {
-            self.attention_whole(l, window, n);
+            self.attention_whole(l, window, sinks, n);
         } else {
-            self.attention_split(l, window, n, parts);
+            self.attention_split(l, window, sinks, n, parts);
         }
+        Ok(())
     }
 
     /// One task per (token, KV head), writing `Attn` directly.
-    fn attention_whole(&mut self, l: usize, window: Option<usize>, n: usize) {
+    fn attention_whole(
+        &mut self,
+        l: usize,
+        window: Option<usize>,
+        sinks: Option<&[f32]>,
+        n: usize,
+    ) {
         let Heads {
             hd,
             qd,
@@ -235,7 +264,8 @@ impl CpuBackend {
                     let (ks, vs) = (as_f16(&kc[o..o + len * hd]), as_f16(&vc[o..o + len * hd]));
                     kern.attn_scores_f16(qg, hd, ks, scale, scores);
                     for h in 0..group {
-                        kern.softmax(&mut scores[h * len..(h + 1) * len]);
+                        let sink = sinks.map(|s| s[g * group + h]);
+                        softmax_sink(kern, &mut scores[h * len..(h + 1) * len], sink);
                     }
                     kern.attn_values_f16(scores, hd, vs, out);
                     return;
@@ -252,7 +282,8 @@ impl CpuBackend {
                     }
                 }
                 for h in 0..group {
-                    kern.softmax(&mut scores[h * len..(h + 1) * len]);
+                    let sink = sinks.map(|s| s[g * group + h]);
+                    softmax_sink(kern, &mut scores[h * len..(h + 1) * len], sink);
                 }
                 out.fill(0.0);
                 for (jj, j) in (first..=pos).enumerate() {
@@ -271,7 +302,14 @@ impl CpuBackend {
 
     /// `parts` tasks per (token, KV head) over an f16 cache, each writing a part slot of
     /// `attn_parts`; then one task per (token, KV head) merges its slots into `Attn`.
-    fn attention_split(&mut self, l: usize, window: Option<usize>, n: usize, parts: usize) {
+    fn attention_split(
+        &mut self,
+        l: usize,
+        window: Option<usize>,
+        sinks: Option<&[f32]>,
+        n: usize,
+        parts: usize,
+    ) {
         let Heads {
             hd,
             qd,
@@ -329,6 +367,7 @@ impl CpuBackend {
         let slots = &*slots;
         self.pool
             .for_each_chunk_mut(&mut attn[..n * qd], group * hd, &|_, i, out| {
+                let g = i % nkv;
                 let item = &slots[i * parts * slot..(i + 1) * parts * slot];
                 for h in 0..group {
                     // Head h's max and sum in part s.
@@ -338,7 +377,8 @@ impl CpuBackend {
                     let m = (0..parts).map(max).fold(f32::NEG_INFINITY, f32::max);
                     let oh = &mut out[h * hd..(h + 1) * hd];
                     oh.fill(0.0);
-                    let mut total = 0.0f32;
+                    // A sink joins the denominator: exp(sink - m), no value.
+                    let mut total = sinks.map_or(0.0, |s| (s[g * group + h] - m).exp());
                     for s in 0..parts {
                         let w = (max(s) - m).exp();
                         total += w * sum(s);

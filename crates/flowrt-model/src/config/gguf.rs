@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use flowrt_gguf::{Array, GgufFile, Value};
 
 use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig};
-use crate::arch::{self, EmbedScale, NormKind, Scalings};
+use crate::arch::{self, Activation, EmbedScale, NormKind, Scalings};
 use crate::error::ModelError;
 use crate::names::TensorRole;
 use crate::rope::{yarn_attention_factor, RopeConfig, RopeScaling};
@@ -187,7 +187,18 @@ impl ModelConfig {
                     original_max_position_embeddings: orig,
                     beta_fast: beta("rope.scaling.yarn_beta_fast", 32.0)?,
                     beta_slow: beta("rope.scaling.yarn_beta_slow", 1.0)?,
-                    truncate: true,
+                    // transformers' `truncate` (llama.cpp always truncates); `flowrt pack`
+                    // and scripts/hf_to_gguf.py write `false` (gpt-oss) under this key.
+                    truncate: match f.get(&key("rope.scaling.yarn_truncate")) {
+                        None => true,
+                        Some(Value::Bool(b)) => *b,
+                        Some(v) => {
+                            return Err(bad(
+                                &file,
+                                format!("`{}` = {v:?} is not a bool", key("rope.scaling.yarn_truncate")),
+                            ))
+                        }
+                    },
                     attention_factor: match f.get_f32(&key("rope.scaling.yarn_attn_factor"))? {
                         Some(a) => a,
                         None => yarn_attention_factor(factor as f64, None, None),
@@ -380,6 +391,16 @@ impl ModelConfig {
             }
         };
 
+        // gpt-oss's clamped SwiGLU: llama.cpp fixes alpha and limit (the family's defaults);
+        // flowrt reads `{arch}.swiglu_alpha` / `swiglu_limit` when a file gives them (as
+        // scripts/hf_to_gguf.py writes them for a checkpoint that differs).
+        let activation = match arch.activation {
+            Activation::ClampedSwiglu { alpha, limit } => Activation::ClampedSwiglu {
+                alpha: f.get_f32(&key("swiglu_alpha"))?.unwrap_or(alpha),
+                limit: f.get_f32(&key("swiglu_limit"))?.unwrap_or(limit),
+            },
+            a => a,
+        };
         let cfg = ModelConfig {
             arch,
             hidden_size,
@@ -391,7 +412,7 @@ impl ModelConfig {
             vocab_size,
             rms_norm_eps,
             type_vocab_size,
-            activation: arch.activation,
+            activation,
             rope: RopeConfig {
                 theta: rope_theta,
                 scaling,

@@ -172,9 +172,17 @@ impl ModelConfig {
             0
         };
 
-        let activation = match c.str("hidden_activation")?.or(c.str("hidden_act")?) {
-            None => arch.activation,
-            Some(name) => Activation::from_hf(name).ok_or_else(|| {
+        let activation = match (
+            arch.activation,
+            c.str("hidden_activation")?.or(c.str("hidden_act")?),
+        ) {
+            // gpt-oss: the experts' clamped SwiGLU, whatever `hidden_act` says.
+            (Activation::ClampedSwiglu { alpha, limit }, _) => Activation::ClampedSwiglu {
+                alpha: c.f32("swiglu_alpha")?.unwrap_or(alpha),
+                limit: c.f32("swiglu_limit")?.unwrap_or(limit),
+            },
+            (_, None) => arch.activation,
+            (_, Some(name)) => Activation::from_hf(name).ok_or_else(|| {
                 bad(
                     file,
                     format!("activation `{name}` is not supported (silu, gelu_pytorch_tanh, gelu)"),
@@ -336,7 +344,7 @@ impl ModelConfig {
 
         let moe = match arch.router_scoring {
             None => None,
-            Some(scoring) => Some(read_moe(&c, scoring, num_hidden_layers)?),
+            Some(scoring) => Some(read_moe(&c, arch, scoring, num_hidden_layers)?),
         };
 
         let cfg = ModelConfig {
@@ -374,12 +382,14 @@ impl ModelConfig {
     }
 }
 
-/// The mixture of experts of a family with a router. The expert count is `num_experts`
+/// The mixture of experts of a family with a router. The expert width is under the family's
+/// [`arch::ArchSpec::hf_expert_width_key`]. The expert count is `num_experts`
 /// (transformers 5 writes `num_local_experts`; both must agree when both are given); the
 /// top-k, expert width and expert count are required. `decoder_sparse_step` (1),
 /// `mlp_only_layers` (none) and `norm_topk_prob` (false) take transformers' defaults.
 fn read_moe(
     c: &Obj,
+    arch: &arch::ArchSpec,
     scoring: arch::RouterScoring,
     n_layers: usize,
 ) -> Result<MoeConfig, ModelError> {
@@ -425,7 +435,7 @@ fn read_moe(
     Ok(MoeConfig {
         num_experts,
         num_experts_per_tok: c.req_usize("num_experts_per_tok")?,
-        moe_intermediate_size: c.req_usize("moe_intermediate_size")?,
+        moe_intermediate_size: c.req_usize(arch.hf_expert_width_key)?,
         router: arch::Router {
             scoring,
             renormalize: c.bool("norm_topk_prob")?.unwrap_or(false),

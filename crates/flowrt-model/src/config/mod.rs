@@ -220,6 +220,14 @@ impl ModelConfig {
                 return err(format!("final_logit_softcapping = {c} must be positive"));
             }
         }
+        if let Activation::ClampedSwiglu { alpha, limit } = self.activation {
+            if !(alpha.is_finite() && alpha > 0.0) {
+                return err(format!("swiglu_alpha = {alpha} must be positive"));
+            }
+            if !(limit.is_finite() && limit > 0.0) {
+                return err(format!("swiglu_limit = {limit} must be positive"));
+            }
+        }
         if let Some(m) = &self.moe {
             if m.num_experts == 0 {
                 return err("num_experts is 0".into());
@@ -314,6 +322,9 @@ impl ModelConfig {
         if arch.qkv_bias {
             f.push("Q/K/V biases".into());
         }
+        if arch.attn_sinks {
+            f.push("attention sinks".into());
+        }
         if arch.fused_qkv {
             f.push("fused QKV".into());
         }
@@ -331,11 +342,22 @@ impl ModelConfig {
             .iter()
             .filter(|t| **t == LayerType::Sliding)
             .count();
-        if let (Some(w), true) = (self.sliding_window, sliding > 0) {
-            f.push(format!(
+        // Sliding exactly on the even layers (0, 2, ...): "alternate layers".
+        let alternate = self.num_hidden_layers > 1
+            && self
+                .layer_types
+                .iter()
+                .enumerate()
+                .all(|(i, t)| (*t == LayerType::Sliding) == (i % 2 == 0));
+        match (self.sliding_window, sliding > 0) {
+            (Some(w), true) if alternate => f.push(format!(
+                "sliding window {w} on alternate layers (0, 2, ...)"
+            )),
+            (Some(w), true) => f.push(format!(
                 "sliding window {w} on {sliding} of {} layers",
                 self.num_hidden_layers
-            ));
+            )),
+            _ => {}
         }
         if arch.positions == crate::arch::Positions::Rope {
             let mut rope = format!("RoPE base {}", self.rope.theta);
@@ -397,15 +419,21 @@ impl ModelConfig {
         if let Some(m) = &self.moe {
             let scoring = match m.router.scoring {
                 RouterScoring::Softmax => "softmax",
+                RouterScoring::TopKSoftmax => "softmax over the top-k logits",
             };
-            let renorm = if m.router.renormalize {
+            let renorm = if m.router.renormalize && m.router.scoring == RouterScoring::Softmax {
                 ", renormalised"
             } else {
                 ""
             };
             let sparse = m.sparse_layers.iter().filter(|s| **s).count();
+            let biased = if arch.moe_bias {
+                ", router and experts with biases"
+            } else {
+                ""
+            };
             let mut s = format!(
-                "mixture of experts: {} experts, {} active ({scoring}{renorm}), expert FFN {}",
+                "mixture of experts: {} experts, {} active ({scoring}{renorm}), expert FFN {}{biased}",
                 m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
             );
             if sparse < self.num_hidden_layers {
@@ -421,6 +449,11 @@ impl ModelConfig {
                 short_count(all)
             );
             f.push(s);
+        }
+        if let Activation::ClampedSwiglu { alpha, limit } = self.activation {
+            f.push(format!(
+                "clamped SwiGLU (alpha {alpha}, limit {limit}, up + 1)"
+            ));
         }
         f
     }
