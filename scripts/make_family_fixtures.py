@@ -81,6 +81,11 @@ Cases:
   qwen3-moe     Qwen3MoeForCausalLM: 3 layers, 8 experts, top-k 2, expert FFN 32,
                 norm_topk_prob true; layer 1 dense (mlp_only_layers [1], FFN 96);
                 router weights with std 0.5 so that the top-2 choice has a margin
+  lfm2          Lfm2ForCausalLM: 4 layers, layer_types conv, full_attention, conv,
+                full_attention; conv_L_cache 3; GQA 4:2 with head_dim 16; intermediate_size
+                150 with block_auto_adjust_ff_dim (int(2/3 x 150) = 100, rounded up to
+                block_multiple_of 32: the real FFN width is 128); tied embeddings;
+                convolution taps with std 0.5 so that the convolution path matters
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -277,6 +282,18 @@ CASES: dict[str, dict] = {
                     router_aux_loss_coef=0.0),
         init=dict(linear=0.08, embed=0.5, head=0.35, router=0.5),
     ),
+    "lfm2": dict(
+        arch="Lfm2ForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=150, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=128, norm_eps=1e-5,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                    tie_word_embeddings=True, conv_bias=False, conv_L_cache=3,
+                    block_multiple_of=32, block_ffn_dim_multiplier=1.0,
+                    block_auto_adjust_ff_dim=True,
+                    layer_types=["conv", "full_attention", "conv", "full_attention"]),
+        init=dict(linear=0.08, embed=0.5, head=0.35, conv=0.5),
+    ),
 }
 
 
@@ -348,7 +365,8 @@ def make_config(case: dict):
             kw.pop(k)
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
-    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM"):
+    if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
+                "Lfm2ForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -366,7 +384,9 @@ def init_weights(model, init: dict, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("mlp.gate.weight") and "router" in init:
+            if name.endswith("conv.conv.weight") and "conv" in init:
+                val = init["conv"] * z  # LFM2 convolution taps
+            elif name.endswith("mlp.gate.weight") and "router" in init:
                 val = init["router"] * z  # MoE router: a clear top-k margin
             elif name.endswith("norm.weight"):
                 val = 0.2 * z if init.get("gemma_norm") else 1.0 + 0.2 * z

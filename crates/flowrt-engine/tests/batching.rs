@@ -171,3 +171,34 @@ fn prefix_reuse_equals_fresh_prefill_qwen3_moe() {
     assert!(d <= 1e-5, "prefix reuse: max diff {d}");
     assert_eq!(argmax(&reused), argmax(&fresh));
 }
+
+/// LFM2 (short convolution layers next to attention layers): each convolution reads its own
+/// sequence's cached `B · x` of the last positions, so batched rows equal solo runs.
+#[test]
+fn batched_sequences_equal_solo_runs_lfm2() {
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/lfm2")).unwrap(),
+        1e-5,
+    );
+}
+
+/// Prefix reuse on LFM2: the convolution cache is kept per position like K, so a re-synced
+/// session (the first positions kept, the rest overwritten) equals a fresh prefill; the
+/// convolution at the first new position reads the two kept positions before it.
+#[test]
+fn prefix_reuse_equals_fresh_prefill_lfm2() {
+    let m = LoadedModel::load(&common::fixture("families/lfm2")).unwrap();
+    let a: Vec<u32> = (0..11).map(|i| (i * 17 + 3) % 300).collect();
+    let mut b = a.clone();
+    b.truncate(8);
+    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
+    let mut s = Session::new(&m, &opts()).unwrap();
+    s.feed(&a).unwrap();
+    assert_eq!(s.common_prefix(&b), 8);
+    let reused = s.sync(&b).unwrap().to_vec();
+    let mut f = Session::new(&m, &opts()).unwrap();
+    let fresh = f.feed(&b).unwrap().to_vec();
+    let d = max_diff(&reused, &fresh);
+    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
+    assert_eq!(argmax(&reused), argmax(&fresh));
+}
