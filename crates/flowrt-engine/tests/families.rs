@@ -332,7 +332,10 @@ fn quantised_on_load_matches_the_gguf_of_the_same_model() {
         },
     )
     .unwrap();
-    assert_eq!(hf.model.layers[0].wq.as_ref().unwrap().dtype, flowrt_dtype::GgmlType::Q4_1);
+    assert_eq!(
+        hf.model.layers[0].wq.as_ref().unwrap().dtype,
+        flowrt_dtype::GgmlType::Q4_1
+    );
     let gguf = LoadedModel::load(&dir.join("model-q4_1.gguf")).unwrap();
     let mut reports = Vec::new();
     for m in [&hf, &gguf] {
