@@ -687,7 +687,7 @@ fn lfm2_bad_conv_kernel_or_layer_kinds_are_named() {
 #[test]
 fn lfm2_gguf_bad_layer_list_or_kernel_is_named() {
     use flowrt_gguf::{Array, Value};
-    let f = GgufFile::open(&lfm2_dir().join("model-q8_0.gguf")).unwrap();
+    let f = GgufFile::open(lfm2_dir().join("model-q8_0.gguf")).unwrap();
     let rebuilt = |edit: &dyn Fn(&str, &Value) -> Value| {
         let mut b = GgufBuilder::new();
         for (k, v) in f.metadata() {
