@@ -11,7 +11,11 @@ attn_output.bias, ffn_gate_inp + .bias, ffn_{gate,up,down}_exps + .bias with HF'
 interleaved gate/up split apart and every expert matrix transposed to (out, in); YaRN as
 rope.scaling.* plus flowrt's rope.scaling.yarn_truncate (llama.cpp has none and always
 truncates); flowrt's swiglu_alpha / swiglu_limit when they differ from llama.cpp's fixed
-1.702 / 7.0), with default RoPE otherwise (no other rope scaling). Weights come
+1.702 / 7.0), with default RoPE otherwise (no other rope scaling),
+Lfm2ForCausalLM ("lfm2", as llama.cpp writes it: lfm2.shortconv.l_cache, a per-layer
+attention.head_count_kv list with 0 on convolution layers, feed_forward_length the
+real (auto-adjusted) FFN width, blk.N.shortconv.{in_proj,conv,out_proj} with the
+conv taps kept f32 [L, hidden], the final norm as token_embd_norm), with default RoPE (no rope scaling). Weights come
 from model.safetensors or sharded model-*.safetensors + model.safetensors.index.json,
 read tensor by tensor (memory stays about one tensor).
 
@@ -66,7 +70,38 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 ARCHES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-          "Qwen3MoeForCausalLM": "qwen3moe", "GptOssForCausalLM": "gpt-oss"}
+          "Qwen3MoeForCausalLM": "qwen3moe", "GptOssForCausalLM": "gpt-oss",
+          "Lfm2ForCausalLM": "lfm2"}
+# LFM2's own HF names (inside model.layers.{i}.) -> GGUF names (inside blk.{i}.)
+LFM2_LAYER_TENSORS = {
+    "operator_norm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.conv.weight": "shortconv.conv.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+}
+
+
+def lfm2_ff_dim(cfg: dict) -> int:
+    """LFM2's real FFN width, as transformers' Lfm2MLP computes it."""
+    ff = int(cfg.get("intermediate_size") or cfg["block_ff_dim"])
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        ff = int(2 * ff / 3)
+        mult = cfg.get("block_ffn_dim_multiplier", 1.0)
+        if mult is not None:
+            ff = int(mult * ff)
+            m = int(cfg.get("block_multiple_of", 256))
+            ff = m * ((ff + m - 1) // m)
+    return ff
 # Mixture of experts (qwen3moe): HF's per-expert tensors inside model.layers.{i}.mlp.experts.{j}.
 # stacked into one 3-D GGUF tensor per role (one matrix per expert, ggml dims [in, out, experts]).
 EXPERT_TENSORS = {
@@ -272,10 +307,23 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     w.add_context_length(int(cfg.get("max_position_embeddings", 2048)))
     w.add_embedding_length(hidden)
     w.add_block_count(n_layer)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
+    lfm2 = arch == "lfm2"
+    if lfm2:
+        if cfg.get("conv_bias"):
+            raise ConvertError("lfm2 with conv_bias is not supported")
+        kinds = cfg.get("layer_types") or [
+            "full_attention" if i in (cfg.get("full_attn_idxs") or range(n_layer)) else "conv"
+            for i in range(n_layer)]
+        w.add_feed_forward_length(lfm2_ff_dim(cfg))
+        w.add_head_count(n_head)
+        w.add_head_count_kv([0 if k == "conv" else n_kv for k in kinds])
+        w.add_uint32(f"{arch}.shortconv.l_cache", int(cfg.get("conv_L_cache", 3)))
+        w.add_layer_norm_rms_eps(float(cfg.get("norm_eps", 1e-5)))
+    else:
+        w.add_feed_forward_length(cfg["intermediate_size"])
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_kv)
+        w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
     w.add_rope_freq_base(theta)
     w.add_rope_dimension_count(head_dim)
     w.add_key_length(head_dim)
@@ -338,7 +386,7 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     plan: list = [("model.embed_tokens.weight", "token_embd.weight")]
     fused: set[str] = set()  # HF tensors read by the derived (callable) entries
     for i in range(n_layer):
-        for h, g in LAYER_TENSORS.items():
+        for h, g in (LFM2_LAYER_TENSORS if lfm2 else LAYER_TENSORS).items():
             hn = f"model.layers.{i}.{h}"
             if hn in names:
                 plan.append((hn, f"blk.{i}.{g}"))
@@ -361,7 +409,10 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
                 (lambda b=gub: src.get(b)[..., 1::2], f"blk.{i}.ffn_up_exps.bias"),
                 (lambda b=dnb: src.get(b), f"blk.{i}.ffn_down_exps.bias"),
             ]
-    plan.append(("model.norm.weight", "output_norm.weight"))
+    if lfm2:
+        plan.append(("model.embedding_norm.weight", "token_embd_norm.weight"))
+    else:
+        plan.append(("model.norm.weight", "output_norm.weight"))
     if not tied:
         plan.append(("lm_head.weight", "output.weight"))
     unused = names - fused - {n for h, _ in plan if not callable(h) for n in ((h,) if isinstance(h, str) else h)}
@@ -376,6 +427,11 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
             t = hname()
         else:
             t = src.get(hname) if isinstance(hname, str) else np.stack([src.get(n) for n in hname])
+        if gname.endswith("shortconv.conv.weight"):
+            # HF (hidden, 1, L) -> ggml [L, hidden], kept f32 as llama.cpp keeps it.
+            w.add_tensor(gname, np.ascontiguousarray(t.reshape(t.shape[0], t.shape[-1]), dtype=np.float32))
+            counts["F32"] = counts.get("F32", 0) + 1
+            continue
         if arch == "llama" and gname.endswith("attn_q.weight"):
             t = permute_qk(t, n_head)
         elif arch == "llama" and gname.endswith("attn_k.weight"):

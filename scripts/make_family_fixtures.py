@@ -90,6 +90,11 @@ Cases:
                 the config's default (factor 32 from 4096, truncate false, theta 150000);
                 experts saved as transformers 5 writes them (gate_up_proj (E, hidden,
                 2I) with gate/up interleaved, down_proj (E, I, hidden))
+  lfm2          Lfm2ForCausalLM: 4 layers, layer_types conv, full_attention, conv,
+                full_attention; conv_L_cache 3; GQA 4:2 with head_dim 16; intermediate_size
+                150 with block_auto_adjust_ff_dim (int(2/3 x 150) = 100, rounded up to
+                block_multiple_of 32: the real FFN width is 128); tied embeddings;
+                convolution taps with std 0.5 so that the convolution path matters
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -296,6 +301,18 @@ CASES: dict[str, dict] = {
                     tie_word_embeddings=False, attention_bias=True, router_aux_loss_coef=0.0),
         init=dict(linear=0.1, embed=0.5, head=0.35, router=0.5, sinks=1.0),
     ),
+    "lfm2": dict(
+        arch="Lfm2ForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=150, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=128, norm_eps=1e-5,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                    tie_word_embeddings=True, conv_bias=False, conv_L_cache=3,
+                    block_multiple_of=32, block_ffn_dim_multiplier=1.0,
+                    block_auto_adjust_ff_dim=True,
+                    layer_types=["conv", "full_attention", "conv", "full_attention"]),
+        init=dict(linear=0.08, embed=0.5, head=0.35, conv=0.5),
+    ),
 }
 
 
@@ -368,7 +385,7 @@ def make_config(case: dict):
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
     if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
-                "GptOssForCausalLM"):
+                "GptOssForCausalLM", "Lfm2ForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -386,7 +403,9 @@ def init_weights(model, init: dict, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith(("mlp.gate.weight", "mlp.router.weight")) and "router" in init:
+            if name.endswith("conv.conv.weight") and "conv" in init:
+                val = init["conv"] * z  # LFM2 convolution taps
+            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")) and "router" in init:
                 val = init["router"] * z  # MoE router: a clear top-k margin
             elif name.endswith("self_attn.sinks") and "sinks" in init:
                 val = init["sinks"] * z  # gpt-oss: sinks that matter

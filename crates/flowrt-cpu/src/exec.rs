@@ -247,7 +247,7 @@ pub struct CpuBackend {
     rope_local: Option<RopeTable>,
     kv: KvCache,
     max_batch: usize,
-    bufs: [Vec<f32>; 11], // indexed by `Buf as usize`, each (max_batch, width)
+    bufs: [Vec<f32>; 12], // indexed by `Buf as usize`, each (max_batch, width)
     quant: Vec<u8>,       // quantised activation rows for the current matmul input
     quant_of: Option<(Buf, ActRows, usize, usize)>, // (buffer, format, first row, rows) held in `quant`
     rows: Vec<(usize, usize)>, // (max_batch) sequence and position of each row of the batch
@@ -337,9 +337,11 @@ impl CpuBackend {
                 .rope_local
                 .as_ref()
                 .map(|r| RopeTable::new(c.rope_dim, r, c.rope_pairing, n_ctx)),
-            kv: KvCache::new(
+            kv: KvCache::hybrid(
                 opts.kv_type,
-                c.num_hidden_layers,
+                &(0..c.num_hidden_layers)
+                    .map(|l| if c.layer_is_conv(l) { c.hidden_size } else { 0 })
+                    .collect::<Vec<_>>(),
                 opts.n_seq.max(1),
                 n_ctx,
                 c.num_key_value_heads,
@@ -686,6 +688,63 @@ impl CpuBackend {
                                 KvStore::F32(s) => s[o..o + hd].copy_from_slice(row),
                             }
                         }
+                    }
+                }
+            }
+            Op::ShortConv { src, dst, kernel } => {
+                let l = layer.ok_or("short_conv outside a layer")?;
+                let lw = &self.model.layers[l];
+                let w = &lw
+                    .conv
+                    .as_ref()
+                    .ok_or("the layer has no short convolution weights")?
+                    .kernel;
+                let kv = &mut self.kv;
+                if kv.conv_width[l] != h || w.len() != h * kernel {
+                    return Err("the layer's convolution cache or kernel has the wrong size".into());
+                }
+                let (s, d) = two_bufs(&mut self.bufs, src, dst);
+                // B · x of every row into the cache first: a row reads earlier rows' values.
+                let mut bx = vec![0f32; h];
+                for (t, &(seq, pos)) in self.rows.iter().enumerate() {
+                    let r = &s[t * 3 * h..(t + 1) * 3 * h];
+                    for (o, (b, x)) in bx.iter_mut().zip(r[..h].iter().zip(&r[2 * h..])) {
+                        *o = b * x;
+                    }
+                    let o = kv.conv_offset(l, seq, pos);
+                    match &mut kv.k[l] {
+                        KvStore::F16(st) => k.f32_to_f16(&bx, as_f16_mut(&mut st[o..o + h])),
+                        KvStore::F32(st) => st[o..o + h].copy_from_slice(&bx),
+                    }
+                }
+                // dst = C · Σ_j w_j · Bx[pos - (kernel - 1) + j], positions before 0 as 0.
+                for (t, &(seq, pos)) in self.rows.iter().enumerate() {
+                    let out = &mut d[t * h..(t + 1) * h];
+                    out.fill(0.0);
+                    for j in 0..kernel {
+                        let back = kernel - 1 - j;
+                        if back > pos {
+                            continue;
+                        }
+                        let o = kv.conv_offset(l, seq, pos - back);
+                        match &kv.k[l] {
+                            KvStore::F16(st) => {
+                                let row = kv::as_f16(&st[o..o + h]);
+                                for (ch, (acc, v)) in out.iter_mut().zip(row).enumerate() {
+                                    *acc += w[ch * kernel + j] * v.to_f32();
+                                }
+                            }
+                            KvStore::F32(st) => {
+                                for (ch, (acc, v)) in out.iter_mut().zip(&st[o..o + h]).enumerate()
+                                {
+                                    *acc += w[ch * kernel + j] * v;
+                                }
+                            }
+                        }
+                    }
+                    let cg = &s[t * 3 * h + h..t * 3 * h + 2 * h];
+                    for (acc, c) in out.iter_mut().zip(cg) {
+                        *acc *= c;
                     }
                 }
             }
@@ -1117,7 +1176,7 @@ impl CpuBackend {
 }
 
 /// Borrow buffer `a` shared and buffer `b` mutably (they must differ).
-fn two_bufs(bufs: &mut [Vec<f32>; 11], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
+fn two_bufs(bufs: &mut [Vec<f32>; 12], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
     let [a, b] = bufs
         .get_disjoint_mut([a as usize, b as usize])
         .expect("an op reads and writes the same buffer");

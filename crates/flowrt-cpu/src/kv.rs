@@ -61,6 +61,12 @@ pub fn as_f16_mut(bits: &mut [u16]) -> &mut [f16] {
 /// Keys and values of every layer for `n_seq` sequences, laid out
 /// `[layer][seq][kv_head][position][head_dim]` so that attention scans positions of one head of
 /// one sequence contiguously.
+///
+/// A short convolution layer (hybrid models) keeps instead its convolution input `B · x` of
+/// every position in `k`, laid out `[seq][position][width]` (`conv_width[layer]` values per
+/// position), and nothing in `v`: a convolution reads the last few positions of its sequence
+/// from there, so a truncated or batched sequence needs no state of its own. This costs
+/// `width` values per position where a rolling state would keep `kernel - 1` positions.
 #[derive(Debug)]
 pub struct KvCache {
     pub ty: KvType,
@@ -70,6 +76,8 @@ pub struct KvCache {
     pub head_dim: usize,
     pub k: Vec<KvStore>, // (layer) -> (seq, kv_head, n_ctx, head_dim)
     pub v: Vec<KvStore>, // (layer) -> (seq, kv_head, n_ctx, head_dim)
+    /// Per layer, values per position of a convolution layer's store; 0 on attention layers.
+    pub conv_width: Vec<usize>,
 }
 
 impl KvCache {
@@ -81,16 +89,46 @@ impl KvCache {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Self {
+        Self::hybrid(ty, &vec![0; n_layers], n_seq, n_ctx, n_kv_heads, head_dim)
+    }
+
+    /// A cache whose layers with a nonzero `conv_width` are short convolution layers (see
+    /// [`KvCache`]).
+    pub fn hybrid(
+        ty: KvType,
+        conv_width: &[usize],
+        n_seq: usize,
+        n_ctx: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
         let n = n_seq * n_kv_heads * n_ctx * head_dim;
+        let len = |w: usize, v: bool| match (w, v) {
+            (0, _) => n,
+            (_, false) => n_seq * n_ctx * w,
+            (_, true) => 0,
+        };
         KvCache {
             ty,
             n_seq,
             n_ctx,
             n_kv_heads,
             head_dim,
-            k: (0..n_layers).map(|_| KvStore::zeros(ty, n)).collect(),
-            v: (0..n_layers).map(|_| KvStore::zeros(ty, n)).collect(),
+            k: conv_width
+                .iter()
+                .map(|&w| KvStore::zeros(ty, len(w, false)))
+                .collect(),
+            v: conv_width
+                .iter()
+                .map(|&w| KvStore::zeros(ty, len(w, true)))
+                .collect(),
+            conv_width: conv_width.to_vec(),
         }
+    }
+
+    /// Offset of `(seq, pos)` within convolution layer `layer`'s store.
+    pub fn conv_offset(&self, layer: usize, seq: usize, pos: usize) -> usize {
+        (seq * self.n_ctx + pos) * self.conv_width[layer]
     }
 
     /// Offset of `(seq, head, pos)` within a layer's store.
@@ -104,6 +142,11 @@ impl KvCache {
             KvType::F16 => 2,
             KvType::F32 => 4,
         };
-        2 * self.k.len() * self.n_seq * self.n_kv_heads * self.n_ctx * self.head_dim * elem
+        let per_layer = |w: usize| match w {
+            0 => 2 * self.n_kv_heads * self.head_dim,
+            w => w,
+        };
+        let values: usize = self.conv_width.iter().map(|&w| per_layer(w)).sum();
+        values * self.n_seq * self.n_ctx * elem
     }
 }

@@ -16,7 +16,7 @@ use flowrt_model::{Model, WeightMatrix};
 use memmap2::{Mmap, MmapOptions};
 
 /// Layer matrices in the order of [`slot`].
-const LAYER_ROLES: [MatRole; 7] = [
+const LAYER_ROLES: [MatRole; 9] = [
     MatRole::Q,
     MatRole::K,
     MatRole::V,
@@ -24,6 +24,8 @@ const LAYER_ROLES: [MatRole; 7] = [
     MatRole::Gate,
     MatRole::Up,
     MatRole::Down,
+    MatRole::ConvIn,
+    MatRole::ConvOut,
 ];
 
 fn slot(role: MatRole) -> Option<usize> {
@@ -36,7 +38,7 @@ const PACK_ROWS: usize = 64 * x8::ROWS;
 /// Packed copies of a model's matrices.
 pub(crate) struct PackedWeights {
     mem: Option<Mmap>,
-    layers: Vec<[Option<Range<usize>>; 7]>,
+    layers: Vec<[Option<Range<usize>>; 9]>,
     /// Per layer, each expert's gate, up and down (empty for dense layers).
     experts: Vec<Vec<[Option<Range<usize>>; 3]>>,
     output: Option<Range<usize>>,

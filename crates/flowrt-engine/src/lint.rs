@@ -409,8 +409,12 @@ fn kv_replication(m: &Model) -> Option<usize> {
                 if base == h {
                     return true;
                 }
-                let rows = |w: &WeightMatrix| {
-                    w.rows_bytes(h * hd, (h + 1) * hd) == w.rows_bytes(base * hd, (base + 1) * hd)
+                // A short convolution layer has no K or V.
+                let rows = |w: &Option<WeightMatrix>| {
+                    w.as_ref().is_none_or(|w| {
+                        w.rows_bytes(h * hd, (h + 1) * hd)
+                            == w.rows_bytes(base * hd, (base + 1) * hd)
+                    })
                 };
                 let bias = |b: &Option<Vec<f32>>| {
                     b.as_ref()
@@ -420,7 +424,8 @@ fn kv_replication(m: &Model) -> Option<usize> {
             })
         })
     };
-    if m.layers.is_empty() || m.layers[0].wk.rows != n * hd {
+    let attends = m.layers.iter().find_map(|l| l.wk.as_ref());
+    if attends.is_none_or(|wk| wk.rows != n * hd) {
         return None;
     }
     (2..=n)

@@ -182,6 +182,16 @@ fn batched_sequences_equal_solo_runs_gpt_oss() {
     );
 }
 
+/// LFM2 (short convolution layers next to attention layers): each convolution reads its own
+/// sequence's cached `B · x` of the last positions, so batched rows equal solo runs.
+#[test]
+fn batched_sequences_equal_solo_runs_lfm2() {
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/lfm2")).unwrap(),
+        1e-5,
+    );
+}
+
 /// Prefix reuse on gpt-oss past the window: a re-synced session continues a 12-token prefix
 /// (longer than the window of 8) as a fresh prefill of the whole 21-token prompt does.
 #[test]
@@ -194,6 +204,27 @@ fn prefix_reuse_equals_fresh_prefill_gpt_oss() {
     let mut s = Session::new(&m, &opts()).unwrap();
     s.feed(&a).unwrap();
     assert_eq!(s.common_prefix(&b), 12);
+    let reused = s.sync(&b).unwrap().to_vec();
+    let mut f = Session::new(&m, &opts()).unwrap();
+    let fresh = f.feed(&b).unwrap().to_vec();
+    let d = max_diff(&reused, &fresh);
+    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
+    assert_eq!(argmax(&reused), argmax(&fresh));
+}
+
+/// Prefix reuse on LFM2: the convolution cache is kept per position like K, so a re-synced
+/// session (the first positions kept, the rest overwritten) equals a fresh prefill; the
+/// convolution at the first new position reads the two kept positions before it.
+#[test]
+fn prefix_reuse_equals_fresh_prefill_lfm2() {
+    let m = LoadedModel::load(&common::fixture("families/lfm2")).unwrap();
+    let a: Vec<u32> = (0..11).map(|i| (i * 17 + 3) % 300).collect();
+    let mut b = a.clone();
+    b.truncate(8);
+    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
+    let mut s = Session::new(&m, &opts()).unwrap();
+    s.feed(&a).unwrap();
+    assert_eq!(s.common_prefix(&b), 8);
     let reused = s.sync(&b).unwrap().to_vec();
     let mut f = Session::new(&m, &opts()).unwrap();
     let fresh = f.feed(&b).unwrap().to_vec();

@@ -150,6 +150,56 @@ fn gpt_oss_sinks_sliding_experts() {
     check("gpt-oss");
 }
 
+/// LFM2: short gated convolution layers (kernel 3) and attention layers; 7-token batches
+/// split every prompt so that a convolution reads positions of the previous batch.
+#[test]
+fn lfm2_hybrid_short_convolution() {
+    check("lfm2");
+}
+
+/// The LFM2 fixture as a q8_0 GGUF (scripts/hf_to_gguf.py, llama.cpp's `lfm2` names and keys:
+/// a per-layer KV-head list with 0 on convolution layers, `shortconv.l_cache`, f32 taps)
+/// against transformers' f32 logits: within q8_0's bounds.
+#[test]
+fn lfm2_gguf_q8_0_within_quantisation_bounds() {
+    let dir = common::fixture("families/lfm2");
+    let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
+    let sc = m
+        .model
+        .config
+        .short_conv
+        .as_ref()
+        .expect("lfm2 has convolution layers");
+    assert_eq!(
+        (sc.kernel, &sc.conv_layers[..]),
+        (3, &[true, false, true, false][..])
+    );
+    assert_eq!(m.model.config.intermediate_size, 128);
+    let conv = m.model.layers[0]
+        .conv
+        .as_ref()
+        .expect("layer 0 is a convolution layer");
+    assert_eq!(conv.in_proj.dtype, flowrt_dtype::GgmlType::Q8_0);
+    assert!(m.model.layers[1].conv.is_none(), "layer 1 attends");
+    let mut s = Session::new(
+        &m,
+        &EngineOptions {
+            threads: 2,
+            kv: KvPrecision::F32,
+            max_batch: 7,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
+    eprintln!(
+        "lfm2 q8_0 GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+        r.top1_agreement, r.mean_kl, r.max_abs_logit_err
+    );
+    assert!(r.top1_agreement >= 0.97, "top-1 {}", r.top1_agreement);
+    assert!(r.mean_kl <= 1e-3, "mean KL {}", r.mean_kl);
+}
+
 /// Copy a fixture into a temporary directory, editing its config.json with `edit`.
 fn edited_copy(case: &str, edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
     let src = common::fixture(&format!("families/{case}"));
@@ -293,7 +343,10 @@ fn quantised_on_load_matches_the_gguf_of_the_same_model() {
         },
     )
     .unwrap();
-    assert_eq!(hf.model.layers[0].wq.dtype, flowrt_dtype::GgmlType::Q4_1);
+    assert_eq!(
+        hf.model.layers[0].wq.as_ref().unwrap().dtype,
+        flowrt_dtype::GgmlType::Q4_1
+    );
     let gguf = LoadedModel::load(&dir.join("model-q4_1.gguf")).unwrap();
     let mut reports = Vec::new();
     for m in [&hf, &gguf] {

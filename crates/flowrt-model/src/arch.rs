@@ -109,6 +109,11 @@ pub enum TensorNames {
     /// `encoder.layer.{i}.attention.self.query` (HF `BertModel`, optionally under `bert.`);
     /// `blk.{i}.attn_q` with llama.cpp's BERT names for the rest (GGUF).
     Bert,
+    /// LFM2's HF names: `model.layers.{i}.operator_norm`, `self_attn.out_proj`,
+    /// `self_attn.q_layernorm`, `feed_forward.w1/w3/w2`, `conv.in_proj/conv/out_proj`, and the
+    /// final norm `model.embedding_norm`; GGUF as llama.cpp's `lfm2` (`blk.{i}.shortconv.*`,
+    /// the final norm `token_embd_norm`).
+    Lfm2,
 }
 
 /// How a mixture-of-experts router turns its logits (one per expert) into the scores from
@@ -225,6 +230,9 @@ pub struct ArchSpec {
     pub lm_head: bool,
     /// Tensor naming scheme.
     pub tensor_names: TensorNames,
+    /// Layers may mix positions with a short gated convolution instead of attention (LFM2),
+    /// as the config lists per layer (see [`crate::ShortConvConfig`]).
+    pub short_conv: bool,
     /// Q, K and V are stored as one matrix of `(num_attention_heads + 2 ×
     /// num_key_value_heads) × head_dim` rows, Q's rows first, then K's, then V's (HF
     /// `self_attn.qkv_proj`, GGUF `attn_qkv`); flowrt splits it into row ranges at load, so
@@ -286,6 +294,7 @@ pub const LLAMA: ArchSpec = ArchSpec {
     dense_bias: false,
     lm_head: true,
     tensor_names: TensorNames::Decoder,
+    short_conv: false,
     fused_qkv: false,
     fused_gate_up: false,
     hf_unused: &[],
@@ -435,6 +444,27 @@ pub const PHI3: ArchSpec = ArchSpec {
     ..LLAMA
 };
 
+/// LFM2 (`Lfm2ForCausalLM`): a hybrid whose layers mix positions either with GQA attention
+/// (per-head RMSNorm on Q and K, RoPE) or with a short gated convolution (`in_proj` to B, C, x;
+/// `C · conv(B · x)` over the last `conv_L_cache` positions; `out_proj`), as `layer_types`
+/// (or `full_attn_idxs`) lists; SwiGLU feed-forward on every layer; the final norm is called
+/// `embedding_norm`. GGUF (llama.cpp's `lfm2`): `lfm2.shortconv.l_cache`, a per-layer
+/// `attention.head_count_kv` list with 0 on convolution layers.
+pub const LFM2: ArchSpec = ArchSpec {
+    name: "lfm2",
+    gguf_archs: &["lfm2"],
+    hf_model_types: &["lfm2"],
+    gguf_rope_pairing: RopePairing::HalfSplit,
+    qk_norm: true,
+    tensor_names: TensorNames::Lfm2,
+    short_conv: true,
+    defaults: ArchDefaults {
+        rope_theta: 1_000_000.0,
+        ..PLAIN_DEFAULTS
+    },
+    ..LLAMA
+};
+
 /// BERT (`BertModel`, what sentence-transformers models such as all-MiniLM-L6-v2 are): a
 /// bidirectional encoder with learned absolute positions, token-type embeddings, post-norm
 /// LayerNorms with biases, a plain GELU (erf) feed-forward and biases on every matrix. It has
@@ -503,7 +533,7 @@ pub const GPT_OSS: ArchSpec = ArchSpec {
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
     &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
-    &QWEN3_MOE, &GPT_OSS,
+    &QWEN3_MOE, &GPT_OSS, &LFM2,
 ];
 
 /// The family whose GGUF `general.architecture` is `arch`.

@@ -21,13 +21,13 @@ pub mod safetensors_dir;
 pub mod weights;
 
 pub use arch::{Activation, ArchSpec, HfExperts, RopePairing, Router, RouterScoring};
-pub use config::{LayerType, ModelConfig, MoeConfig};
+pub use config::{LayerType, ModelConfig, MoeConfig, ShortConvConfig};
 pub use error::ModelError;
 pub use names::TensorRole;
 pub use plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op, Plan};
 pub use pooling::{EmbeddingSpec, Pooling};
 pub use rope::{RopeConfig, RopeFreqs, RopeScaling};
 pub use weights::{
-    LayerWeights, LoadOptions, Model, ModelFormat, MoeWeights, WeightData, WeightMatrix,
-    LOAD_QUANT_TYPES,
+    LayerWeights, LoadOptions, Model, ModelFormat, MoeWeights, ShortConvWeights, WeightData,
+    WeightMatrix, LOAD_QUANT_TYPES,
 };

@@ -79,6 +79,12 @@ pub enum TensorRole {
     /// in one tensor, and their biases.
     FfnGateUpExps,
     FfnGateUpExpsBias,
+    /// Short convolution layers (hybrid families): the input projection to B, C and x,
+    /// `(3 × hidden, hidden)`; the depthwise kernel, `kernel` taps per channel; the output
+    /// projection, `(hidden, hidden)`.
+    ShortConvIn,
+    ShortConvKernel,
+    ShortConvOut,
 }
 
 impl TensorRole {
@@ -166,6 +172,18 @@ impl TensorRole {
             // GGUF stores gate and up apart.
             FfnGateUpExps => per_layer("ffn_gate_up_exps.weight"),
             FfnGateUpExpsBias => per_layer("ffn_gate_up_exps.bias"),
+            ShortConvIn => per_layer("shortconv.in_proj.weight"),
+            ShortConvKernel => per_layer("shortconv.conv.weight"),
+            ShortConvOut => per_layer("shortconv.out_proj.weight"),
+        }
+    }
+
+    /// Name of the tensor in a GGUF file of `arch`: [`TensorRole::gguf_name`], except where a
+    /// family's files differ (llama.cpp's lfm2 stores the final norm as `token_embd_norm`).
+    pub fn gguf_name_in(self, arch: &ArchSpec, layer: usize) -> String {
+        match (arch.tensor_names, self) {
+            (TensorNames::Lfm2, TensorRole::OutputNorm) => "token_embd_norm.weight".into(),
+            _ => self.gguf_name(layer),
         }
     }
 
@@ -173,8 +191,10 @@ impl TensorRole {
     /// decoder; the output projection is `lm_head.weight` outside it, see
     /// [`TensorRole::hf_in_decoder`]). `None`: the format has no such tensor.
     pub fn hf_name(self, arch: &ArchSpec, layer: usize) -> Option<String> {
-        if arch.tensor_names == TensorNames::Bert {
-            return self.hf_bert_name(layer);
+        match arch.tensor_names {
+            TensorNames::Bert => return self.hf_bert_name(layer),
+            TensorNames::Lfm2 => return self.hf_lfm2_name(layer),
+            TensorNames::Decoder => {}
         }
         use TensorRole::*;
         let per_layer = |s: &str| Some(format!("layers.{layer}.{s}"));
@@ -223,6 +243,7 @@ impl TensorRole {
             // One tensor per expert: `hf_expert_name`.
             FfnGateExps | FfnUpExps | FfnDownExps => None,
             FfnGateExpsBias | FfnUpExpsBias => None,
+            ShortConvIn | ShortConvKernel | ShortConvOut => None,
             PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
             | LayerOutNorm | LayerOutNormBias => None,
         }
@@ -258,7 +279,35 @@ impl TensorRole {
             | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm | AttnQkv
             | FfnGateUp | FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps | AttnSinks
             | FfnGateInpBias | FfnGateExpsBias | FfnUpExpsBias | FfnDownExpsBias
-            | FfnGateUpExps | FfnGateUpExpsBias => None,
+            | FfnGateUpExps | FfnGateUpExpsBias | ShortConvIn | ShortConvKernel | ShortConvOut => {
+                None
+            }
+        }
+    }
+
+    /// HF `Lfm2ForCausalLM` names (after `model.`).
+    fn hf_lfm2_name(self, layer: usize) -> Option<String> {
+        use TensorRole::*;
+        let per_layer = |s: &str| Some(format!("layers.{layer}.{s}"));
+        match self {
+            TokenEmbd => Some("embed_tokens.weight".into()),
+            OutputNorm => Some("embedding_norm.weight".into()),
+            Output => Some("lm_head.weight".into()),
+            AttnNorm => per_layer("operator_norm.weight"),
+            AttnQ => per_layer("self_attn.q_proj.weight"),
+            AttnK => per_layer("self_attn.k_proj.weight"),
+            AttnV => per_layer("self_attn.v_proj.weight"),
+            AttnQNorm => per_layer("self_attn.q_layernorm.weight"),
+            AttnKNorm => per_layer("self_attn.k_layernorm.weight"),
+            AttnOutput => per_layer("self_attn.out_proj.weight"),
+            FfnNorm => per_layer("ffn_norm.weight"),
+            FfnGate => per_layer("feed_forward.w1.weight"),
+            FfnUp => per_layer("feed_forward.w3.weight"),
+            FfnDown => per_layer("feed_forward.w2.weight"),
+            ShortConvIn => per_layer("conv.in_proj.weight"),
+            ShortConvKernel => per_layer("conv.conv.weight"),
+            ShortConvOut => per_layer("conv.out_proj.weight"),
+            _ => None,
         }
     }
 

@@ -12,6 +12,8 @@
 //! - `Proj`   (n, hidden)        a projection back into the residual width
 //! - `Gate`/`Up` (n, intermediate)
 //! - `Router` (n, num_experts)  a mixture of experts' router logits (0 wide without experts)
+//! - `ConvIn` (n, 3 × hidden)    a short convolution's B, C and x (0 wide without convolution
+//!   layers)
 //! - `Logits` (n_out, vocab)     for the tokens whose logits were asked for
 //!
 //! An embedding plan ([`Plan::embedding`]) ends instead with one pooled row per sequence of
@@ -35,11 +37,12 @@ pub enum Buf {
     Up,
     Logits,
     Router,
+    ConvIn,
 }
 
 impl Buf {
     /// Every buffer, in `Buf as usize` order.
-    pub const ALL: [Buf; 11] = [
+    pub const ALL: [Buf; 12] = [
         Buf::X,
         Buf::Xn,
         Buf::Q,
@@ -51,6 +54,7 @@ impl Buf {
         Buf::Up,
         Buf::Logits,
         Buf::Router,
+        Buf::ConvIn,
     ];
 
     /// Values per token (per logit row for `Logits`).
@@ -62,6 +66,7 @@ impl Buf {
             Buf::Gate | Buf::Up => c.intermediate_size,
             Buf::Logits => c.vocab_size,
             Buf::Router => c.moe.as_ref().map_or(0, |m| m.num_experts),
+            Buf::ConvIn => c.short_conv.as_ref().map_or(0, |_| 3 * c.hidden_size),
         }
     }
 }
@@ -93,6 +98,10 @@ pub enum MatRole {
     /// A mixture of experts' router, `(num_experts, hidden)`.
     Router,
     Output,
+    /// A short convolution layer's input projection to B, C and x, `(3 × hidden, hidden)`.
+    ConvIn,
+    /// A short convolution layer's output projection, `(hidden, hidden)`.
+    ConvOut,
 }
 
 /// One step of the forward pass.
@@ -138,6 +147,13 @@ pub enum Op {
         causal: bool,
         sinks: bool,
     },
+    /// A short gated convolution over the layer's convolution cache: with `src`'s rows split
+    /// into `hidden`-wide parts `(B, C, x)`, store `B · x` of each row at its sequence and
+    /// position in the layer's cache (as `StoreKv` stores keys), then
+    /// `dst[t] = C · Σ_{j<kernel} w_j · Bx[pos - (kernel - 1) + j]` per channel (depthwise; a
+    /// position before 0 counts as 0). Reading the cache, not a rolling state, keeps
+    /// truncation, batching and chunked prefill exact.
+    ShortConv { src: Buf, dst: Buf, kernel: usize },
     /// `Gate = act(Gate) * Up`.
     GatedAct(Activation),
     /// `Up = act(Up)` (plain feed-forward).
@@ -181,10 +197,13 @@ impl Op {
                 MatRole::Down => "matmul_down",
                 MatRole::Router => "matmul_router",
                 MatRole::Output => "matmul_output",
+                MatRole::ConvIn => "matmul_conv_in",
+                MatRole::ConvOut => "matmul_conv_out",
             },
             Op::QkNorm => "qk_norm",
             Op::Rope { .. } => "rope",
             Op::StoreKv => "store_kv",
+            Op::ShortConv { .. } => "short_conv",
             Op::Attention { .. } => "attention",
             Op::GatedAct(_) => "gated_act",
             Op::Act(_) => "act",
@@ -201,7 +220,8 @@ impl Op {
 pub enum GroupKind {
     /// Token embedding lookup.
     Embed,
-    /// Attention block of a layer.
+    /// Attention block of a layer (on a hybrid model's convolution layer, the short
+    /// convolution that takes its place).
     Attention { layer: usize },
     /// Feed-forward block of a layer.
     Ffn { layer: usize },
@@ -292,39 +312,66 @@ impl Plan {
             // Attention block: X += Wo · attention(rope(Wq·norm(X)), rope(Wk·norm(X)), Wv·norm(X))
             let mut ops = Vec::new();
             let src = input(&mut ops, NormWeight::Attn);
-            for (dst, weight) in [
-                (Buf::Q, MatRole::Q),
-                (Buf::K, MatRole::K),
-                (Buf::V, MatRole::V),
-            ] {
-                ops.push(Op::MatMul { src, dst, weight });
-            }
-            if arch.qk_norm {
-                ops.push(Op::QkNorm);
-            }
-            if arch.positions == Positions::Rope && cfg.layer_uses_rope(layer) {
-                ops.push(Op::Rope {
-                    local: cfg.layer_uses_local_rope(layer),
+            if let Some(sc) = cfg.short_conv.as_ref().filter(|s| s.conv_layers[layer]) {
+                // Short convolution block: X += Wout · (C · conv(B · x)), (B, C, x) = Win·norm(X).
+                // The convolution's output goes to `Xn` (free once Win has read it).
+                ops.extend([
+                    Op::MatMul {
+                        src,
+                        dst: Buf::ConvIn,
+                        weight: MatRole::ConvIn,
+                    },
+                    Op::ShortConv {
+                        src: Buf::ConvIn,
+                        dst: Buf::Xn,
+                        kernel: sc.kernel,
+                    },
+                    Op::MatMul {
+                        src: Buf::Xn,
+                        dst: Buf::Proj,
+                        weight: MatRole::ConvOut,
+                    },
+                ]);
+                add_block(&mut ops, NormWeight::AttnPost, NormWeight::Attn);
+                groups.push(CommandGroup {
+                    kind: GroupKind::Attention { layer },
+                    ops,
+                });
+            } else {
+                for (dst, weight) in [
+                    (Buf::Q, MatRole::Q),
+                    (Buf::K, MatRole::K),
+                    (Buf::V, MatRole::V),
+                ] {
+                    ops.push(Op::MatMul { src, dst, weight });
+                }
+                if arch.qk_norm {
+                    ops.push(Op::QkNorm);
+                }
+                if arch.positions == Positions::Rope && cfg.layer_uses_rope(layer) {
+                    ops.push(Op::Rope {
+                        local: cfg.layer_uses_local_rope(layer),
+                    });
+                }
+                ops.extend([
+                    Op::StoreKv,
+                    Op::Attention {
+                        window: cfg.layer_window(layer),
+                        causal: arch.causal,
+                        sinks: arch.attn_sinks,
+                    },
+                    Op::MatMul {
+                        src: Buf::Attn,
+                        dst: Buf::Proj,
+                        weight: MatRole::O,
+                    },
+                ]);
+                add_block(&mut ops, NormWeight::AttnPost, NormWeight::Attn);
+                groups.push(CommandGroup {
+                    kind: GroupKind::Attention { layer },
+                    ops,
                 });
             }
-            ops.extend([
-                Op::StoreKv,
-                Op::Attention {
-                    window: cfg.layer_window(layer),
-                    causal: arch.causal,
-                    sinks: arch.attn_sinks,
-                },
-                Op::MatMul {
-                    src: Buf::Attn,
-                    dst: Buf::Proj,
-                    weight: MatRole::O,
-                },
-            ]);
-            add_block(&mut ops, NormWeight::AttnPost, NormWeight::Attn);
-            groups.push(CommandGroup {
-                kind: GroupKind::Attention { layer },
-                ops,
-            });
             // Feed-forward block: X += Wdown · (act(Wgate·norm(X)) * Wup·norm(X)), or
             // Wdown · act(Wup·X) without a gate.
             // A sparse layer: X += Σ_top-k w_e · expert_e(norm(X)), routed by Wrouter·norm(X).

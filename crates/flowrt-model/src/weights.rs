@@ -131,15 +131,16 @@ pub struct LayerWeights {
     /// (post-norm families).
     pub attn_norm: Vec<f32>, // (hidden)
     pub attn_norm_bias: Option<Vec<f32>>, // (hidden) LayerNorm families only
-    pub wq: WeightMatrix,                 // (q_dim, hidden)
-    pub wk: WeightMatrix,                 // (kv_dim, hidden)
-    pub wv: WeightMatrix,                 // (kv_dim, hidden)
+    /// Q, K, V and O: attention layers only (`None` on a short convolution layer).
+    pub wq: Option<WeightMatrix>, // (q_dim, hidden)
+    pub wk: Option<WeightMatrix>,         // (kv_dim, hidden)
+    pub wv: Option<WeightMatrix>,         // (kv_dim, hidden)
     pub bq: Option<Vec<f32>>,             // (q_dim)
     pub bk: Option<Vec<f32>>,             // (kv_dim)
     pub bv: Option<Vec<f32>>,             // (kv_dim)
     pub q_norm: Option<Vec<f32>>,         // (head_dim)
     pub k_norm: Option<Vec<f32>>,         // (head_dim)
-    pub wo: WeightMatrix,                 // (hidden, q_dim)
+    pub wo: Option<WeightMatrix>,         // (hidden, q_dim)
     pub bo: Option<Vec<f32>>,             // (hidden) families with dense biases
     pub attn_post_norm: Option<Vec<f32>>, // (hidden) sandwich norms only
     /// The feed-forward block's norm, placed as `attn_norm` is.
@@ -155,6 +156,21 @@ pub struct LayerWeights {
     pub sinks: Option<Vec<f32>>, // (num_attention_heads)
     /// The experts of a sparse (mixture-of-experts) layer, in place of `w_gate`/`w_up`/`w_down`.
     pub moe: Option<MoeWeights>,
+    /// The short gated convolution of a hybrid model's convolution layer, in place of
+    /// attention.
+    pub conv: Option<ShortConvWeights>,
+}
+
+/// One short convolution layer's weights (see [`crate::ShortConvConfig`]).
+#[derive(Debug, Clone)]
+pub struct ShortConvWeights {
+    /// `(3 × hidden, hidden)`: B's rows, then C's, then x's.
+    pub in_proj: WeightMatrix,
+    /// `(hidden, kernel)` depthwise taps, channel-major: `kernel[c · k + j]` weighs position
+    /// `p - (k - 1) + j` of channel `c` (as `torch.nn.Conv1d` stores them).
+    pub kernel: Vec<f32>,
+    /// `(hidden, hidden)`.
+    pub out_proj: WeightMatrix,
 }
 
 /// The router and experts of one mixture-of-experts layer. Each expert's matrix is its own
@@ -187,6 +203,8 @@ impl LayerWeights {
     pub fn matrices(&self) -> impl Iterator<Item = &WeightMatrix> {
         [&self.wq, &self.wk, &self.wv, &self.wo]
             .into_iter()
+            .flatten()
+            .chain(self.conv.iter().flat_map(|c| [&c.in_proj, &c.out_proj]))
             .chain(self.w_gate.as_ref())
             .chain(self.w_up.as_ref())
             .chain(self.w_down.as_ref())
@@ -265,7 +283,7 @@ enum Source {
 impl Source {
     fn name(&self, arch: &ArchSpec, role: TensorRole, layer: usize) -> Option<String> {
         match self {
-            Source::Gguf(_) => Some(role.gguf_name(layer)),
+            Source::Gguf(_) => Some(role.gguf_name_in(arch, layer)),
             Source::Hf {
                 prefix,
                 head_prefix,
@@ -576,8 +594,7 @@ impl Binder<'_> {
             ));
             return None;
         }
-        let v = self.floats(&t)?;
-        let mut v = v;
+        let mut v = self.floats(&t)?;
         if role.is_norm() && self.norm_offset != 0.0 {
             v.iter_mut().for_each(|x| *x += self.norm_offset);
         }
@@ -596,6 +613,33 @@ impl Binder<'_> {
         if t.dims != [cols as u64, rows as u64] {
             self.problems.push(format!(
                 "tensor `{}` has shape {:?}, expected [{cols}, {rows}] (ggml order: one row of {cols} per expert)",
+                t.name, t.dims
+            ));
+            return None;
+        }
+        self.floats(&t)
+    }
+
+    /// A short convolution's depthwise kernel, `(hidden, kernel)` channel-major: HF stores it
+    /// `(hidden, 1, kernel)`, GGUF `[kernel, hidden]` (ggml order). A kernel length other than
+    /// the config's is a problem naming `conv_L_cache`.
+    fn conv_kernel(&mut self, layer: usize, h: usize, k: usize) -> Option<Vec<f32>> {
+        let t = self.find(TensorRole::ShortConvKernel, layer)?;
+        let (len, rest) = match t.dims.split_first() {
+            Some((&len, rest)) => (len, rest),
+            None => (0, &[][..]),
+        };
+        let channels_fit = rest == [h as u64] || rest == [1, h as u64];
+        if channels_fit && len != k as u64 {
+            self.problems.push(format!(
+                "tensor `{}` holds a kernel of {len} positions but conv_L_cache (the convolution kernel size) is {k}",
+                t.name
+            ));
+            return None;
+        }
+        if !channels_fit {
+            self.problems.push(format!(
+                "tensor `{}` has shape {:?}, expected [{k}, {h}] or [{k}, 1, {h}] (ggml order: kernel positions first)",
                 t.name, t.dims
             ));
             return None;
@@ -1002,7 +1046,7 @@ impl Model {
         }
         let st = Arc::new(SafetensorsDir::open(dir)?);
         let (prefix, head_prefix) = match config.arch.tensor_names {
-            TensorNames::Decoder => st.decoder_prefixes(),
+            TensorNames::Decoder | TensorNames::Lfm2 => st.decoder_prefixes(),
             TensorNames::Bert => bert_prefixes(&st),
         };
         // Tensors the family's checkpoints carry that flowrt does not use.
@@ -1100,30 +1144,54 @@ impl Model {
             // Fused Q/K/V: required in HF checkpoints; GGUF files may store them apart.
             let qkv_fused = arch.fused_qkv
                 && (format == ModelFormat::HfDir || b.exists(AttnQkv, l) || !b.exists(AttnQ, l));
-            let (wq, wk, wv) = if qkv_fused {
+            // A short convolution layer has no attention matrices.
+            let conv_kernel = c
+                .short_conv
+                .as_ref()
+                .filter(|s| s.conv_layers[l])
+                .map(|s| s.kernel);
+            let attends = conv_kernel.is_none();
+            let conv = match conv_kernel {
+                None => Some(None),
+                Some(k) => {
+                    let in_proj = b.matrix(ShortConvIn, l, 3 * h, h);
+                    let kernel = b.conv_kernel(l, h, k);
+                    let out_proj = b.matrix(ShortConvOut, l, h, h);
+                    (|| {
+                        Some(Some(ShortConvWeights {
+                            in_proj: in_proj?,
+                            kernel: kernel?,
+                            out_proj: out_proj?,
+                        }))
+                    })()
+                }
+            };
+            let (wq, wk, wv) = if !attends {
+                (Some(None), Some(None), Some(None))
+            } else if qkv_fused {
                 let what = "(num_attention_heads + 2 × num_key_value_heads) × head_dim";
                 match b.fused(AttnQkv, l, &[("q", q), ("k", kv), ("v", kv)], h, what) {
                     Some(mut m) => {
-                        let v = m.pop();
-                        let k = m.pop();
-                        (m.pop(), k, v)
+                        let v = m.pop().map(Some);
+                        let k = m.pop().map(Some);
+                        (m.pop().map(Some), k, v)
                     }
                     None => (None, None, None),
                 }
             } else {
                 (
-                    b.matrix(AttnQ, l, q, h),
-                    b.matrix(AttnK, l, kv, h),
-                    b.matrix(AttnV, l, kv, h),
+                    b.matrix(AttnQ, l, q, h).map(Some),
+                    b.matrix(AttnK, l, kv, h).map(Some),
+                    b.matrix(AttnV, l, kv, h).map(Some),
                 )
             };
-            let bq = b.optional(arch.qkv_bias, AttnQBias, l, q);
-            let bk = b.optional(arch.qkv_bias, AttnKBias, l, kv);
-            let bv = b.optional(arch.qkv_bias, AttnVBias, l, kv);
-            let q_norm = b.optional(arch.qk_norm, AttnQNorm, l, c.head_dim);
-            let k_norm = b.optional(arch.qk_norm, AttnKNorm, l, c.head_dim);
-            let wo = b.matrix(AttnOutput, l, h, q);
-            let bo = b.optional(arch.dense_bias, AttnOutputBias, l, h);
+            let bq = b.optional(attends && arch.qkv_bias, AttnQBias, l, q);
+            let bk = b.optional(attends && arch.qkv_bias, AttnKBias, l, kv);
+            let bv = b.optional(attends && arch.qkv_bias, AttnVBias, l, kv);
+            let q_norm = b.optional(attends && arch.qk_norm, AttnQNorm, l, c.head_dim);
+            let k_norm = b.optional(attends && arch.qk_norm, AttnKNorm, l, c.head_dim);
+            let wo = b.optional_layer_matrix(attends, AttnOutput, l, h, q);
+            let bo = b.optional(attends && arch.dense_bias, AttnOutputBias, l, h);
             let attn_post_norm = b.optional(arch.sandwich_norms, AttnPostNorm, l, h);
             let ffn_norm = b.vector(ffn_norm_role, l, h);
             let ffn_norm_bias = b.norm_bias(layer_norm, ffn_norm_role, l, h);
@@ -1234,6 +1302,7 @@ impl Model {
                     ffn_post_norm: ffn_post_norm?,
                     sinks: sinks?,
                     moe: moe?,
+                    conv: conv?,
                 })
             })();
             if let Some(layer) = layer {
@@ -1292,10 +1361,12 @@ impl Model {
             (_, None) => return None,
         };
         Some(match role {
-            MatRole::Q => &lw.wq,
-            MatRole::K => &lw.wk,
-            MatRole::V => &lw.wv,
-            MatRole::O => &lw.wo,
+            MatRole::Q => lw.wq.as_ref()?,
+            MatRole::K => lw.wk.as_ref()?,
+            MatRole::V => lw.wv.as_ref()?,
+            MatRole::O => lw.wo.as_ref()?,
+            MatRole::ConvIn => &lw.conv.as_ref()?.in_proj,
+            MatRole::ConvOut => &lw.conv.as_ref()?.out_proj,
             MatRole::Gate => lw.w_gate.as_ref()?,
             MatRole::Up => lw.w_up.as_ref()?,
             MatRole::Down => lw.w_down.as_ref()?,
@@ -1315,7 +1386,7 @@ impl Model {
             MatRole::Up => lw.b_up.as_ref(),
             MatRole::Down => lw.b_down.as_ref(),
             MatRole::Router => lw.moe.as_ref()?.router_bias.as_ref(),
-            MatRole::Gate | MatRole::Output => None,
+            MatRole::Gate | MatRole::Output | MatRole::ConvIn | MatRole::ConvOut => None,
         }
     }
 
@@ -1330,6 +1401,8 @@ impl Model {
             .map(|l| {
                 let dense: u64 = [&l.wq, &l.wk, &l.wv, &l.wo]
                     .into_iter()
+                    .flatten()
+                    .chain(l.conv.iter().flat_map(|c| [&c.in_proj, &c.out_proj]))
                     .chain(&l.w_gate)
                     .chain(&l.w_up)
                     .chain(&l.w_down)

@@ -456,9 +456,14 @@ fn phi3_fused_tensors_split_into_row_ranges() {
         f32::from_le_bytes(w.rows_bytes(0, 1)[..4].try_into().unwrap())
     };
     let l = &m.layers[1];
-    assert_eq!((l.wq.rows, l.wk.rows, l.wv.rows), (8, 4, 4));
+    let (wq, wk, wv) = (
+        l.wq.as_ref().unwrap(),
+        l.wk.as_ref().unwrap(),
+        l.wv.as_ref().unwrap(),
+    );
+    assert_eq!((wq.rows, wk.rows, wv.rows), (8, 4, 4));
     assert_eq!(
-        [first_row(&l.wq), first_row(&l.wk), first_row(&l.wv)],
+        [first_row(wq), first_row(wk), first_row(wv)],
         [0.0, 8.0, 12.0]
     );
     let (gate, up) = (l.w_gate.as_ref().unwrap(), l.w_up.as_ref().unwrap());
@@ -568,6 +573,162 @@ fn moe_expert_count_contradicted_by_the_tensors_is_named() {
     assert!(
         e.contains("blk.0.ffn_gate_exps.weight")
             && e.contains("holds 4 experts but the expert count (num_experts) is 8"),
+        "{e}"
+    );
+}
+
+/// The LFM2 fixture directory (HF, f32) and its q8_0 GGUF.
+fn lfm2_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/lfm2")
+}
+
+/// The LFM2 fixture's weights under its config.json edited by `edit`.
+fn lfm2_hf(edit: impl FnOnce(&mut serde_json::Value)) -> Result<Model, ModelError> {
+    let dir = lfm2_dir();
+    let path = dir.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut json);
+    let cfg = flowrt_model::ModelConfig::from_hf_json(&path, &json)?;
+    Model::from_hf_dir(&dir, cfg, Default::default())
+}
+
+#[test]
+fn lfm2_binds_its_convolution_layers_and_plans_a_short_conv_op() {
+    let m = lfm2_hf(|_| {}).unwrap();
+    let sc = m.config.short_conv.as_ref().unwrap();
+    assert_eq!(
+        (sc.kernel, &sc.conv_layers[..]),
+        (3, &[true, false, true, false][..])
+    );
+    // intermediate_size 150 auto-adjusted: int(2/3 · 150) = 100, up to a multiple of 32.
+    assert_eq!(m.config.intermediate_size, 128);
+    let conv = m.layers[0].conv.as_ref().unwrap();
+    assert_eq!((conv.in_proj.rows, conv.kernel.len()), (3 * 64, 64 * 3));
+    assert!(m.layers[0].wq.is_none() && m.layers[1].wq.is_some());
+    let plan = Plan::new(&m.config);
+    let names = |g: usize| -> Vec<&str> { plan.groups[g].ops.iter().map(|o| o.name()).collect() };
+    assert_eq!(
+        names(1),
+        [
+            "rms_norm",
+            "matmul_conv_in",
+            "short_conv",
+            "matmul_conv_out",
+            "add_residual"
+        ]
+    );
+    assert!(names(3).contains(&"attention"), "{:?}", names(3));
+    let features = m.config.features().join("; ");
+    assert!(
+        features.contains("hybrid: 2 short-convolution layers (kernel 3), 2 attention layers"),
+        "{features}"
+    );
+}
+
+/// A kernel size the convolution tensors contradict, and a layer-kind list of the wrong length
+/// or with an unknown kind: errors naming the field.
+#[test]
+fn lfm2_bad_conv_kernel_or_layer_kinds_are_named() {
+    let e = lfm2_hf(|c| c["conv_L_cache"] = 4.into())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.layers.0.conv.conv.weight")
+            && e.contains(
+                "holds a kernel of 3 positions but conv_L_cache (the convolution kernel size) is 4"
+            ),
+        "{e}"
+    );
+    let e = lfm2_hf(|c| c["conv_L_cache"] = 0.into())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("conv_L_cache (the convolution kernel size) = 0"),
+        "{e}"
+    );
+    let e = lfm2_hf(|c| {
+        c["layer_types"] = serde_json::json!(["conv", "full_attention", "conv"]);
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`layer_types` gives 3 layer kinds for 4 layers"),
+        "{e}"
+    );
+    let e = lfm2_hf(|c| {
+        c["layer_types"] = serde_json::json!(["conv", "mamba", "conv", "full_attention"]);
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`layer_types`[1] = \"mamba\" is not a layer kind"),
+        "{e}"
+    );
+    // Kinds swapped: the attention tensors are missing where the list says attention.
+    let e = lfm2_hf(|c| {
+        c["layer_types"] = serde_json::json!(["full_attention", "conv", "conv", "full_attention"]);
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("missing tensor `model.layers.0.self_attn.q_proj.weight`")
+            && e.contains("missing tensor `model.layers.1.conv.in_proj.weight`"),
+        "{e}"
+    );
+    let e = lfm2_hf(|c| c["conv_bias"] = true.into())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("conv_bias"), "{e}");
+}
+
+/// The GGUF's per-layer KV-head list (0 on convolution layers) of the wrong length, and a
+/// `shortconv.l_cache` the taps contradict: errors naming the key.
+#[test]
+fn lfm2_gguf_bad_layer_list_or_kernel_is_named() {
+    use flowrt_gguf::{Array, Value};
+    let f = GgufFile::open(lfm2_dir().join("model-q8_0.gguf")).unwrap();
+    let rebuilt = |edit: &dyn Fn(&str, &Value) -> Value| {
+        let mut b = GgufBuilder::new();
+        for (k, v) in f.metadata() {
+            b.kv(k.as_str(), edit(k, v));
+        }
+        for t in f.tensors() {
+            b.tensor(
+                t.name.clone(),
+                &t.dims,
+                t.ggml_type,
+                f.tensor_data(t).to_vec(),
+            );
+        }
+        Model::from_gguf(Arc::new(GgufFile::from_bytes(b.to_bytes()).unwrap()))
+    };
+    let m = rebuilt(&|_, v| v.clone()).unwrap();
+    assert_eq!(
+        m.config.short_conv.as_ref().unwrap().conv_layers,
+        [true, false, true, false]
+    );
+    let e = rebuilt(&|k, v| match k {
+        "lfm2.attention.head_count_kv" => Value::Array(Array::I32(vec![0, 2, 0])),
+        _ => v.clone(),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`lfm2.attention.head_count_kv` has 3 entries for 4 layers"),
+        "{e}"
+    );
+    let e = rebuilt(&|k, v| match k {
+        "lfm2.shortconv.l_cache" => Value::U32(2),
+        _ => v.clone(),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("blk.0.shortconv.conv.weight")
+            && e.contains(
+                "holds a kernel of 3 positions but conv_L_cache (the convolution kernel size) is 2"
+            ),
         "{e}"
     );
 }

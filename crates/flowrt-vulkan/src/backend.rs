@@ -140,6 +140,12 @@ impl VulkanBackend {
                 family: c.arch.name.to_string(),
             });
         }
+        if let Some(sc) = &c.short_conv {
+            return Err(VulkanError::ShortConvolution {
+                family: c.arch.name.to_string(),
+                layers: sc.conv_layers.iter().filter(|&&x| x).count(),
+            });
+        }
         let missing = lacks(c);
         if !missing.is_empty() {
             return Err(VulkanError::Unsupported(format!(
@@ -287,10 +293,10 @@ impl VulkanBackend {
         let mut layer_mats = Vec::with_capacity(model.layers.len());
         for lw in &model.layers {
             layer_mats.push([
-                up(&lw.wq)?,
-                up(&lw.wk)?,
-                up(&lw.wv)?,
-                up(&lw.wo)?,
+                up(lw.wq.as_ref().ok_or_else(|| absent("query projection"))?)?,
+                up(lw.wk.as_ref().ok_or_else(|| absent("key projection"))?)?,
+                up(lw.wv.as_ref().ok_or_else(|| absent("value projection"))?)?,
+                up(lw.wo.as_ref().ok_or_else(|| absent("attention output"))?)?,
                 up(lw
                     .w_gate
                     .as_ref()
@@ -667,6 +673,7 @@ impl VulkanBackend {
                     | Op::LayerNorm { .. }
                     | Op::Act(_)
                     | Op::Moe { .. }
+                    | Op::ShortConv { .. }
                     | Op::Pool { .. } => {
                         return Err(VulkanError::Unsupported(format!(
                             "op `{}` has no Vulkan kernel (use --backend cpu)",

@@ -88,3 +88,22 @@ fn mixture_of_experts_is_refused_by_name() {
     assert!(matches!(e, VulkanError::MixtureOfExperts { .. }), "{e}");
     assert!(e.to_string().contains("mixture of experts"), "{e}");
 }
+
+/// A hybrid model with short convolution layers (LFM2) is refused at load by a typed error
+/// that names them (no panic).
+#[test]
+fn short_convolution_is_refused_by_name() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/lfm2");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cfg = flowrt_model::ModelConfig::from_hf_json(&dir.join("config.json"), &json).unwrap();
+    let m = Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap());
+    let e = VulkanBackend::new(m, &BackendSettings::default())
+        .err()
+        .expect("short convolution layers are refused");
+    assert!(
+        matches!(e, VulkanError::ShortConvolution { layers: 2, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("2 short convolution layers"), "{e}");
+}

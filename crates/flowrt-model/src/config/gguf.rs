@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use flowrt_gguf::{Array, GgufFile, Value};
 
-use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig};
+use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig, ShortConvConfig};
 use crate::arch::{self, Activation, EmbedScale, NormKind, Scalings};
 use crate::error::ModelError;
 use crate::names::TensorRole;
@@ -52,7 +52,59 @@ impl ModelConfig {
         let num_hidden_layers = req_u("block_count")?;
         let intermediate_size = req_u("feed_forward_length")?;
         let num_attention_heads = req_u("attention.head_count")?;
-        let num_key_value_heads = opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads);
+        // Hybrid families (llama.cpp's lfm2) list KV heads per layer, 0 on convolution layers.
+        let kv_list = match (arch.short_conv, f.get(&key("attention.head_count_kv"))) {
+            (true, Some(Value::Array(a))) => Some(integers(a).ok_or_else(|| {
+                bad(
+                    &file,
+                    format!(
+                        "`{}` is not a list of integers",
+                        key("attention.head_count_kv")
+                    ),
+                )
+            })?),
+            _ => None,
+        };
+        let (num_key_value_heads, short_conv) = match kv_list {
+            None if arch.short_conv => (
+                opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+                Some(ShortConvConfig {
+                    kernel: req_u("shortconv.l_cache")?,
+                    conv_layers: vec![false; num_hidden_layers],
+                }),
+            ),
+            None => (
+                opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+                None,
+            ),
+            Some(list) => {
+                let k = key("attention.head_count_kv");
+                if list.len() != num_hidden_layers {
+                    return Err(bad(
+                        &file,
+                        format!(
+                            "`{k}` has {} entries for {num_hidden_layers} layers (block_count)",
+                            list.len()
+                        ),
+                    ));
+                }
+                let mut heads = list.iter().filter(|&&h| h != 0);
+                let first = heads.next().copied().unwrap_or(num_attention_heads as i128);
+                if first < 0 || heads.any(|&h| h != first) {
+                    return Err(bad(
+                        &file,
+                        format!("`{k}` = {list:?}: attention layers must share one KV head count"),
+                    ));
+                }
+                (
+                    first as usize,
+                    Some(ShortConvConfig {
+                        kernel: req_u("shortconv.l_cache")?,
+                        conv_layers: list.iter().map(|&h| h == 0).collect(),
+                    }),
+                )
+            }
+        };
         let max_position_embeddings = req_u("context_length")?;
         let head_dim = match opt_u("attention.key_length")? {
             Some(d) => d,
@@ -431,6 +483,7 @@ impl ModelConfig {
             final_logit_softcapping,
             tie_word_embeddings: None,
             moe,
+            short_conv,
         };
         cfg.validate(&file)?;
         Ok(cfg)

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig};
+use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig, ShortConvConfig};
 use crate::arch::{self, Activation, EmbedScale, NormKind, Positions, RopePairing, Scalings};
 use crate::error::ModelError;
 use crate::rope::{yarn_attention_factor, RopeConfig, RopeScaling};
@@ -149,7 +149,11 @@ impl ModelConfig {
 
         let hidden_size = c.req_usize("hidden_size")?;
         let num_hidden_layers = c.req_usize("num_hidden_layers")?;
-        let intermediate_size = c.req_usize("intermediate_size")?;
+        let intermediate_size = if arch.short_conv {
+            lfm2_intermediate_size(&c)?
+        } else {
+            c.req_usize("intermediate_size")?
+        };
         let num_attention_heads = c.req_usize("num_attention_heads")?;
         let num_key_value_heads = c
             .usize("num_key_value_heads")?
@@ -163,7 +167,10 @@ impl ModelConfig {
         let max_position_embeddings = c.req_usize("max_position_embeddings")?;
         // LayerNorm families say `layer_norm_eps` (BertConfig's default 1e-12).
         let rms_norm_eps = match arch.norm {
-            NormKind::Rms => c.f32("rms_norm_eps")?.unwrap_or(1e-6),
+            NormKind::Rms => c
+                .f32("rms_norm_eps")?
+                .or(c.f32("norm_eps")?)
+                .unwrap_or(1e-6),
             NormKind::Layer => c.f32("layer_norm_eps")?.unwrap_or(1e-12),
         };
         let type_vocab_size = if arch.token_types {
@@ -247,7 +254,14 @@ impl ModelConfig {
         } else {
             None
         };
+        // Hybrid families list convolution layers in `layer_types` too; their attention
+        // layers attend fully.
+        let short_conv = match arch.short_conv {
+            true => Some(read_short_conv(&c, num_hidden_layers)?),
+            false => None,
+        };
         let layer_types = match c.present("layer_types") {
+            _ if short_conv.is_some() => vec![LayerType::Full; num_hidden_layers],
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|v| match v.as_str() {
@@ -374,12 +388,111 @@ impl ModelConfig {
             final_logit_softcapping: c.f32("final_logit_softcapping")?,
             tie_word_embeddings: c
                 .bool("tie_word_embeddings")?
-                .or(top.bool("tie_word_embeddings")?),
+                .or(top.bool("tie_word_embeddings")?)
+                .or(c.bool("tie_embedding")?),
             moe,
+            short_conv,
         };
         cfg.validate(file)?;
         Ok(cfg)
     }
+}
+
+/// LFM2's feed-forward width as `Lfm2MLP` computes it: `intermediate_size` (or the older
+/// `block_ff_dim`), and when `block_auto_adjust_ff_dim` (default true) `int(2/3 ·)`, then with
+/// `block_ffn_dim_multiplier` (default 1) `int(multiplier ·)` rounded up to a multiple of
+/// `block_multiple_of` (default 256).
+fn lfm2_intermediate_size(c: &Obj) -> Result<usize, ModelError> {
+    let base = match c.usize("intermediate_size")? {
+        Some(v) => v,
+        None => c.req_usize("block_ff_dim")?,
+    };
+    if !c.bool("block_auto_adjust_ff_dim")?.unwrap_or(true) {
+        return Ok(base);
+    }
+    let mut ff = (2 * base) / 3;
+    let multiplier = match c.present("block_ffn_dim_multiplier") {
+        Some(_) => c.f64("block_ffn_dim_multiplier")?,
+        None if c.map.contains_key("block_ffn_dim_multiplier") => None,
+        None => Some(1.0),
+    };
+    if let Some(m) = multiplier {
+        let multiple = c.usize("block_multiple_of")?.unwrap_or(256);
+        if multiple == 0 {
+            return Err(bad(c.file, "`block_multiple_of` is 0".into()));
+        }
+        if !(m.is_finite() && m > 0.0) {
+            return Err(bad(
+                c.file,
+                format!("`block_ffn_dim_multiplier` = {m} must be positive"),
+            ));
+        }
+        ff = (m * ff as f64) as usize;
+        ff = ff.div_ceil(multiple) * multiple;
+    }
+    Ok(ff)
+}
+
+/// A hybrid family's convolution layers: `layer_types` (`conv` or `full_attention` per layer)
+/// when given, else `full_attn_idxs` (the attention layers; every layer when absent), and the
+/// kernel size `conv_L_cache` (default 3). Convolution biases (`conv_bias`) are refused.
+fn read_short_conv(c: &Obj, n_layers: usize) -> Result<ShortConvConfig, ModelError> {
+    if c.bool("conv_bias")? == Some(true) {
+        return Err(bad(
+            c.file,
+            "`conv_bias: true` (biases on the convolution layers) is not supported".into(),
+        ));
+    }
+    let kernel = c.usize("conv_L_cache")?.unwrap_or(3);
+    let conv_layers = match c.present("layer_types") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.as_str() {
+                Some("conv") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(bad(
+                    c.file,
+                    format!(
+                        "`layer_types`[{i}] = {v} is not a layer kind (`conv` or `full_attention`)"
+                    ),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(v) => return Err(bad(c.file, format!("`layer_types` = {v} is not a list"))),
+        None => match c.present("full_attn_idxs") {
+            None => vec![false; n_layers],
+            Some(Value::Array(a)) => {
+                let idx = a
+                    .iter()
+                    .map(|v| v.as_u64().map(|x| x as usize).filter(|&l| l < n_layers))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        bad(
+                            c.file,
+                            format!(
+                                "`full_attn_idxs` is not a list of layer indices below {n_layers}"
+                            ),
+                        )
+                    })?;
+                (0..n_layers).map(|l| !idx.contains(&l)).collect()
+            }
+            Some(v) => return Err(bad(c.file, format!("`full_attn_idxs` = {v} is not a list"))),
+        },
+    };
+    if conv_layers.len() != n_layers {
+        return Err(bad(
+            c.file,
+            format!(
+                "`layer_types` gives {} layer kinds for {n_layers} layers (num_hidden_layers)",
+                conv_layers.len()
+            ),
+        ));
+    }
+    Ok(ShortConvConfig {
+        kernel,
+        conv_layers,
+    })
 }
 
 /// The mixture of experts of a family with a router. The expert width is under the family's

@@ -56,6 +56,20 @@ impl MoeConfig {
     }
 }
 
+/// The short gated convolution layers of a hybrid model (LFM2; HF names: `conv_L_cache`,
+/// `layer_types` / `full_attn_idxs`). A convolution layer mixes positions as
+/// `out_proj(C · conv(B · x))` with `(B, C, x) = in_proj(norm(X))` split in three `hidden`-wide
+/// parts and `conv` a causal depthwise convolution over the last `kernel` positions, in place
+/// of attention.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortConvConfig {
+    /// Positions the convolution spans, the current one included (`conv_L_cache`).
+    pub kernel: usize,
+    /// Whether each layer is a convolution layer (`num_hidden_layers` entries; the others
+    /// attend).
+    pub conv_layers: Vec<bool>,
+}
+
 /// Everything the decoder needs to know about a model's shape and numerics.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
@@ -115,6 +129,9 @@ pub struct ModelConfig {
     /// Mixture-of-experts layers (families with [`ArchSpec::router_scoring`] whose config
     /// names experts); `None`: every layer is dense.
     pub moe: Option<MoeConfig>,
+    /// Short gated convolution layers (families with [`ArchSpec::short_conv`]); `None`: every
+    /// layer attends.
+    pub short_conv: Option<ShortConvConfig>,
 }
 
 impl ModelConfig {
@@ -263,7 +280,27 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(sc) = &self.short_conv {
+            if sc.kernel == 0 || sc.kernel > 64 {
+                return err(format!(
+                    "conv_L_cache (the convolution kernel size) = {} must be from 1 to 64",
+                    sc.kernel
+                ));
+            }
+            if sc.conv_layers.len() != self.num_hidden_layers {
+                return err(format!(
+                    "`layer_types` gives {} layer kinds for {} layers",
+                    sc.conv_layers.len(),
+                    self.num_hidden_layers
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether layer `l` is a short convolution layer (no attention, no KV).
+    pub fn layer_is_conv(&self, l: usize) -> bool {
+        self.short_conv.as_ref().is_some_and(|s| s.conv_layers[l])
     }
 
     /// Width of all query heads together.
@@ -315,6 +352,16 @@ impl ModelConfig {
         }
         if !arch.causal {
             f.push("bidirectional attention (encoder)".into());
+        }
+        if let Some(sc) = &self.short_conv {
+            let conv = sc.conv_layers.iter().filter(|&&c| c).count();
+            f.push(format!(
+                "hybrid: {conv} short-convolution layers (kernel {}), {} attention layers; a convolution layer caches {} values per position (an attention layer {} K+V)",
+                sc.kernel,
+                self.num_hidden_layers - conv,
+                self.hidden_size,
+                2 * self.kv_dim(),
+            ));
         }
         if arch.qk_norm {
             f.push("QK-norm".into());
