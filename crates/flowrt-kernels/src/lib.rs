@@ -162,7 +162,7 @@ pub(crate) struct ElemOps {
 }
 
 /// The types with a row in the table, in slot order.
-pub(crate) const SLOT_TYPES: [GgmlType; 13] = [
+pub(crate) const SLOT_TYPES: [GgmlType; 14] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -176,6 +176,7 @@ pub(crate) const SLOT_TYPES: [GgmlType; 13] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
     GgmlType::Q8K,
+    GgmlType::Mxfp4,
 ];
 pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
 
@@ -393,14 +394,14 @@ impl Kernels {
         v
     }
 
-    /// Activation type a weight type is multiplied with, as in ggml: Q4_0, Q5_0, Q8_0 -> Q8_0;
+    /// Activation type a weight type is multiplied with, as in ggml: Q4_0, Q5_0, Q8_0, MXFP4 -> Q8_0;
     /// Q4_1, Q5_1 -> Q8_1; k-quants (Q4_K, Q5_K, Q6_K, and the unsupported Q2_K, Q3_K) ->
     /// Q8_K; F32/F16/BF16 -> F32. Meaningful only where [`Kernels::supports`] is true; other
     /// types map to F32.
     pub fn vec_dot_type(w: GgmlType) -> GgmlType {
         use GgmlType::*;
         match w {
-            Q4_0 | Q8_0 | Q5_0 => Q8_0,
+            Q4_0 | Q8_0 | Q5_0 | Mxfp4 => Q8_0,
             Q4_1 | Q5_1 => Q8_1,
             Q2K | Q3K | Q4K | Q5K | Q6K => Q8K,
             _ => F32,
