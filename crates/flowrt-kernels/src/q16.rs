@@ -43,7 +43,10 @@ pub fn q16_row_size(k: usize) -> usize {
 /// Weight types with a Q16-activation matmul.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K | Mxfp4)
+    matches!(
+        w,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K | Mxfp4
+    )
 }
 
 /// Scalar reference: quantise one row.

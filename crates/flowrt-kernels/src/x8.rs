@@ -52,7 +52,10 @@ pub const ROWS: usize = 8;
 /// Weight types with an x8 layout.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K | Mxfp4)
+    matches!(
+        w,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K | Mxfp4
+    )
 }
 
 /// Values per row in one packed unit: a ggml block (32, or 256 for Q4_K).
@@ -615,12 +618,17 @@ pub(crate) use packed_type_table;
 
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
-    // MXFP4 has one AVX2 kernel (`x86/x8.rs`), which the AVX-512 tables use too; elsewhere the
-    // scalar reference.
+    // MXFP4 has AVX2 and AVX-512 kernels (outside `packed_type_table!`, which NEON shares);
+    // elsewhere the scalar reference.
     #[cfg(target_arch = "x86_64")]
-    if w == GgmlType::Mxfp4 && matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) {
-        // Each of these tables exists only when the host has AVX2, FMA and F16C.
-        return Some(crate::x86::x8::matmul_mxfp4);
+    if w == GgmlType::Mxfp4 {
+        // Each table exists only when the host has the features of its kernels.
+        match isa {
+            Isa::Avx2 => return Some(crate::x86::x8::matmul_mxfp4),
+            Isa::Avx512 => return Some(crate::x86::x8_512::plain::matmul_mxfp4),
+            Isa::Avx512Vnni => return Some(crate::x86::x8_512::vnni::matmul_mxfp4),
+            _ => {}
+        }
     }
     if w == GgmlType::Mxfp4 {
         return Some(matmul_ref_mxfp4);

@@ -104,13 +104,21 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
     let want = f32s(want);
     // The fixture covers the exponent bytes 0, 1, 2, 127, 254 and 255.
     for e in [0u8, 1, 2, 127, 254, 255] {
-        assert!(row.chunks_exact(17).any(|b| b[0] == e), "fixture lacks e={e}");
+        assert!(
+            row.chunks_exact(17).any(|b| b[0] == e),
+            "fixture lacks e={e}"
+        );
     }
     for kern in tables() {
         let mut got = vec![f32::NAN; n];
         kern.dequantize_row(TY, row, &mut got);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), w.to_bits(), "{} value {i}: {g} vs gguf-py {w}", kern.name());
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{} value {i}: {g} vs gguf-py {w}",
+                kern.name()
+            );
         }
     }
     // And the independent decoder here agrees with both.
@@ -146,13 +154,19 @@ fn quantise_then_dequantise_is_the_nearest_representable_value() {
     for (b, (xb, yb)) in x.chunks_exact(32).zip(y.chunks_exact(32)).enumerate() {
         let scale = 2f64.powi(q[17 * b] as i32 - 127);
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
-        assert!((4.0..8.0).contains(&(amax / scale)), "block {b}: amax/scale");
+        assert!(
+            (4.0..8.0).contains(&(amax / scale)),
+            "block {b}: amax/scale"
+        );
         for (&v, &got) in xb.iter().zip(yb) {
             // The nearest of all 16 values (ties aside) at this scale.
             let best = (0..16u8)
                 .map(|c| (scale * e2m1(c) - v as f64).abs())
                 .fold(f64::INFINITY, f64::min);
-            assert!(((got as f64) - v as f64).abs() <= best * (1.0 + 1e-12), "block {b}: {v} -> {got}");
+            assert!(
+                ((got as f64) - v as f64).abs() <= best * (1.0 + 1e-12),
+                "block {b}: {v} -> {got}"
+            );
         }
     }
 }
@@ -189,10 +203,17 @@ fn scalar_references_are_close_to_exact_math() {
             let mut out = [f32::NAN];
             Kernels::scalar().matmul_q16(TY, k, wr, 1, &a16, 1, &mut out, 1);
             let (e16, b16) = ((out[0] as f64 - exact).abs(), bound(32767.0, 1e-6));
-            assert!(e16 <= b16, "Q16 k={k} row {row}: {} vs {exact} (error {e16:e} > {b16:e})", out[0]);
+            assert!(
+                e16 <= b16,
+                "Q16 k={k} row {row}: {} vs {exact} (error {e16:e} > {b16:e})",
+                out[0]
+            );
             let g8 = Kernels::scalar().vec_dot(TY, k, wr, &a8);
             let (e8, b8) = ((g8 as f64 - exact).abs(), bound(127.0, 1e-3));
-            assert!(e8 <= b8, "Q8_0 k={k} row {row}: {g8} vs {exact} (error {e8:e} > {b8:e})");
+            assert!(
+                e8 <= b8,
+                "Q8_0 k={k} row {row}: {g8} vs {exact} (error {e8:e} > {b8:e})"
+            );
         }
     }
 }
@@ -331,6 +352,52 @@ fn x8_kernels_take_every_exponent() {
                     kern.name(),
                     got[i],
                     want[i]
+                );
+            }
+        }
+    }
+}
+
+/// The AVX-512 tables' MXFP4 kernels compute the AVX2 kernel's arithmetic lane for lane: equal
+/// bit for bit, on group counts around their pairs and tokens around their 4-token tiles.
+#[test]
+fn x8_avx512_tables_equal_avx2_bit_for_bit() {
+    let Ok(avx2) = Kernels::select(Some("avx2")) else {
+        println!("NOT RUN kernels: mxfp4 x8 avx512 vs avx2 (no avx2 table on this host)");
+        return;
+    };
+    let mut r = rng(5);
+    for name in ["avx512", "avx512vnni"] {
+        let kern = match Kernels::select(Some(name)) {
+            Ok(k) => k,
+            Err(e) => {
+                println!("NOT RUN kernels: mxfp4 x8 {name} vs avx2 ({e})");
+                continue;
+            }
+        };
+        for (groups, ntok, nb) in [
+            (1, 2, 3),
+            (2, 5, 1),
+            (3, 9, 7),
+            (4, 4, 2),
+            (5, 7, 9),
+            (7, 1, 4),
+        ] {
+            let (k, nrows) = (32 * nb, 8 * groups);
+            let w = weights(&mut r, k, nrows, 0, 254);
+            let p = pack(k, &w, nrows);
+            let a = q16(&acts(&mut r, k * ntok, 1.0), k);
+            let run = |kern: &Kernels| {
+                let mut out = vec![f32::NAN; ntok * nrows];
+                kern.matmul_q16_x8(TY, k, &p, nrows, &a, ntok, &mut out, nrows);
+                out
+            };
+            let (want, got) = (run(avx2), run(kern));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{name} groups={groups} ntok={ntok} k={k} [{i}]: {g} vs {w}"
                 );
             }
         }

@@ -98,13 +98,15 @@ mod tests {
 
     #[test]
     fn exponents_put_amax_over_the_scale_in_4_to_8() {
-        for &amax in &[1.0f32, 0.75, 6.0, 7.99, 8.0, 1e-3, 3e5, 1e-40] {
+        for &amax in &[1.0f32, 0.75, 6.0, 7.99, 8.0, 1e-3, 3e5, 1e-37] {
             let e = mxfp4_exponent(amax);
             let scale = 2f64.powi(e as i32 - 127);
             let r = amax as f64 / scale;
             assert!((4.0..8.0).contains(&r), "amax {amax}: e {e}, ratio {r}");
         }
         assert_eq!(mxfp4_exponent(0.0), 0);
+        // Below 2^-125 the exponent would be negative: clamped to 0.
+        assert_eq!(mxfp4_exponent(1e-40), 0);
         assert_eq!(mxfp4_exponent(1.0), 125);
     }
 

@@ -312,10 +312,7 @@ unsafe fn dots_e2m1<const G: usize, const T: usize>(
                 // Bytes of values: bits 0..4 and 8..12 of each 16-bit lane in `lo`'s low and
                 // high bytes, bits 4..8 and 12..16 in `hi`'s.
                 lo[g] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m));
-                hi[g] = _mm256_shuffle_epi8(
-                    lut,
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m),
-                );
+                hi[g] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m));
             }
             for i in 0..4 {
                 let mut w = [_mm256_setzero_si256(); G];
