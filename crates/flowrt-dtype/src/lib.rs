@@ -40,6 +40,8 @@ pub enum GgmlType {
     BF16 = 30,
     Tq1_0 = 34,
     Tq2_0 = 35,
+    /// OCP microscaling FP4 (gpt-oss's expert weights): 32 E2M1 values with an E8M0 scale.
+    Mxfp4 = 39,
 }
 
 /// Errors computing sizes of tensors.
@@ -55,7 +57,7 @@ pub enum DTypeError {
 
 impl GgmlType {
     /// All types this crate knows, in id order.
-    pub const ALL: [GgmlType; 31] = [
+    pub const ALL: [GgmlType; 32] = [
         Self::F32,
         Self::F16,
         Self::Q4_0,
@@ -87,6 +89,7 @@ impl GgmlType {
         Self::BF16,
         Self::Tq1_0,
         Self::Tq2_0,
+        Self::Mxfp4,
     ];
 
     /// The type with GGUF id `id`.
@@ -137,6 +140,7 @@ impl GgmlType {
             BF16 => "bf16",
             Tq1_0 => "tq1_0",
             Tq2_0 => "tq2_0",
+            Mxfp4 => "mxfp4",
         }
     }
 
@@ -145,7 +149,7 @@ impl GgmlType {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
-            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Iq4Nl => 32,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Iq4Nl | Mxfp4 => 32,
             _ => 256,
         }
     }
@@ -181,6 +185,7 @@ impl GgmlType {
             Iq1M => 56,
             Tq1_0 => 54,
             Tq2_0 => 66,
+            Mxfp4 => 17,
         }
     }
 
@@ -245,6 +250,9 @@ mod tests {
     fn sizes() {
         assert_eq!(GgmlType::Q4_1.row_size(576).unwrap(), 18 * 20);
         assert_eq!(GgmlType::F16.tensor_size(&[3, 5]).unwrap(), 30);
+        // As gguf-py's GGML_QUANT_SIZES: (32, 17), id 39.
+        assert_eq!(GgmlType::from_id(39).unwrap(), GgmlType::Mxfp4);
+        assert_eq!(GgmlType::Mxfp4.row_size(64).unwrap(), 34);
         assert!(matches!(
             GgmlType::Q4_0.row_size(33),
             Err(DTypeError::RowNotBlockAligned { .. })

@@ -184,6 +184,38 @@ impl BlockQ8_1 {
     }
 }
 
+/// Bytes of an MXFP4 block (ggml's `block_mxfp4`): byte 0 an E8M0 exponent `e`, bytes 1..17
+/// 32 E2M1 codes, value `j < 16` in the low nibble of byte `1 + j`, value `j + 16` in its high
+/// nibble (Q4_0's order). Value `j` is `mxfp4_half_scale(e) * MXFP4_KVALUES[code_j]`, i.e.
+/// `2^(e - 127)` times the E2M1 value.
+pub const MXFP4_BLOCK_BYTES: usize = 17;
+
+/// The E2M1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..8) and their negatives (codes 8..16,
+/// sign bit 3), doubled so that they are integers (the scale is halved to match).
+pub const MXFP4_KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Half of the E8M0 scale `2^(e - 127)`: `2^(e - 128)` exactly, subnormal for `e < 2`; `e = 255`
+/// (NaN in the OCP format) gives `2^127`, as ggml's `ggml_e8m0_to_fp32_half` and gguf-py do.
+#[inline]
+pub fn mxfp4_half_scale(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// Code `j` (0..32) of an MXFP4 block's 16 code bytes (the block without its exponent byte).
+#[inline]
+pub fn mxfp4_code(qs: &[u8], j: usize) -> u8 {
+    if j < QK / 2 {
+        qs[j] & 0x0F
+    } else {
+        qs[j - QK / 2] >> 4
+    }
+}
+
 fn nibble(qs: &[u8; QK / 2], j: usize) -> u8 {
     if j < QK / 2 {
         qs[j] & 0x0F
@@ -240,6 +272,17 @@ mod tests {
         b.qs[3] = 0xA5;
         assert_eq!(b.q(3), 5);
         assert_eq!(b.q(3 + 16), 10);
+    }
+
+    #[test]
+    fn mxfp4_half_scale_is_two_to_the_e_minus_128() {
+        for e in 0..=255u8 {
+            assert_eq!(
+                mxfp4_half_scale(e) as f64,
+                2f64.powi(e as i32 - 128),
+                "e = {e}"
+            );
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 //! VNNI). Decoding (one token) uses tiles of several rows so that one activation load and
 //! scale serve them all.
 //!
-//! Weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. The default
+//! Weight types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4. The default
 //! path quantises activations to Q16 ([`Kernels::matmul_q16`], AVX2 kernels for every
 //! quantised weight type); the ggml path ([`Kernels::matmul`] with Q8_0/Q8_1/Q8_K activations)
 //! has SIMD tiles for Q4_0, Q4_1 and Q8_0 and the scalar reference for Q5_0, Q5_1 and the
@@ -30,6 +30,13 @@
 //! 32-byte vector of 8 rows taken as two 128-bit registers, `vmlal_s16` in place of
 //! `vpmaddwd`) have kernels for all eight; the NEON ones are tested under `qemu-aarch64`
 //! (`scripts/test-aarch64`) and have not been timed on ARM hardware.
+//!
+//! MXFP4 (gpt-oss's experts, GGUF type 39) has the x8 layout and AVX2 and AVX-512 (VNNI)
+//! kernels there (`x86/x8.rs`, `x86/x8_512.rs`: a `vpshufb` of the doubled E2M1 values
+//! `0, ±1, ±2, ±3, ±4, ±6, ±8, ±12` gives each block's integer dot `sum k_j q_a` exactly,
+//! scaled by the E8M0 scale halved, `2^(e - 128)`, and the activation scale: the numerics of
+//! the Q8_0 x8 path, one integer sum and one scale per 32 values). Its row-layout Q16 matmul,
+//! its ggml-path matmul (Q8_0 activations) and NEON use the scalar reference.
 
 use std::sync::OnceLock;
 
@@ -162,7 +169,7 @@ pub(crate) struct ElemOps {
 }
 
 /// The types with a row in the table, in slot order.
-pub(crate) const SLOT_TYPES: [GgmlType; 13] = [
+pub(crate) const SLOT_TYPES: [GgmlType; 14] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -176,6 +183,7 @@ pub(crate) const SLOT_TYPES: [GgmlType; 13] = [
     GgmlType::Q5K,
     GgmlType::Q6K,
     GgmlType::Q8K,
+    GgmlType::Mxfp4,
 ];
 pub(crate) const N_SLOTS: usize = SLOT_TYPES.len();
 
@@ -393,14 +401,14 @@ impl Kernels {
         v
     }
 
-    /// Activation type a weight type is multiplied with, as in ggml: Q4_0, Q5_0, Q8_0 -> Q8_0;
+    /// Activation type a weight type is multiplied with, as in ggml: Q4_0, Q5_0, Q8_0, MXFP4 -> Q8_0;
     /// Q4_1, Q5_1 -> Q8_1; k-quants (Q4_K, Q5_K, Q6_K, and the unsupported Q2_K, Q3_K) ->
     /// Q8_K; F32/F16/BF16 -> F32. Meaningful only where [`Kernels::supports`] is true; other
     /// types map to F32.
     pub fn vec_dot_type(w: GgmlType) -> GgmlType {
         use GgmlType::*;
         match w {
-            Q4_0 | Q8_0 | Q5_0 => Q8_0,
+            Q4_0 | Q8_0 | Q5_0 | Mxfp4 => Q8_0,
             Q4_1 | Q5_1 => Q8_1,
             Q2K | Q3K | Q4K | Q5K | Q6K => Q8K,
             _ => F32,
@@ -408,7 +416,8 @@ impl Kernels {
     }
 
     /// Whether `w` can be used as a weight type with [`Kernels::vec_dot`] and
-    /// [`Kernels::matmul`] (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+    /// [`Kernels::matmul`] (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+    /// MXFP4).
     pub fn supports(w: GgmlType) -> bool {
         slot(w).is_some_and(|s| Kernels::scalar().types[s].vec_dot.is_some())
     }
@@ -574,7 +583,7 @@ impl Kernels {
     }
 
     /// Weight types [`Kernels::matmul_q16`] takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-    /// Q6_K.
+    /// Q6_K, MXFP4.
     /// Like [`Kernels::matmul_q16`], with weights packed by [`x8::pack`]: `packed` holds
     /// `nrows / 8` whole groups (`nrows` a multiple of 8).
     ///

@@ -1,5 +1,5 @@
 //! Q16 activations: rows quantised to 16-bit integers in blocks of 32, for matmuls with
-//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights. A k-quant super-block of 256
+//! Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and MXFP4 weights. A k-quant super-block of 256
 //! values meets 8 activation blocks: each lines up with one Q4_K/Q5_K sub-block (one scale,
 //! one min) or with two 16-value Q6_K sub-blocks (two scales).
 //!
@@ -43,7 +43,10 @@ pub fn q16_row_size(k: usize) -> usize {
 /// Weight types with a Q16-activation matmul.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
+    matches!(
+        w,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K | Mxfp4
+    )
 }
 
 /// Scalar reference: quantise one row.
@@ -114,6 +117,21 @@ pub(crate) struct W8_0;
 pub(crate) struct W4K;
 pub(crate) struct W5K;
 pub(crate) struct W6K;
+pub(crate) struct WMxfp4;
+
+impl Q16Weight for WMxfp4 {
+    const BYTES: usize = crate::blocks::MXFP4_BLOCK_BYTES;
+    const SUBS: usize = 1;
+    /// The doubled E2M1 values (-12..=12) and the halved E8M0 scale: the block's dot is
+    /// `2^(e - 128) d_a sum(k_j q_a)`, no offset term.
+    fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
+        use crate::blocks::{mxfp4_code, mxfp4_half_scale, MXFP4_KVALUES};
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = MXFP4_KVALUES[mxfp4_code(&b[1..], j) as usize] as i32;
+        }
+        (mxfp4_half_scale(b[0]), 0.0)
+    }
+}
 
 impl Q16Weight for W4_0 {
     const BYTES: usize = 18;
@@ -255,8 +273,9 @@ fn matmul_ref<W: Q16Weight>(g: MatmulArgs<'_>) {
 /// The Q16 matmul for weight type `w` on `isa` (scalar where no SIMD version exists).
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) {
-        // The table for `isa` exists only when the host has AVX2, FMA and F16C.
+    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) && w != GgmlType::Mxfp4 {
+        // The table for `isa` exists only when the host has AVX2, FMA and F16C. (MXFP4 rows
+        // use the scalar reference: its weights are repacked into the x8 layout at load.)
         return crate::x86::q16::matmul_fn(w);
     }
     let _ = isa;
@@ -269,6 +288,7 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q4K => Some(matmul_ref::<W4K>),
         GgmlType::Q5K => Some(matmul_ref::<W5K>),
         GgmlType::Q6K => Some(matmul_ref::<W6K>),
+        GgmlType::Mxfp4 => Some(matmul_ref::<WMxfp4>),
         _ => None,
     }
 }

@@ -22,6 +22,7 @@
 //! | Q8_0 | 272 | `d: [f16; 8]`, `q: [i8; 256]` |
 //! | Q4_K | 1184 per 256 values | `d: [f16; 8]`, `dmin: [f16; 8]`, `sc: [[u8; 8]; 8]`, `m: [[u8; 8]; 8]` (sub-block, row: the 6-bit scales and mins decoded), then 8 sub-blocks of 32 values laid out as Q4_0's `q` |
 //! | Q5_K | 1440 per 256 values | as Q4_K, each sub-block's `q` followed by its `h: [u8; 32]` |
+//! | MXFP4 | 136 | `e: [u8; 8]` (the E8M0 exponents), `q: [u8; 128]` (the E2M1 codes, laid out as Q4_0's `q`) |
 //! | Q6_K | 1680 per 256 values | `d: [f16; 8]`, `sc: [[i8; 8]; 16]` (16-value sub-block, row), then 8 sub-blocks of 32 values: `q: [u8; 128]` (low 4 bits of `q + 32`), `h: [[u8; 32]; 2]` (its bits 4 and 5) |
 //!
 //! 4-bit `q`: 4 units of 32 bytes; unit `u` holds values `8u..8u+8` of all 8 rows as 16
@@ -51,7 +52,10 @@ pub const ROWS: usize = 8;
 /// Weight types with an x8 layout.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K)
+    matches!(
+        w,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K | Q6K | Mxfp4
+    )
 }
 
 /// Values per row in one packed unit: a ggml block (32, or 256 for Q4_K).
@@ -110,6 +114,7 @@ fn block_bytes(w: GgmlType) -> usize {
         GgmlType::Q4K => 144,
         GgmlType::Q5K => 176,
         GgmlType::Q6K => 210,
+        GgmlType::Mxfp4 => crate::blocks::MXFP4_BLOCK_BYTES,
         other => panic!("x8: {other} has no x8 layout"),
     }
 }
@@ -256,6 +261,9 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
     if w == GgmlType::Q6K {
         return pack_q6k(k, src, dst);
     }
+    if w == GgmlType::Mxfp4 {
+        return pack_mxfp4(k, src, dst);
+    }
     let hb = header_bytes(w);
     let qo = quant_offset(w);
     let row_bytes = nb * bb;
@@ -290,6 +298,36 @@ pub fn pack(w: GgmlType, rows: usize, k: usize, src: &[u8], dst: &mut [u8]) {
                 }
             }
         }
+    }
+}
+
+/// Packs MXFP4 rows: per block of 8 rows, their 8 exponent bytes, then their codes placed as
+/// Q4_0's nibbles.
+fn pack_mxfp4(k: usize, src: &[u8], dst: &mut [u8]) {
+    use crate::blocks::{mxfp4_code, MXFP4_BLOCK_BYTES as BB};
+    let nb = k / QK;
+    let row_bytes = nb * BB;
+    for (src_g, dst_g) in src
+        .chunks_exact(ROWS * row_bytes)
+        .zip(dst.chunks_exact_mut(ROWS * row_bytes))
+    {
+        for (b, out) in dst_g.chunks_exact_mut(ROWS * BB).enumerate() {
+            for r in 0..ROWS {
+                let blk = &src_g[r * row_bytes + b * BB..][..BB];
+                out[r] = blk[0];
+                let v: [u8; QK] = std::array::from_fn(|j| mxfp4_code(&blk[1..], j));
+                put_nibbles(r, &v, &mut out[ROWS..ROWS + 128]);
+            }
+        }
+    }
+}
+
+/// The MXFP4 block of row `r` from a packed unit (the inverse of [`pack_mxfp4`]).
+fn unpack_mxfp4(p: &[u8], r: usize, out: &mut [u8]) {
+    out[0] = p[r];
+    let v = get_nibbles(&p[ROWS..ROWS + 128], r);
+    for j in 0..QK / 2 {
+        out[1 + j] = v[j] | (v[j + QK / 2] << 4);
     }
 }
 
@@ -445,6 +483,7 @@ pub fn unpack_block(w: GgmlType, p: &[u8], r: usize, out: &mut [u8]) {
     match w {
         GgmlType::Q4K | GgmlType::Q5K => return unpack_kq(w, p, r, out),
         GgmlType::Q6K => return unpack_q6k(p, r, out),
+        GgmlType::Mxfp4 => return unpack_mxfp4(p, r, out),
         _ => {}
     }
     out[0..2].copy_from_slice(&p[2 * r..2 * r + 2]);
@@ -541,6 +580,9 @@ fn matmul_ref_q8_0(g: MatmulArgs<'_>) {
 fn matmul_ref_q4k(g: MatmulArgs<'_>) {
     matmul_ref::<q16::W4K>(GgmlType::Q4K, g)
 }
+fn matmul_ref_mxfp4(g: MatmulArgs<'_>) {
+    matmul_ref::<q16::WMxfp4>(GgmlType::Mxfp4, g)
+}
 
 /// Defines a driver module's per-type table, `matmul_fn(w)`: the entry that runs the module's
 /// `unsafe fn run::<P>` for the packed type `P` of `w` (the module has `P4_0` ... `P6K`,
@@ -576,6 +618,21 @@ pub(crate) use packed_type_table;
 
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
+    // MXFP4 has AVX2 and AVX-512 kernels (outside `packed_type_table!`, which NEON shares);
+    // elsewhere the scalar reference.
+    #[cfg(target_arch = "x86_64")]
+    if w == GgmlType::Mxfp4 {
+        // Each table exists only when the host has the features of its kernels.
+        match isa {
+            Isa::Avx2 => return Some(crate::x86::x8::matmul_mxfp4),
+            Isa::Avx512 => return Some(crate::x86::x8_512::plain::matmul_mxfp4),
+            Isa::Avx512Vnni => return Some(crate::x86::x8_512::vnni::matmul_mxfp4),
+            _ => {}
+        }
+    }
+    if w == GgmlType::Mxfp4 {
+        return Some(matmul_ref_mxfp4);
+    }
     #[cfg(target_arch = "x86_64")]
     match isa {
         // Each table exists only when the host has the features of its kernels.

@@ -85,6 +85,7 @@ fn vec_dot_types_and_support() {
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q8_0), GgmlType::Q8_0);
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q4_1), GgmlType::Q8_1);
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q5_0), GgmlType::Q8_0);
+    assert_eq!(Kernels::vec_dot_type(GgmlType::Mxfp4), GgmlType::Q8_0);
     assert_eq!(Kernels::vec_dot_type(GgmlType::Q5_1), GgmlType::Q8_1);
     for t in [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K] {
         assert_eq!(Kernels::vec_dot_type(t), GgmlType::Q8K);
@@ -106,6 +107,7 @@ fn vec_dot_types_and_support() {
                 | GgmlType::Q4K
                 | GgmlType::Q5K
                 | GgmlType::Q6K
+                | GgmlType::Mxfp4
         );
         assert_eq!(Kernels::supports(t), want, "{t}");
         let q16 = want && !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);

@@ -110,6 +110,7 @@ fn file_type_name(t: u64) -> Option<&'static str> {
         17 => "Q5_K_M",
         18 => "Q6_K",
         32 => "BF16",
+        38 => "MXFP4_MOE",
         _ => return None,
     })
 }

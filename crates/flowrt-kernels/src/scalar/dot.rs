@@ -6,6 +6,7 @@
 use super::kquants::{
     vec_dot_q4_k_q8_k, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1, vec_dot_q5_k_q8_k, vec_dot_q6_k_q8_k,
 };
+use super::mxfp4::vec_dot_mxfp4_q8_0;
 use crate::blocks::{bf16_to_f32, f16_to_f32, BlockQ4_0, BlockQ4_1, BlockQ8_0, BlockQ8_1, QK};
 use crate::{MatmulArgs, MatmulFn, VecDotFn};
 use flowrt_dtype::GgmlType;
@@ -117,4 +118,5 @@ scalar_matmuls! {
     matmul_q4_k: Q4K => vec_dot_q4_k_q8_k;
     matmul_q5_k: Q5K => vec_dot_q5_k_q8_k;
     matmul_q6_k: Q6K => vec_dot_q6_k_q8_k;
+    matmul_mxfp4: Mxfp4 => vec_dot_mxfp4_q8_0;
 }

@@ -6,6 +6,7 @@
 pub(crate) mod dot;
 pub(crate) mod elem;
 pub(crate) mod kquants;
+pub(crate) mod mxfp4;
 pub(crate) mod quant;
 pub(crate) mod search;
 
@@ -79,6 +80,11 @@ fn type_ops(ty: GgmlType) -> TypeOps {
             kquants::quantize_row_q8_k as _,
             kquants::dequantize_row_q8_k as _,
             None,
+        ),
+        Mxfp4 => (
+            mxfp4::quantize_row_mxfp4 as _,
+            mxfp4::dequantize_row_mxfp4 as _,
+            Some(mxfp4::vec_dot_mxfp4_q8_0 as _),
         ),
         other => unreachable!("no scalar kernels for {other}"),
     };

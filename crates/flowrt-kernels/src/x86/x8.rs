@@ -46,6 +46,9 @@ pub(super) trait Packed {
     unsafe fn half_scales(_p: *const u8, _j: usize) -> __m256 {
         unreachable!("only 6-bit packed types have a scale per 16 values")
     }
+    /// Whether the 4-bit codes index the E2M1 table (MXFP4, [`dots_e2m1`]) instead of being
+    /// the weights' integers.
+    const E2M1: bool = false;
 }
 
 pub(super) struct P4_0;
@@ -56,6 +59,7 @@ pub(super) struct P8_0;
 pub(super) struct P4K;
 pub(super) struct P5K;
 pub(super) struct P6K;
+pub(super) struct PMxfp4;
 
 /// Two 16-bit values at `p`, broadcast to every 32-bit lane.
 #[inline]
@@ -254,6 +258,84 @@ impl Packed for P8_0 {
     const BITS: u32 = 8;
 }
 
+impl Packed for PMxfp4 {
+    const BYTES: usize = 136;
+    const Q: usize = 8;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
+        // SAFETY: a packed MXFP4 unit starts with the 8 rows' E8M0 exponent bytes.
+        unsafe {
+            let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
+            // Half the scale, 2^(e - 128), exactly (see `blocks::mxfp4_half_scale`): the f32
+            // bits `(e - 1) << 23` for e >= 2, the subnormals `0x0020_0000 << e` below.
+            let normal = _mm256_slli_epi32::<23>(_mm256_sub_epi32(e, _mm256_set1_epi32(1)));
+            let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+            let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+            (
+                _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small)),
+                None,
+            )
+        }
+    }
+    const BITS: u32 = 4;
+    const E2M1: bool = true;
+}
+
+/// Adds the products of `G` groups' MXFP4 blocks (codes laid out as Q4_0's nibbles) to
+/// `acc[g][t]` for the `T` tokens whose Q16 block quants (32 i16) start at `a[t]`: each code
+/// is looked up (`vpshufb`) in the table of doubled E2M1 values (-12..=12), so the integer sums
+/// `sum k_j q_a` are exact, as in the scalar reference.
+///
+/// # Safety
+/// Each `q[g]` points to a block's 128 code bytes, each `a[t]` to 64 readable bytes; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_e2m1<const G: usize, const T: usize>(
+    q: &[*const u8; G],
+    a: &[*const u8; T],
+    acc: &mut [[__m256i; T]; G],
+) {
+    let lut = _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1,
+        -2, -3, -4, -6, -8, -12,
+    );
+    let m = _mm256_set1_epi8(0x0F);
+    // SAFETY: 4 units of 32 bytes at q[g]; unit u pairs with activation values 8u..8u+8 at
+    // bytes 16u..16u+16 of each a[t].
+    unsafe {
+        for u in 0..QK / 8 {
+            let mut lo = [_mm256_setzero_si256(); G];
+            let mut hi = [_mm256_setzero_si256(); G];
+            for g in 0..G {
+                let raw = _mm256_loadu_si256(q[g].add(32 * u).cast());
+                // Bytes of values: bits 0..4 and 8..12 of each 16-bit lane in `lo`'s low and
+                // high bytes, bits 4..8 and 12..16 in `hi`'s.
+                lo[g] = _mm256_shuffle_epi8(lut, _mm256_and_si256(raw, m));
+                hi[g] = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m));
+            }
+            for i in 0..4 {
+                let mut w = [_mm256_setzero_si256(); G];
+                for (g, w) in w.iter_mut().enumerate() {
+                    // The signed byte of position i, sign-extended to its 16-bit lane.
+                    *w = match i {
+                        0 => _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(lo[g])),
+                        1 => _mm256_srai_epi16::<8>(lo[g]),
+                        2 => _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(hi[g])),
+                        _ => _mm256_srai_epi16::<8>(hi[g]),
+                    };
+                }
+                for t in 0..T {
+                    let ap = pair(a[t].add(16 * u + 4 * i));
+                    for g in 0..G {
+                        acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(w[g], ap));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Adds the products of `G` groups' 8-bit blocks to `acc[g][t]` for the `T` tokens whose Q16
 /// block quants (32 i16) start at `a[t]`.
 ///
@@ -376,6 +458,7 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
             }
             let mut isum = [[_mm256_setzero_si256(); T]; G];
             match P::BITS {
+                _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
                 8 => dots8::<G, T>(&q, &aq, &mut isum),
                 5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
                 _ => dots4::<G, T, 0>(&q, &aq, &mut isum, 0, 4),
@@ -468,3 +551,10 @@ unsafe fn all_tokens<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usi
 }
 
 crate::x8::packed_type_table!();
+
+/// The MXFP4 x8 matmul (every x86 table uses it; see `crate::x8::matmul_fn`).
+pub(crate) fn matmul_mxfp4(mut g: MatmulArgs<'_>) {
+    // SAFETY: reachable only from the x86 tables, which exist only on hosts with AVX2, FMA
+    // and F16C, with lengths checked by `Kernels::matmul_q16_x8`.
+    unsafe { run::<PMxfp4>(&mut g) }
+}

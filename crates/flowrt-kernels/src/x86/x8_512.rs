@@ -13,6 +13,8 @@
 //! test checks this). A task with an odd number of groups does its last one with the AVX2
 //! kernel, and a single token (decode, bound by memory) runs the AVX2 kernel throughout.
 //!
+//! MXFP4 has kernels here too (the AVX2 kernel's E2M1 lookup on 512-bit vectors).
+//!
 //! [`x8_512_kernels!`] stamps the kernels out for one set of target features; the invoking
 //! module supplies `dot(acc, w, a) -> __m512i`, the per-lane `acc + w0 a0 + w1 a1` on 16-bit
 //! pairs.
@@ -24,7 +26,7 @@ macro_rules! x8_512_kernels {
         use flowrt_dtype::GgmlType;
 
         use super::super::x8::{
-            self as x8_256, Packed, P4K, P4_0, P4_1, P5K, P5_0, P5_1, P6K, P8_0,
+            self as x8_256, PMxfp4, Packed, P4K, P4_0, P4_1, P5K, P5_0, P5_1, P6K, P8_0,
         };
         use crate::blocks::QK;
         use crate::q16::Q16_BLOCK_BYTES;
@@ -160,6 +162,57 @@ macro_rules! x8_512_kernels {
             }
         }
 
+        /// Adds the products of `G` group pairs' MXFP4 blocks to `acc[g][t]` for the `T` tokens
+        /// whose Q16 block quants start at `a[t]`: the AVX2 kernel's E2M1 lookup
+        /// (`x86/x8.rs`'s `dots_e2m1`) on two groups at once.
+        ///
+        /// # Safety
+        /// Each `q[g][h]` points to a block's 128 code bytes, each `a[t]` to 64 readable bytes.
+        #[inline]
+        #[target_feature(enable = $f)]
+        unsafe fn dots_e2m1<const G: usize, const T: usize>(
+            q: &[[*const u8; 2]; G],
+            a: &[*const u8; T],
+            acc: &mut [[__m512i; T]; G],
+        ) {
+            let lut = _mm512_broadcast_i32x4(_mm_setr_epi8(
+                0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+            ));
+            let m = _mm512_set1_epi8(0x0F);
+            // SAFETY: as in the AVX2 kernel, for each of the two groups of a pair.
+            unsafe {
+                for u in 0..QK / 8 {
+                    let mut lo = [_mm512_setzero_si512(); G];
+                    let mut hi = [_mm512_setzero_si512(); G];
+                    for g in 0..G {
+                        let raw = load2(q[g][0].add(32 * u), q[g][1].add(32 * u));
+                        lo[g] = _mm512_shuffle_epi8(lut, _mm512_and_si512(raw, m));
+                        hi[g] = _mm512_shuffle_epi8(
+                            lut,
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m),
+                        );
+                    }
+                    for i in 0..4 {
+                        let mut w = [_mm512_setzero_si512(); G];
+                        for (g, w) in w.iter_mut().enumerate() {
+                            *w = match i {
+                                0 => _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(lo[g])),
+                                1 => _mm512_srai_epi16::<8>(lo[g]),
+                                2 => _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(hi[g])),
+                                _ => _mm512_srai_epi16::<8>(hi[g]),
+                            };
+                        }
+                        for t in 0..T {
+                            let ap = pair(a[t].add(16 * u + 4 * i));
+                            for g in 0..G {
+                                acc[g][t] = dot(acc[g][t], w[g], ap);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
         /// Adds the products of `G` group pairs' 8-bit blocks to `acc[g][t]` for the `T`
         /// tokens whose Q16 block quants start at `a[t]`.
         ///
@@ -258,6 +311,7 @@ macro_rules! x8_512_kernels {
                     }
                     let mut isum = [[_mm512_setzero_si512(); T]; G];
                     match P::BITS {
+                        _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
                         8 => dots8::<G, T>(&q, &aq, &mut isum),
                         5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
                         _ => dots4::<G, T, 0>(&q, &aq, &mut isum, 0, 4),
@@ -350,6 +404,13 @@ macro_rules! x8_512_kernels {
         }
 
         crate::x8::packed_type_table!();
+
+        /// The MXFP4 x8 matmul of this instruction set (see `crate::x8::matmul_fn`).
+        pub(crate) fn matmul_mxfp4(mut g: MatmulArgs<'_>) {
+            // SAFETY: reachable only from this instruction set's table, which exists only on
+            // hosts with its features, with lengths checked by `Kernels::matmul_q16_x8`.
+            unsafe { run::<PMxfp4>(&mut g) }
+        }
     };
 }
 
