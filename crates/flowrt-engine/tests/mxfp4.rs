@@ -127,7 +127,10 @@ fn mxfp4_gguf_matches_its_dequantised_f32_and_transformers_within_bounds() {
     assert_eq!(n, 3 * 7 + 1, "every layer matrix and the output");
     let a = LoadedModel::load(&pa).unwrap();
     let b = LoadedModel::load(&pb).unwrap();
-    assert_eq!(a.model.layers[0].wq.as_ref().unwrap().dtype, GgmlType::Mxfp4);
+    assert_eq!(
+        a.model.layers[0].wq.as_ref().unwrap().dtype,
+        GgmlType::Mxfp4
+    );
     assert_eq!(b.model.layers[0].wq.as_ref().unwrap().dtype, GgmlType::F32);
 
     // Token ids spread over the vocabulary, three prompts of 40 (several batches of 7).
