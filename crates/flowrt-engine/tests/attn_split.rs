@@ -90,6 +90,12 @@ fn split_attention_equals_unsplit_mistral_sliding_window() {
     split_equals_unsplit("mistral");
 }
 
+/// gpt-oss: the sinks join the softmax denominator once, in the merge of the parts.
+#[test]
+fn split_attention_equals_unsplit_gpt_oss_sinks() {
+    split_equals_unsplit("gpt-oss");
+}
+
 /// Three sequences of different lengths in one cache, prefilled in one step and decoded
 /// together (one sits a step out): each row's keys come from its own sequence in every part.
 #[test]
