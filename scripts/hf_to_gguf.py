@@ -32,7 +32,7 @@ GGUF written (gguf-py's GGUFWriter, v3):
   convert_hf_to_gguf.py does (GGUF llama rotates adjacent pairs (2i, 2i+1); HF
   rotates (i, i + d/2)): rows [h, half, pair] <- HF rows [h, pair, half].
   qwen2/qwen3 keep HF's row order (llama.cpp uses NEOX rotation for them).
-  --outtype f32|f16|q8_0|q4_0|q4_1 applies to 2-D weights (quantised with
+  --outtype f32|f16|q8_0|q4_0|q4_1|mxfp4_moe (experts MXFP4, the rest q8_0) applies to 2-D weights (quantised with
   gguf.quants.quantize; a matrix whose row length is not a multiple of 32 falls
   back to f16 for q* types, and is reported); norms and biases stay f32.
   Tokenizer (from tokenizer.json / tokenizer_config.json, byte-level BPE only):
@@ -109,7 +109,7 @@ EXPERT_TENSORS = {
     "up_proj.weight": "ffn_up_exps.weight",
     "down_proj.weight": "ffn_down_exps.weight",
 }
-OUTTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+OUTTYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "mxfp4_moe")
 
 # HF name (inside model.layers.{i}.) -> GGUF name (inside blk.{i}.)
 LAYER_TENSORS = {
@@ -267,14 +267,16 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int, cfg: dict, pre: str) ->
 def qtype_for(outtype: str):
     from gguf import GGMLQuantizationType as Q
 
-    return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1}[outtype]
+    # mxfp4_moe: expert matrices in MXFP4, every other matrix in Q8_0 (llama.cpp's MXFP4_MOE)
+    return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1,
+            "mxfp4_moe": Q.Q8_0}[outtype]
 
 
 def file_type(outtype: str) -> int:
     from gguf import LlamaFileType as F
 
     return {"f32": F.ALL_F32, "f16": F.MOSTLY_F16, "q8_0": F.MOSTLY_Q8_0,
-            "q4_0": F.MOSTLY_Q4_0, "q4_1": F.MOSTLY_Q4_1}[outtype]
+            "q4_0": F.MOSTLY_Q4_0, "q4_1": F.MOSTLY_Q4_1, "mxfp4_moe": F.MOSTLY_MXFP4_MOE}[outtype]
 
 
 def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: str | None = None) -> dict:
@@ -437,7 +439,7 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
         elif arch == "llama" and gname.endswith("attn_k.weight"):
             t = permute_qk(t, n_kv)
         if t.ndim in (2, 3) and qt != Q.F32 and not gname.endswith(".bias"):
-            want = qt
+            want = Q.MXFP4 if outtype == "mxfp4_moe" and gname.endswith("_exps.weight") else qt
             if want not in (Q.F16,) and t.shape[-1] % 32 != 0:
                 want = Q.F16
                 fallbacks.append(gname)

@@ -515,6 +515,39 @@ fn gpt_oss_gguf_q8_0_within_quantisation_bounds() {
     assert!(r.mean_kl <= 1e-3, "mean KL {}", r.mean_kl);
 }
 
+/// The gpt-oss fixture with its experts in MXFP4 and every other matrix in q8_0
+/// (`scripts/hf_to_gguf.py --outtype mxfp4_moe`, llama.cpp's MXFP4_MOE mix; gguf-py's
+/// quantiser), as OpenAI ships gpt-oss: the experts run the MXFP4 x8 kernels. Against
+/// transformers' f32 logits, within 4-bit bounds (tiny random experts quantise worse than
+/// trained ones).
+#[test]
+fn gpt_oss_gguf_mxfp4_experts_within_quantisation_bounds() {
+    let dir = common::fixture("families/gpt-oss");
+    let m = LoadedModel::load(&dir.join("model-mxfp4.gguf")).unwrap();
+    let x = m.model.layers[0].moe.as_ref().expect("layer 0 is sparse");
+    assert_eq!(x.gate[7].dtype, flowrt_dtype::GgmlType::Mxfp4);
+    assert_eq!(x.down[0].dtype, flowrt_dtype::GgmlType::Mxfp4);
+    let mut s = Session::new(
+        &m,
+        &EngineOptions {
+            threads: 2,
+            kv: KvPrecision::F32,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
+    eprintln!(
+        "gpt-oss MXFP4 experts GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+        r.top1_agreement, r.mean_kl, r.max_abs_logit_err
+    );
+    assert!(r.top1_agreement >= TOP1_MXFP4, "top-1 {}", r.top1_agreement);
+    assert!(r.mean_kl <= KL_MXFP4, "mean KL {}", r.mean_kl);
+}
+/// Measured 0.832 / 1.37e-2; an MXFP4 scale off by one exponent gives 0.327 / 0.56.
+const TOP1_MXFP4: f64 = 0.78;
+const KL_MXFP4: f64 = 0.03;
+
 /// gpt-oss bad input: an expert count the fused expert tensors contradict, a top-k beyond the
 /// experts, a sinks tensor of the wrong length: errors naming the field.
 #[test]
