@@ -264,6 +264,7 @@ pub struct CpuBackend {
     moe_jobs: Vec<crate::moe::ExpertJob>,
     moe_chosen: Vec<(usize, f32)>, // (top_k) one token's experts and weights
     moe_scores: Vec<f32>,          // (num_experts) one token's router scores
+    conv_bx: Vec<f32>,             // (hidden) one row's B · x on its way to the cache
     attn_split: AttnSplit,
     /// (slots, group, head_dim + 2) partial outputs of split attention, with each head's max
     /// and sum (see `attention::slot_len`); empty when no batch can split.
@@ -365,6 +366,7 @@ impl CpuBackend {
                 .collect(),
             moe_chosen: Vec::new(),
             moe_scores: Vec::new(),
+            conv_bx: Vec::new(),
             attn_split: opts.attn_split,
             attn_parts: vec![0.0; attn_slots * attention::slot_len(group, c.head_dim)],
             n_logit_rows: 0,
@@ -705,7 +707,8 @@ impl CpuBackend {
                 }
                 let (s, d) = two_bufs(&mut self.bufs, src, dst);
                 // B · x of every row into the cache first: a row reads earlier rows' values.
-                let mut bx = vec![0f32; h];
+                let bx = &mut self.conv_bx;
+                bx.resize(h, 0.0);
                 for (t, &(seq, pos)) in self.rows.iter().enumerate() {
                     let r = &s[t * 3 * h..(t + 1) * 3 * h];
                     for (o, (b, x)) in bx.iter_mut().zip(r[..h].iter().zip(&r[2 * h..])) {
@@ -713,8 +716,8 @@ impl CpuBackend {
                     }
                     let o = kv.conv_offset(l, seq, pos);
                     match &mut kv.k[l] {
-                        KvStore::F16(st) => k.f32_to_f16(&bx, as_f16_mut(&mut st[o..o + h])),
-                        KvStore::F32(st) => st[o..o + h].copy_from_slice(&bx),
+                        KvStore::F16(st) => k.f32_to_f16(bx, as_f16_mut(&mut st[o..o + h])),
+                        KvStore::F32(st) => st[o..o + h].copy_from_slice(bx),
                     }
                 }
                 // dst = C · Σ_j w_j · Bx[pos - (kernel - 1) + j], positions before 0 as 0.

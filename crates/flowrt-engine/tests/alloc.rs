@@ -38,14 +38,26 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// One test for every model: the allocation counter is global, so the models run one after
+/// another. SmolLM2 (dense), and the fixtures whose layers run other ops: mixtures of experts
+/// (routing, grouping tokens per expert, per-expert biases), attention sinks, and LFM2's
+/// short convolution.
 #[test]
 fn decode_steps_do_not_allocate() {
-    let m = LoadedModel::load(&common::smollm2()).unwrap();
+    decode_allocs(&common::smollm2());
+    for case in ["qwen3-moe", "gpt-oss", "lfm2"] {
+        decode_allocs(&common::fixture(&format!("families/{case}")));
+    }
+}
+
+fn decode_allocs(path: &std::path::Path) {
+    ALLOCS.store(0, Ordering::SeqCst);
+    let m = LoadedModel::load(path).unwrap();
     let mut s = Session::new(
         &m,
         &EngineOptions {
             threads: 2,
-            n_ctx: Some(256),
+            n_ctx: Some(128),
             ..EngineOptions::default()
         },
     )
@@ -82,6 +94,7 @@ fn decode_steps_do_not_allocate() {
     assert_eq!(
         ALLOCS.load(Ordering::SeqCst),
         0,
-        "heap allocations during 32 decode steps"
+        "heap allocations during 32 decode steps of {}",
+        path.display()
     );
 }
