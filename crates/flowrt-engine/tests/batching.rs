@@ -142,6 +142,25 @@ fn bad_steps_are_errors_and_change_nothing() {
     assert_eq!((b.n_past(0), b.n_past(1)), (n_ctx - 2, 3));
 }
 
+/// A session fed `len` tokens, then re-synced to a prompt sharing their first `keep`, gives
+/// the logits of a fresh prefill of that prompt (9 new tokens after the kept prefix).
+fn prefix_reuse_equals_fresh(case: &str, len: u32, keep: usize) {
+    let m = LoadedModel::load(&common::fixture(&format!("families/{case}"))).unwrap();
+    let a: Vec<u32> = (0..len).map(|i| (i * 17 + 3) % 300).collect();
+    let mut b = a.clone();
+    b.truncate(keep);
+    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
+    let mut s = Session::new(&m, &opts()).unwrap();
+    s.feed(&a).unwrap();
+    assert_eq!(s.common_prefix(&b), keep);
+    let reused = s.sync(&b).unwrap().to_vec();
+    let mut f = Session::new(&m, &opts()).unwrap();
+    let fresh = f.feed(&b).unwrap().to_vec();
+    let d = max_diff(&reused, &fresh);
+    assert!(d <= 1e-5, "{case}: prefix reuse: max diff {d}");
+    assert_eq!(argmax(&reused), argmax(&fresh));
+}
+
 /// A mixture of experts (8 experts, top-2): a batch groups its tokens by expert, so each row
 /// must still get exactly its own experts' outputs.
 #[test]
@@ -156,20 +175,7 @@ fn batched_sequences_equal_solo_runs_qwen3_moe() {
 /// a prefix gives the logits of a fresh prefill of the whole prompt.
 #[test]
 fn prefix_reuse_equals_fresh_prefill_qwen3_moe() {
-    let m = LoadedModel::load(&common::fixture("families/qwen3-moe")).unwrap();
-    let a: Vec<u32> = (0..11).map(|i| (i * 17 + 3) % 300).collect();
-    let mut b = a.clone();
-    b.truncate(8);
-    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
-    let mut s = Session::new(&m, &opts()).unwrap();
-    s.feed(&a).unwrap();
-    assert_eq!(s.common_prefix(&b), 8);
-    let reused = s.sync(&b).unwrap().to_vec();
-    let mut f = Session::new(&m, &opts()).unwrap();
-    let fresh = f.feed(&b).unwrap().to_vec();
-    let d = max_diff(&reused, &fresh);
-    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
-    assert_eq!(argmax(&reused), argmax(&fresh));
+    prefix_reuse_equals_fresh("qwen3-moe", 11, 8);
 }
 
 /// gpt-oss (attention sinks, window 8 on alternate layers, biased top-k-softmax experts):
@@ -196,20 +202,7 @@ fn batched_sequences_equal_solo_runs_lfm2() {
 /// (longer than the window of 8) as a fresh prefill of the whole 21-token prompt does.
 #[test]
 fn prefix_reuse_equals_fresh_prefill_gpt_oss() {
-    let m = LoadedModel::load(&common::fixture("families/gpt-oss")).unwrap();
-    let a: Vec<u32> = (0..15).map(|i| (i * 17 + 3) % 300).collect();
-    let mut b = a.clone();
-    b.truncate(12);
-    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
-    let mut s = Session::new(&m, &opts()).unwrap();
-    s.feed(&a).unwrap();
-    assert_eq!(s.common_prefix(&b), 12);
-    let reused = s.sync(&b).unwrap().to_vec();
-    let mut f = Session::new(&m, &opts()).unwrap();
-    let fresh = f.feed(&b).unwrap().to_vec();
-    let d = max_diff(&reused, &fresh);
-    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
-    assert_eq!(argmax(&reused), argmax(&fresh));
+    prefix_reuse_equals_fresh("gpt-oss", 15, 12);
 }
 
 /// Prefix reuse on LFM2: the convolution cache is kept per position like K, so a re-synced
@@ -217,18 +210,5 @@ fn prefix_reuse_equals_fresh_prefill_gpt_oss() {
 /// convolution at the first new position reads the two kept positions before it.
 #[test]
 fn prefix_reuse_equals_fresh_prefill_lfm2() {
-    let m = LoadedModel::load(&common::fixture("families/lfm2")).unwrap();
-    let a: Vec<u32> = (0..11).map(|i| (i * 17 + 3) % 300).collect();
-    let mut b = a.clone();
-    b.truncate(8);
-    b.extend((0..9).map(|i| (i * 23 + 40) % 300));
-    let mut s = Session::new(&m, &opts()).unwrap();
-    s.feed(&a).unwrap();
-    assert_eq!(s.common_prefix(&b), 8);
-    let reused = s.sync(&b).unwrap().to_vec();
-    let mut f = Session::new(&m, &opts()).unwrap();
-    let fresh = f.feed(&b).unwrap().to_vec();
-    let d = max_diff(&reused, &fresh);
-    assert!(d <= 1e-5, "prefix reuse: max diff {d}");
-    assert_eq!(argmax(&reused), argmax(&fresh));
+    prefix_reuse_equals_fresh("lfm2", 11, 8);
 }
