@@ -68,11 +68,28 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Chat templates come from model files: this process renders them in workers that are
+    // itself started with WORKER_ARG, whose memory is capped (flowrt_text::sandbox).
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(flowrt_text::sandbox::WORKER_ARG))
+    {
+        flowrt_text::sandbox::worker_main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("FLOWRT_LOG"))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    match std::env::current_exe() {
+        Ok(exe) => {
+            if let Err(e) = flowrt_text::sandbox::install(exe) {
+                tracing::warn!("{e}");
+            }
+        }
+        Err(e) => tracing::warn!(
+            "cannot find this executable to render chat templates in a memory-capped worker ({e}); templates render in-process"
+        ),
+    }
     let result = match cli.command {
         Command::Run(a) => run::run(a),
         Command::Embed(a) => embed::embed(a),

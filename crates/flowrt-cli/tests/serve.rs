@@ -42,13 +42,18 @@ fn serve(extra: &[&str]) -> Server {
 
 /// Start `cmd` (a `flowrt serve` without its listening options) on a free port and wait
 /// until it is healthy.
-fn start(mut cmd: Command) -> Server {
+fn start(cmd: Command) -> Server {
+    start_ctx(cmd, "1024")
+}
+
+/// [`start`] with a context length of `ctx`.
+fn start_ctx(mut cmd: Command, ctx: &str) -> Server {
     let mut child = cmd
         .args([
             "--port",
             "0",
             "--ctx-len",
-            "1024",
+            ctx,
             "--threads",
             "2",
             "--parallel",
@@ -752,4 +757,75 @@ fn a_zero_or_malformed_header_timeout_is_refused() {
         );
         assert!(err.contains("--header-timeout"), "{bad}: {err}");
     }
+}
+
+/// Peak resident memory of a running process, from /proc.
+fn peak_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn a_chat_template_that_builds_gigabytes_is_refused_and_the_server_keeps_serving() {
+    // The tiny Llama checkpoint with a template whose loop doubles a string forty times:
+    // a few dozen instructions, terabytes if nothing stops it. The server renders templates
+    // in a worker process whose memory is capped, so the request gets a 400 naming the
+    // limit, the server's own memory never holds the string, and other requests go on.
+    let dir = tempfile::Builder::new()
+        .prefix("hostile")
+        .tempdir()
+        .unwrap();
+    let src = repo_root().join("tests/fixtures/families/llama-untied");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        if f.extension().is_some_and(|e| e == "gguf") {
+            continue;
+        }
+        std::fs::copy(&f, dir.path().join(f.file_name().unwrap())).unwrap();
+    }
+    let tc = dir.path().join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tc).unwrap()).unwrap();
+    cfg["chat_template"] = serde_json::Value::from(
+        "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    );
+    std::fs::write(&tc, cfg.to_string()).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_flowrt"));
+    cmd.arg("serve").arg(dir.path());
+    // The checkpoint's context is 128 positions.
+    let server = start_ctx(cmd, "128");
+    let model = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let before = peak_rss_kib(server.child.id());
+    for _ in 0..2 {
+        let (status, body) = http(
+            &server.addr,
+            "POST",
+            "/v1/chat/completions",
+            &chat_body(&model),
+        );
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("1024 MiB of memory"), "{body}");
+        let (status, body) = http(
+            &server.addr,
+            "POST",
+            "/v1/completions",
+            &serde_json::json!({"model": model, "prompt": "hello", "max_tokens": 2}).to_string(),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    let grew = peak_rss_kib(server.child.id()).saturating_sub(before);
+    assert!(
+        grew < 256 << 10,
+        "the server's peak RSS grew by {grew} KiB while refusing the template"
+    );
 }

@@ -122,6 +122,21 @@ pub enum TextError {
     /// Rendering ran longer than [`crate::RENDER_TIME_LIMIT`].
     #[error("chat template ran longer than {limit:?}; rendering was stopped")]
     TemplateTimeout { limit: std::time::Duration },
+
+    /// The template did not compile or failed in a render worker ([`crate::sandbox`]); the
+    /// message is minijinja's, as [`Self::TemplateSyntax`] and [`Self::TemplateRender`] show
+    /// it in-process.
+    #[error("chat template {what}: {message}")]
+    TemplateFailed { what: &'static str, message: String },
+
+    /// The template's values grew past [`crate::sandbox::MAX_RENDER_MEMORY`] in a render
+    /// worker, which was stopped.
+    #[error("chat template used more than {} MiB of memory; rendering was stopped", limit >> 20)]
+    TemplateMemory { limit: u64 },
+
+    /// A render worker could not be started or failed in a way that is not the template's.
+    #[error("chat template renderer: {message}")]
+    TemplateWorker { message: String },
 }
 
 impl TextError {

@@ -26,6 +26,7 @@ mod tokenizer;
 pub mod tools;
 mod vocab;
 
+pub use chat::sandbox;
 pub use chat::{
     ChatMessage, ChatPrompt, ChatTemplate, FunctionCall, RenderOptions, ToolCall,
     MAX_RENDERED_BYTES, RENDER_TIME_LIMIT,

@@ -15,6 +15,7 @@
 
 mod guard;
 mod pyfmt;
+pub mod sandbox;
 
 pub use guard::ChatPrompt;
 use guard::Guard;
@@ -283,14 +284,7 @@ impl ChatTemplate {
         tools: Option<serde_json::Value>,
         opts: &RenderOptions<'_>,
     ) -> Result<String, TextError> {
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(TextError::TemplateRender)?;
-        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
-        ctx.insert("bos_token".into(), Value::from(self.bos.as_str()));
-        ctx.insert("eos_token".into(), Value::from(self.eos.as_str()));
-        for (k, v) in opts.kwargs.into_iter().flatten() {
+        for k in opts.kwargs.into_iter().flat_map(|m| m.keys()) {
             if RESERVED.contains(&k.as_str()) {
                 return Err(TextError::TemplateInput {
                     what: "template variable",
@@ -299,13 +293,52 @@ impl ChatTemplate {
                     ),
                 });
             }
-            ctx.insert(k.clone(), Value::from_serialize(v));
+        }
+        if let Some(sandbox) = sandbox::get() {
+            return sandbox.render(&sandbox::RequestRef {
+                source: &self.source,
+                bos: &self.bos,
+                eos: &self.eos,
+                messages: &msgs,
+                tools: tools.as_ref(),
+                kwargs: opts.kwargs,
+                add_generation_prompt: opts.add_generation_prompt,
+            });
+        }
+        self.render_local(
+            &msgs,
+            tools.as_ref(),
+            opts.kwargs,
+            opts.add_generation_prompt,
+        )
+    }
+
+    /// Render in this process, bounded by fuel, output size and the clock (kwargs already
+    /// checked against [`RESERVED`]).
+    fn render_local(
+        &self,
+        msgs: &[serde_json::Value],
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(TextError::TemplateRender)?;
+        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
+        ctx.insert("bos_token".into(), Value::from(self.bos.as_str()));
+        ctx.insert("eos_token".into(), Value::from(self.eos.as_str()));
+        for (k, v) in kwargs.into_iter().flatten() {
+            if !RESERVED.contains(&k.as_str()) {
+                ctx.insert(k.clone(), Value::from_serialize(v));
+            }
         }
         let msgs: Vec<Value> = msgs.iter().map(Value::from_serialize).collect();
         ctx.insert("messages".into(), Value::from(msgs));
         ctx.insert(
             "tools".into(),
-            match &tools {
+            match tools {
                 Some(t) => Value::from_serialize(t),
                 None => Value::from(()),
             },
@@ -313,7 +346,7 @@ impl ChatTemplate {
         ctx.insert("documents".into(), Value::from(()));
         ctx.insert(
             "add_generation_prompt".into(),
-            Value::from(opts.add_generation_prompt),
+            Value::from(add_generation_prompt),
         );
         let mut out = CappedOutput {
             buf: Vec::new(),
