@@ -207,7 +207,12 @@ impl Runner {
 type LoadResult = Option<Result<Arc<Runner>, ApiError>>;
 
 enum Resident {
-    Loading(watch::Receiver<LoadResult>),
+    /// Being loaded; `bytes` (the model's file size, a lower bound of what it will hold) is
+    /// reserved in the memory budget meanwhile, so that concurrent loads cannot overrun it.
+    Loading {
+        rx: watch::Receiver<LoadResult>,
+        bytes: u64,
+    },
     Ready(Arc<Runner>),
 }
 
@@ -315,7 +320,7 @@ impl ModelManager {
     pub fn state(&self, id: &str) -> ModelState {
         match lock(&self.resident).get(id) {
             None => ModelState::Unloaded,
-            Some(Resident::Loading(_)) => ModelState::Loading,
+            Some(Resident::Loading { .. }) => ModelState::Loading,
             Some(Resident::Ready(_)) => ModelState::Ready,
         }
     }
@@ -331,7 +336,7 @@ impl ModelManager {
             .values()
             .filter_map(|r| match r {
                 Resident::Ready(r) => Some(r.clone()),
-                Resident::Loading(_) => None,
+                Resident::Loading { .. } => None,
             })
             .collect();
         v.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
@@ -408,10 +413,24 @@ impl ModelManager {
                     r.touch();
                     return Ok(r.clone());
                 }
-                Some(Resident::Loading(rx)) => rx.clone(),
+                Some(Resident::Loading { rx, .. }) => rx.clone(),
                 None => {
+                    // Room first: a model whose weights alone exceed the budget is refused
+                    // before any of it is read, and idle models make way before the load,
+                    // not after it, so the budget holds while loading too.
+                    let evicted =
+                        make_room(&mut map, &spec.id, spec.size, self.config.memory_budget)?;
+                    for e in evicted {
+                        tracing::info!(model = %e, "unloaded to make room for loading {}", spec.id);
+                    }
                     let (tx, rx) = watch::channel(None);
-                    map.insert(spec.id.clone(), Resident::Loading(rx.clone()));
+                    map.insert(
+                        spec.id.clone(),
+                        Resident::Loading {
+                            rx: rx.clone(),
+                            bytes: spec.size,
+                        },
+                    );
                     drop(map);
                     self.start_load(spec.clone(), tx);
                     rx
@@ -520,20 +539,30 @@ fn make_room(
     if need > budget {
         return Err(ApiError::new(
             ErrorKind::Unavailable,
-            format!("model `{id}` needs about {need} bytes, more than the server's memory budget of {budget} bytes"),
+            format!(
+                "model `{id}` needs about {} ({need} bytes), more than the server's memory budget (--max-memory) of {} ({budget} bytes)",
+                human_bytes(need),
+                human_bytes(budget)
+            ),
         ));
     }
     let mut evicted = Vec::new();
     loop {
-        let ready: Vec<&Arc<Runner>> = map
-            .iter()
-            .filter(|(k, _)| k.as_str() != id)
+        let others = map.iter().filter(|(k, _)| k.as_str() != id);
+        let loading: u64 = others
+            .clone()
+            .map(|(_, r)| match r {
+                Resident::Loading { bytes, .. } => *bytes,
+                Resident::Ready(_) => 0,
+            })
+            .sum();
+        let ready: Vec<&Arc<Runner>> = others
             .filter_map(|(_, r)| match r {
                 Resident::Ready(r) => Some(r),
-                Resident::Loading(_) => None,
+                Resident::Loading { .. } => None,
             })
             .collect();
-        let used: u64 = ready.iter().map(|r| r.est_bytes).sum();
+        let used: u64 = loading + ready.iter().map(|r| r.est_bytes).sum::<u64>();
         if used + need <= budget {
             return Ok(evicted);
         }
@@ -550,10 +579,23 @@ fn make_room(
             None => {
                 return Err(ApiError::new(
                     ErrorKind::Unavailable,
-                    format!("model `{id}` does not fit the memory budget of {budget} bytes while the resident models are busy; retry later"),
+                    format!(
+                        "model `{id}` ({}) does not fit the memory budget (--max-memory) of {} while the models in it are busy or loading; retry later",
+                        human_bytes(need),
+                        human_bytes(budget)
+                    ),
                 ))
             }
         }
+    }
+}
+
+/// `bytes` in MiB or GiB, for messages.
+fn human_bytes(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     }
 }
 

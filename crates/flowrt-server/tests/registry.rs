@@ -290,6 +290,85 @@ async fn registered_models_load_within_the_memory_budget_least_recently_used_out
 }
 
 #[tokio::test]
+async fn a_model_larger_than_the_memory_budget_is_refused_before_loading() {
+    // The registered file is not even a model: had the server read it, the error would be
+    // about the file. The budget check comes first and names both sizes.
+    let home = tempfile::tempdir().unwrap();
+    let junk = home.path().join("junk.gguf");
+    std::fs::write(&junk, vec![0u8; 1 << 20]).unwrap();
+    Registry::open(home.path())
+        .unwrap()
+        .add(entry("junk:1", &junk), false)
+        .unwrap();
+    let cfg = ServerConfig {
+        memory_budget: Some(512 << 10),
+        ..config()
+    };
+    let state = registry_state(home.path(), cfg);
+    let app = app(state.clone());
+    let r = post(&app, "/v1/chat/completions", &chat("junk:1")).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("needs about 1.0 MiB (1048576 bytes)")
+            && msg.contains("--max-memory) of 0.5 MiB (524288 bytes)"),
+        "{msg}"
+    );
+    assert!(state.models.running().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_loads_of_two_models_never_overrun_the_memory_budget() {
+    // Room for one SmolLM2. Two requests for two tags arrive together: the first load
+    // reserves its size, so the second is told to retry instead of loading a second copy
+    // beside it (which would then evict the first, after the fact).
+    let home = home_with(&["a:1", "b:1"]);
+    let size = std::fs::metadata(smollm2()).unwrap().len();
+    let cfg = ServerConfig {
+        memory_budget: Some(2 * size - 1),
+        ..config()
+    };
+    let state = registry_state(home.path(), cfg);
+    let app = app(state.clone());
+    let (ca, cb) = (chat("a:1"), chat("b:1"));
+    let (ra, rb) = tokio::join!(
+        post(&app, "/v1/chat/completions", &ca),
+        post(&app, "/v1/chat/completions", &cb)
+    );
+    let mut statuses = [ra.status, rb.status];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE],
+        "{} / {}",
+        ra.text(),
+        rb.text()
+    );
+    let refused = if ra.status == StatusCode::OK {
+        &rb
+    } else {
+        &ra
+    };
+    assert!(refused.text().contains("retry later"), "{}", refused.text());
+    assert_eq!(state.models.running().len(), 1);
+    // Once the first is idle, the second makes room for itself.
+    let other = if ra.status == StatusCode::OK {
+        "b:1"
+    } else {
+        "a:1"
+    };
+    let r = post(&app, "/v1/chat/completions", &chat(other)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let names: Vec<String> = state
+        .models
+        .running()
+        .iter()
+        .map(|r| r.spec.id.clone())
+        .collect();
+    assert_eq!(names, [other]);
+}
+
+#[tokio::test]
 async fn a_registered_file_that_changed_is_not_loaded() {
     // Registered with a size the file no longer has: loading refuses it (503), and the
     // client is not told where the file is.
