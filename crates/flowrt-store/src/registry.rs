@@ -364,6 +364,7 @@ impl Registry {
             .open(&lock_path)
             .map_err(StoreError::io("open", &lock_path))?;
         lock.lock().map_err(StoreError::io("lock", &lock_path))?;
+        remove_stale_temporaries(&self.home);
         let path = self.path();
         let mut models = read_file(&path)?;
         let out = change(&mut models)?;
@@ -434,6 +435,19 @@ fn read_file(path: &Path) -> Result<Vec<Entry>, StoreError> {
 
 /// Writes the registry to a temporary file next to it, flushes it and renames it over the
 /// old one, so a reader sees the old or the new file, never half of one.
+/// Temporary registry files are only written under the lock, so any found by a holder of
+/// the lock belong to a writer that was killed before its rename: remove them (best effort).
+fn remove_stale_temporaries(home: &Path) {
+    let Ok(dir) = fs::read_dir(home) else { return };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".registry-") && name.ends_with(".tmp") {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+}
+
 fn write_file(home: &Path, path: &Path, models: &[Entry]) -> Result<(), StoreError> {
     let file = RegistryFile {
         version: REGISTRY_VERSION,
