@@ -49,7 +49,9 @@ impl ModelConfig {
         };
 
         let hidden_size = req_u("embedding_length")?;
-        let num_hidden_layers = req_u("block_count")?;
+        let num_hidden_layers =
+            super::check_layer_count(&key("block_count"), req_u("block_count")?)
+                .map_err(|m| bad(&file, m))?;
         let intermediate_size = req_u("feed_forward_length")?;
         let num_attention_heads = req_u("attention.head_count")?;
         // Hybrid families (llama.cpp's lfm2) list KV heads per layer, 0 on convolution layers.

@@ -148,7 +148,9 @@ impl ModelConfig {
         }
 
         let hidden_size = c.req_usize("hidden_size")?;
-        let num_hidden_layers = c.req_usize("num_hidden_layers")?;
+        let num_hidden_layers =
+            super::check_layer_count("num_hidden_layers", c.req_usize("num_hidden_layers")?)
+                .map_err(|m| bad(file, m))?;
         let intermediate_size = if arch.short_conv {
             lfm2_intermediate_size(&c)?
         } else {

@@ -12,6 +12,22 @@ use crate::rope::{longrope_attention_factor, RopeConfig, RopeScaling};
 
 pub(crate) use gguf::file_name;
 
+/// Most layers a model may have. Checked as soon as the count is read, before any per-layer
+/// list is sized by it (a hostile file's `block_count` of 1.4e9 used to build 2.7 GB of
+/// per-layer flags before the config was validated).
+pub(crate) const MAX_LAYERS: usize = 1 << 12;
+
+/// `n` layers, or the error naming `key` when it is more than [`MAX_LAYERS`].
+pub(crate) fn check_layer_count(key: &str, n: usize) -> Result<usize, String> {
+    if n > MAX_LAYERS {
+        Err(format!(
+            "{key} = {n} exceeds the supported maximum {MAX_LAYERS}"
+        ))
+    } else {
+        Ok(n)
+    }
+}
+
 /// How a layer attends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayerType {
@@ -157,7 +173,7 @@ impl ModelConfig {
         let caps = [
             ("hidden_size", self.hidden_size, 1 << 16),
             ("intermediate_size", self.intermediate_size, 1 << 18),
-            ("num_hidden_layers", self.num_hidden_layers, 1 << 12),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
             ("num_attention_heads", self.num_attention_heads, 1 << 10),
             ("head_dim", self.head_dim, 1 << 12),
             ("vocab_size", self.vocab_size, 1 << 22),
