@@ -17,9 +17,15 @@ Models (--models, comma-separated; default the first four):
   qwen3moe-q4_0  Qwen3-30B-A3B width with 4 layers (hidden 2048, 32:4 GQA, 128 experts, 8
                  active, expert FFN 768, vocab 151936; 3.1 B random weights, about 0.54 B
                  read per token), made by scripts/make_moe_geometry.py in --moe-cache
+  gptoss-mxfp4   gpt-oss-20b width with 4 layers (hidden 2880, 64:8 GQA with sinks, 32
+                 experts, 4 active, expert FFN 2880, vocab 201088; 4.45 B random weights,
+                 about 1.08 B read per token), experts MXFP4 and the rest Q8_0 (mxfp4_moe),
+                 made by scripts/make_moe_geometry.py --family gpt-oss in --gptoss-cache
 Figures per model: prefill of 128 tokens (tok/s) and decode (tok/s; 64 tokens on SmolLM2,
 32 on MiniCPM5 to keep a round under a minute, -n overrides both); on minicpm5-q4_1 also the
 time to first token of a 38-token prompt (prefill plus the argmax of the last logits, ms).
+Under the table: flowrt's decode as a share of its active-weight roofline (`flowrt bench`'s
+weight bytes a token reads × decode tok/s over the read bandwidth it measures), medians.
 
 MiniCPM5 GGUFs are made on demand in --cache (default .flowrt-cache/minicpm5, git-ignored) by
 scripts/make_minicpm5_geometry.py run with .venv-ref's python (set it up with
@@ -58,7 +64,7 @@ TTFT_TARGET_MS = 420.0  # time to first token, 38-token prompt, MiniCPM5 geometr
 
 @dataclass(frozen=True)
 class Model:
-    source: str  # "store" (SmolLM2 from flowrt's model store) or a MiniCPM5 GGUF type
+    source: str  # "store" (SmolLM2, flowrt's store), a MiniCPM5 GGUF type, or "<prefix>:<type>" (MOE_SOURCES)
     n_gen: int  # decoded tokens per run
     ttft: bool = False  # also measure the time to first token of a 38-token prompt
 
@@ -69,6 +75,7 @@ MODELS = {
     "minicpm5-q4_0": Model("q4_0", 32),
     "minicpm5-q8_0": Model("q8_0", 32),
     "qwen3moe-q4_0": Model("moe:q4_0", 32),
+    "gptoss-mxfp4": Model("gptoss:mxfp4_moe", 32),
 }
 DEFAULT_MODELS = ["smollm2-q4_1", "minicpm5-q4_1", "minicpm5-q4_0", "minicpm5-q8_0"]
 
@@ -85,7 +92,13 @@ TARGET_RATIO = {
     # issue 17's acceptance for the Qwen3-30B-A3B-shaped model
     ("qwen3moe-q4_0", "prefill"): 2.0,
     ("qwen3moe-q4_0", "decode"): 1.5,
+    # issue 17's acceptance for the gpt-oss-20b-shaped model (MXFP4 experts)
+    ("gptoss-mxfp4", "prefill"): 2.0,
+    ("gptoss-mxfp4", "decode"): 1.5,
 }
+
+# Made-on-demand MoE models: source prefix -> (what, --family of make_moe_geometry.py).
+MOE_SOURCES = {"moe": ("Qwen3-MoE-geometry", "qwen3-moe"), "gptoss": ("gpt-oss-geometry", "gpt-oss")}
 
 
 @dataclass
@@ -121,7 +134,8 @@ def smollm2_path(flowrt: str) -> Path:
     return path
 
 
-def ggufs(what: str, script: str, cache: Path, types: list[str], ref_python: Path) -> dict[str, Path]:
+def ggufs(what: str, script: str, cache: Path, types: list[str], ref_python: Path,
+          extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """model-<type>.gguf in cache for every type, making the missing ones with scripts/<script>."""
     paths = {t: cache / f"model-{t}.gguf" for t in types}
     missing = [t for t, p in paths.items() if not p.exists()]
@@ -130,7 +144,7 @@ def ggufs(what: str, script: str, cache: Path, types: list[str], ref_python: Pat
             sys.exit(f"{what} GGUFs {missing} are not in {cache} and making them needs {ref_python}: "
                      "python3 -m venv .venv-ref && .venv-ref/bin/pip install -r scripts/requirements-reference.txt")
         log(f"making {what} GGUFs {missing} in {cache} (several GB of RAM, minutes per file)")
-        subprocess.run([str(ref_python), str(ROOT / "scripts" / script), "--out", str(cache),
+        subprocess.run([str(ref_python), str(ROOT / "scripts" / script), *extra, "--out", str(cache),
                         "--gguf", ",".join(missing), "--reuse-weights"], check=True)
     return paths
 
@@ -181,6 +195,13 @@ def table_rows(jobs: list[Job]) -> list[dict]:
                 target, ok = f">= {t:.2f}", ratio >= t
             rows.append({**row, "flowrt": med["flowrt"], "llama.cpp": med["llama.cpp"], "ratio": ratio,
                          "target": target, "pass": ok})
+            if kind == "decode":
+                roof = [rd["flowrt"].get("decode_roofline_pct") for rd in j.rounds]
+                if all(isinstance(x, (int, float)) for x in roof):
+                    rows[-1]["roofline"] = {
+                        k: statistics.median(rd["flowrt"][k] for rd in j.rounds)
+                        for k in ("decode_roofline_pct", "decode_weight_gb_s", "read_bandwidth_gb_s",
+                                  "weight_bytes_per_token")}
     return rows
 
 
@@ -202,6 +223,12 @@ def print_table(rows: list[dict], meta: dict) -> None:
             continue
         print(f"{r['model']:15}{r['figure']:13}{r['flowrt']:10.1f}{r['llama.cpp']:11.1f}{r['unit']:>7}"
               f"{r['ratio']:13.2f}  {r['target']:<11}{'pass' if r['pass'] else 'FAIL'}")
+    for r in rows:
+        if "roofline" in r:
+            x = r["roofline"]
+            print(f"{r['model']}: flowrt decode {x['decode_roofline_pct']:.1f} % of the active-weight roofline "
+                  f"({x['decode_weight_gb_s']:.1f} GB/s of the {x['weight_bytes_per_token'] / 1e6:.1f} MB a token "
+                  f"reads, against {x['read_bandwidth_gb_s']:.1f} GB/s read bandwidth; medians)")
 
 
 def flowrt_commit() -> str:
@@ -242,6 +269,8 @@ def main() -> int:
                     help="where MiniCPM5-geometry checkpoint and GGUFs are made and reused")
     ap.add_argument("--moe-cache", type=Path, default=ROOT / ".flowrt-cache" / "qwen3moe",
                     help="where the Qwen3-MoE-geometry checkpoint and GGUFs are made and reused")
+    ap.add_argument("--gptoss-cache", type=Path, default=ROOT / ".flowrt-cache" / "gptoss",
+                    help="where the gpt-oss-geometry checkpoint and GGUFs are made and reused")
     ap.add_argument("--prepare-only", action="store_true", help="make or fetch the model files, then exit")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the raw per-round numbers here")
     a = ap.parse_args()
@@ -259,10 +288,12 @@ def main() -> int:
     paths = {}
     types = [MODELS[m].source for m in models if MODELS[m].source != "store" and ":" not in MODELS[m].source]
     files = ggufs("MiniCPM5-geometry", "make_minicpm5_geometry.py", a.cache, types, a.ref_python) if types else {}
-    moe = [MODELS[m].source.split(":")[1] for m in models if MODELS[m].source.startswith("moe:")]
-    if moe:
-        made = ggufs("Qwen3-MoE-geometry", "make_moe_geometry.py", a.moe_cache, moe, a.ref_python)
-        files.update({f"moe:{t}": p for t, p in made.items()})
+    for prefix, (what, family) in MOE_SOURCES.items():
+        moe = [MODELS[m].source.split(":")[1] for m in models if MODELS[m].source.startswith(prefix + ":")]
+        if moe:
+            cache = a.moe_cache if prefix == "moe" else a.gptoss_cache
+            made = ggufs(what, "make_moe_geometry.py", cache, moe, a.ref_python, ("--family", family))
+            files.update({f"{prefix}:{t}": p for t, p in made.items()})
     for m in models:
         paths[m] = smollm2_path(a.flowrt) if MODELS[m].source == "store" else files[MODELS[m].source]
     if a.prepare_only:

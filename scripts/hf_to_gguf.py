@@ -7,11 +7,12 @@ expert_used_count, expert_feed_forward_length, expert_weights_norm, flowrt's
 mlp_only_layers; blk.N.ffn_gate_inp and the 3-D blk.N.ffn_{gate,up,down}_exps),
 GptOssForCausalLM ("gpt-oss", llama.cpp's names: attention.sliding_window (llama.cpp
 slides every other layer from 0; the converter refuses other layer_types), attn_sinks,
-attn_output.bias, ffn_gate_inp + .bias, ffn_{gate,up,down}_exps + .bias with HF's
-interleaved gate/up split apart and every expert matrix transposed to (out, in); YaRN as
-rope.scaling.* plus flowrt's rope.scaling.yarn_truncate (llama.cpp has none and always
-truncates); flowrt's swiglu_alpha / swiglu_limit when they differ from llama.cpp's fixed
-1.702 / 7.0), with default RoPE otherwise (no other rope scaling),
+attn_output.bias, post_attention_norm (the FFN's input norm; llama.cpp refuses ffn_norm),
+ffn_gate_inp + .bias, ffn_{gate,up,down}_exps + .bias with HF's interleaved gate/up split
+apart and every expert matrix transposed to (out, in); YaRN as rope.scaling.* plus flowrt's
+rope.scaling.yarn_truncate (llama.cpp has none and always truncates); flowrt's
+swiglu_alpha / swiglu_limit when they differ from llama.cpp's fixed 1.702 / 7.0), with
+default RoPE otherwise (no other rope scaling),
 Lfm2ForCausalLM ("lfm2", as llama.cpp writes it: lfm2.shortconv.l_cache, a per-layer
 attention.head_count_kv list with 0 on convolution layers, feed_forward_length the
 real (auto-adjusted) FFN width, blk.N.shortconv.{in_proj,conv,out_proj} with the
@@ -33,8 +34,9 @@ GGUF written (gguf-py's GGUFWriter, v3):
   rotates (i, i + d/2)): rows [h, half, pair] <- HF rows [h, pair, half].
   qwen2/qwen3 keep HF's row order (llama.cpp uses NEOX rotation for them).
   --outtype f32|f16|q8_0|q4_0|q4_1|mxfp4_moe (experts MXFP4, the rest q8_0) applies to 2-D weights (quantised with
-  gguf.quants.quantize; a matrix whose row length is not a multiple of 32 falls
-  back to f16 for q* types, and is reported); norms and biases stay f32.
+  gguf.quants.quantize, MXFP4 with quantize_mxfp4: the same bytes, faster; a matrix whose
+  row length is not a multiple of 32 falls back to f16 for q* types, and is reported); norms
+  and biases stay f32.
   Tokenizer (from tokenizer.json / tokenizer_config.json, byte-level BPE only):
   tokenizer.ggml.model "gpt2", tokenizer.ggml.pre (--pre, default "gpt-2", the name llama.cpp knows),
   tokens, token_type (1 normal, 3 control = special added token, 4 user-defined
@@ -264,6 +266,44 @@ def tokenizer_metadata(model_dir: Path, vocab_size: int, cfg: dict, pre: str) ->
 # ---------------------------------------------------------------------------
 
 
+# Midpoints between the E2M1 magnitudes 0, 1, 2, 3, 4, 6, 8, 12 (MXFP4's values over its scale).
+MXFP4_MIDPOINTS = np.array([0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0], dtype=np.float32)
+
+
+def quantize_mxfp4(a: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks, byte for byte what gguf.quants.quantize(a, MXFP4) writes, about ten times
+    faster (gguf-py measures the error to all 16 values of every element). Its rule: the
+    nearest value over the block's power-of-two scale d, ties to the smaller magnitude, and
+    +0 for -0 and for negatives that round to 0. With d a power of two, x / d is exact and
+    so is every |k - x/d| gguf-py compares, so thresholds at the midpoints choose the same.
+    Blocks whose scale would be subnormal go to gguf-py itself."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import MXFP4, quantize
+
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    rows = a.reshape(-1, a.shape[-1])
+    out = np.empty((rows.shape[0], rows.shape[1] // 32 * 17), dtype=np.uint8)
+    step = max(1, (1 << 22) // rows.shape[1])  # about 16 MB of f32 at a time
+    for r0 in range(0, rows.shape[0], step):
+        part = rows[r0:r0 + step]
+        b = part.reshape(-1, 32)
+        amax = np.abs(b).max(axis=-1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
+        if np.any((e < 2) & (amax > 0)):
+            out[r0:r0 + step] = quantize(part, Q.MXFP4).reshape(part.shape[0], -1)
+            continue
+        y = b / MXFP4.e8m0_to_fp32_half(e)
+        ay = np.abs(y)
+        mag = np.zeros(ay.shape, dtype=np.uint8)
+        for m in MXFP4_MIDPOINTS:
+            mag += ay > m
+        idx = np.where((y < 0) & (mag > 0), mag + np.uint8(8), mag).astype(np.uint8).reshape(-1, 2, 16)
+        qs = idx[:, 0] | (idx[:, 1] << np.uint8(4))
+        out[r0:r0 + step] = np.concatenate([e, qs], axis=-1).reshape(part.shape[0], -1)
+    return out.reshape(*a.shape[:-1], a.shape[-1] // 32 * 17)
+
+
 def qtype_for(outtype: str):
     from gguf import GGMLQuantizationType as Q
 
@@ -390,6 +430,8 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     for i in range(n_layer):
         for h, g in (LFM2_LAYER_TENSORS if lfm2 else LAYER_TENSORS).items():
             hn = f"model.layers.{i}.{h}"
+            if arch == "gpt-oss" and g == "ffn_norm.weight":
+                g = "post_attention_norm.weight"  # llama.cpp's gpt-oss name for the FFN's input norm
             if hn in names:
                 plan.append((hn, f"blk.{i}.{g}"))
         for h, g in EXPERT_TENSORS.items():
@@ -443,7 +485,10 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
             if want not in (Q.F16,) and t.shape[-1] % 32 != 0:
                 want = Q.F16
                 fallbacks.append(gname)
-            data = quantize(np.ascontiguousarray(t, dtype=np.float32), want)
+            if want == Q.MXFP4:
+                data = quantize_mxfp4(t)
+            else:
+                data = quantize(np.ascontiguousarray(t, dtype=np.float32), want)
             if want in (Q.F16,):
                 w.add_tensor(gname, data)
             else:

@@ -259,6 +259,9 @@ pub struct ArchSpec {
     /// A learned logit per query head (`self_attn.sinks`, GGUF `attn_sinks`) joins each
     /// query's softmax denominator and is dropped from the output (gpt-oss).
     pub attn_sinks: bool,
+    /// GGUF files name the feed-forward's input norm `blk.N.post_attention_norm` instead of
+    /// `ffn_norm` (llama.cpp's gpt-oss; its loader refuses a file without that name).
+    pub gguf_ffn_norm_post_attention: bool,
 }
 
 const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
@@ -303,6 +306,7 @@ pub const LLAMA: ArchSpec = ArchSpec {
     moe_bias: false,
     hf_expert_width_key: "moe_intermediate_size",
     attn_sinks: false,
+    gguf_ffn_norm_post_attention: false,
 };
 
 /// Mistral: Llama with a sliding attention window on every layer. GGUF files of Mistral
@@ -502,7 +506,8 @@ pub const BERT: ArchSpec = ArchSpec {
 /// slides); YaRN RoPE. HF stores the experts fused and transposed ([`HfExperts`]). GGUF
 /// (llama.cpp's `gpt-oss`): `gpt-oss.expert_count`, `expert_used_count`,
 /// `expert_feed_forward_length`, `attention.sliding_window` with every other layer sliding
-/// from layer 0 (llama.cpp's pattern 2), `attn_sinks`, `ffn_gate_inp` + `.bias`,
+/// from layer 0 (llama.cpp's pattern 2), `attn_sinks`, `post_attention_norm` (the FFN's
+/// input norm), `ffn_gate_inp` + `.bias`,
 /// `ffn_{gate,up,down}_exps` + `.bias` (gate and up apart); llama.cpp fixes alpha 1.702 and
 /// limit 7.0.
 pub const GPT_OSS: ArchSpec = ArchSpec {
@@ -527,6 +532,7 @@ pub const GPT_OSS: ArchSpec = ArchSpec {
     moe_bias: true,
     hf_expert_width_key: "intermediate_size",
     attn_sinks: true,
+    gguf_ffn_norm_post_attention: true,
     ..LLAMA
 };
 

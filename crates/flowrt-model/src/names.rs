@@ -179,10 +179,14 @@ impl TensorRole {
     }
 
     /// Name of the tensor in a GGUF file of `arch`: [`TensorRole::gguf_name`], except where a
-    /// family's files differ (llama.cpp's lfm2 stores the final norm as `token_embd_norm`).
+    /// family's files differ (llama.cpp's lfm2 stores the final norm as `token_embd_norm`;
+    /// its gpt-oss the FFN's input norm as `post_attention_norm`).
     pub fn gguf_name_in(self, arch: &ArchSpec, layer: usize) -> String {
         match (arch.tensor_names, self) {
             (TensorNames::Lfm2, TensorRole::OutputNorm) => "token_embd_norm.weight".into(),
+            (_, TensorRole::FfnNorm) if arch.gguf_ffn_norm_post_attention => {
+                TensorRole::AttnPostNorm.gguf_name(layer)
+            }
             _ => self.gguf_name(layer),
         }
     }
