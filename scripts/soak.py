@@ -97,7 +97,7 @@ class Server:
 
     def __init__(self, binary, model, parallel, extra, log):
         self.log = open(log, "w")
-        cmd = [str(binary), "serve", str(model), "--host", HOST, "--port", "0",
+        cmd = [str(binary), "serve", *[str(m) for m in model], "--host", HOST, "--port", "0",
                "--parallel", str(parallel)] + extra
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -198,7 +198,11 @@ def one_request(port, model, rng, stats, t_start, disconnect_frac, max_tokens, s
         })
         r = c.getresponse()
         if r.status != 200:
-            r.read()
+            text = r.read().decode("utf-8", "replace")
+            if r.status == 503 and "memory budget" in text:
+                # Several models under --max-memory: the one asked for waits for room.
+                stats.bump(stats.status, "503 (memory budget: retry later)")
+                return 0.5
             stats.bump(stats.status, r.status)
             return 0.5 if r.status == 429 else 0.0
         last = None
@@ -251,9 +255,13 @@ def one_request(port, model, rng, stats, t_start, disconnect_frac, max_tokens, s
     return 0.0
 
 
-def client(i, port, model, seed, stats, t_start, stop_at, args, budget):
+def client(i, port, models, seed, stats, t_start, stop_at, args, budget):
     rng = random.Random(seed * 1000 + i)
     while time.monotonic() < stop_at:
+        # Several models: all clients ask for one model per phase of --model-phase seconds,
+        # the next model in the next phase (so the server must unload and load under load).
+        phase = int((time.monotonic() - t_start) / args.model_phase) if args.model_phase else 0
+        model = models[phase % len(models)]
         with budget["lock"]:
             if budget["left"] <= 0:
                 return
@@ -275,8 +283,11 @@ def metrics_values(text, name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=os.environ.get("FLOWRT_SMOLLM2_GGUF"),
-                    help="GGUF to serve (default: $FLOWRT_SMOLLM2_GGUF)")
+    ap.add_argument("--model", action="append",
+                    help="GGUF to serve (default: $FLOWRT_SMOLLM2_GGUF); repeat to serve several")
+    ap.add_argument("--model-phase", type=float, default=0,
+                    help="with several models: seconds each model is the one asked for, in turn")
+    ap.add_argument("--sample-every", type=float, default=1.0, help="seconds between RSS samples")
     ap.add_argument("--binary", help="the flowrt binary (default: target/release/flowrt, else target/ci/flowrt)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--duration", type=float, default=300, help="seconds of load (default 300)")
@@ -295,8 +306,14 @@ def main():
     ap.add_argument("serve_args", nargs="*", help="more `flowrt serve` options, after --")
     args = ap.parse_args()
 
-    if not args.model or not Path(args.model).is_file():
-        ap.error("--model (or FLOWRT_SMOLLM2_GGUF) must name a GGUF file")
+    if not args.model and os.environ.get("FLOWRT_SMOLLM2_GGUF"):
+        args.model = [os.environ["FLOWRT_SMOLLM2_GGUF"]]
+    if not args.model or not all(Path(m).is_file() for m in args.model):
+        ap.error("--model (or FLOWRT_SMOLLM2_GGUF) must name GGUF files")
+    if len(args.model) > 1 and args.model_phase <= 0:
+        ap.error("several --model need --model-phase")
+    if not 0.05 <= args.sample_every <= 10:
+        ap.error("--sample-every must be 0.05..10 s")
     if not 1 <= args.clients <= 256:
         ap.error("--clients must be 1..256")
     if not 0 < args.duration <= MAX_DURATION_S:
@@ -319,10 +336,9 @@ def main():
         if not server.wait_healthy():
             print(f"soak.py: flowrt serve did not become healthy; see {out.with_suffix('.server.log')}", file=sys.stderr)
             return 2
-        models = json.loads(server.get("/v1/models")[1])["data"]
-        model = models[0]["id"]
+        model_ids = [m["id"] for m in json.loads(server.get("/v1/models")[1])["data"]]
         pid = server.proc.pid
-        print(f"soak.py: {' '.join(server.cmd)} (pid {pid}) on {server.addr}, model {model}", file=sys.stderr)
+        print(f"soak.py: {' '.join(server.cmd)} (pid {pid}) on {server.addr}, models {model_ids}", file=sys.stderr)
         print(f"soak.py: {args.clients} clients for {args.duration:g} s, disconnect fraction {args.disconnect_frac}", file=sys.stderr)
 
         stats = Stats()
@@ -337,11 +353,11 @@ def main():
                 v = rss_bytes(pid)
                 if v is not None:
                     rss.append((time.monotonic() - t_start, v))
-                sampling.wait(1.0)
+                sampling.wait(args.sample_every)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        threads = [threading.Thread(target=client, args=(i, server.port, model, args.seed, stats, t_start, stop_at, args, budget), daemon=True)
+        threads = [threading.Thread(target=client, args=(i, server.port, model_ids, args.seed, stats, t_start, stop_at, args, budget), daemon=True)
                    for i in range(args.clients)]
         for t in threads:
             t.start()
@@ -381,7 +397,8 @@ def main():
     growth = None if not (rss_warm and rss_end) else 100.0 * (rss_end - rss_warm) / rss_warm
     growth_max = None if not (rss_warm and rss_max) else 100.0 * (rss_max - rss_warm) / rss_warm
     flat = growth is not None and abs(growth) <= args.flat_pct
-    n5xx = sum(n for s, n in stats.status.items() if s >= 500)
+    n5xx = sum(n for s, n in stats.status.items() if isinstance(s, int) and s >= 500)
+    n503_budget = stats.status.get("503 (memory budget: retry later)", 0)
     n429 = stats.status.get(429, 0)
     # Tokens per second, per one-second bucket of the run.
     buckets = [0] * int(load_end)  # whole seconds only: the last, partial one would read low
@@ -405,15 +422,19 @@ def main():
         "requests": stats.started,
         "completed": stats.completed,
         "disconnected_on_purpose": stats.disconnected,
-        "status_counts": {str(k): v for k, v in sorted(stats.status.items())},
+        "status_counts": {str(k): v for k, v in sorted(stats.status.items(), key=lambda kv: str(kv[0]))},
         "client_errors": stats.errors,
         "http_5xx": n5xx,
         "http_429": n429,
+        "http_503_memory_budget": n503_budget,
+        "models": model_ids,
+        "model_phase_s": args.model_phase,
         "tokens": stats.tokens,
         "tokens_per_s": round(stats.tokens / load_end, 1) if load_end else None,
         "ttft_ms": {"p50": ms(percentile(stats.ttft, 50)), "p99": ms(percentile(stats.ttft, 99)), "n": len(stats.ttft)},
         "itl_ms": {"p50": ms(percentile(stats.itl, 50)), "p99": ms(percentile(stats.itl, 99)), "n": len(stats.itl)},
         "rss_mib": {
+            "max": rss and round(max(v for _, v in rss) / 2**20, 1),
             "at_warmup_end": rss_warm and round(rss_warm / 2**20, 1),
             "at_end": rss_end and round(rss_end / 2**20, 1),
             "max_after_warmup": rss_max and round(rss_max / 2**20, 1),
@@ -460,7 +481,8 @@ def main():
     summary = {k: v for k, v in figures.items() if not k.endswith("_series")}
     print(json.dumps(summary, indent=1))
     print(f"soak.py: figures in {out}, plot: {png_note}", file=sys.stderr)
-    ok = (n5xx == 0 and not stats.errors and flat
+    # Several models swap in and out, so RSS is not flat by design; --max-memory bounds it.
+    ok = (n5xx == 0 and not stats.errors and (flat or len(model_ids) > 1)
           and idle["active_sequences"] == 0 and idle["queue_depth"] == 0)
     if not ok:
         print("soak.py: FAILED: 5xx, client errors, RSS not flat, or the server not idle after the load", file=sys.stderr)

@@ -207,8 +207,9 @@ impl Runner {
 type LoadResult = Option<Result<Arc<Runner>, ApiError>>;
 
 enum Resident {
-    /// Being loaded; `bytes` (the model's file size, a lower bound of what it will hold) is
-    /// reserved in the memory budget meanwhile, so that concurrent loads cannot overrun it.
+    /// Being loaded; `bytes` (what it held when it last loaded, else its file size: a lower
+    /// bound) is reserved in the memory budget meanwhile, so that concurrent loads cannot
+    /// overrun it.
     Loading {
         rx: watch::Receiver<LoadResult>,
         bytes: u64,
@@ -228,6 +229,10 @@ enum Served {
 pub struct ModelManager {
     served: Served,
     resident: Arc<Mutex<HashMap<String, Resident>>>,
+    /// What each model (by id and SHA-256) was estimated to hold when it last loaded: the
+    /// reservation for its next load, which is then exact before the load instead of only
+    /// its file size.
+    known_bytes: Arc<Mutex<HashMap<(String, String), u64>>>,
     config: Arc<ServerConfig>,
     metrics: Arc<Metrics>,
     preloading: AtomicBool,
@@ -277,6 +282,7 @@ impl ModelManager {
         ModelManager {
             served,
             resident: Arc::new(Mutex::new(HashMap::new())),
+            known_bytes: Arc::new(Mutex::new(HashMap::new())),
             config,
             metrics,
             preloading: AtomicBool::new(false),
@@ -418,8 +424,12 @@ impl ModelManager {
                     // Room first: a model whose weights alone exceed the budget is refused
                     // before any of it is read, and idle models make way before the load,
                     // not after it, so the budget holds while loading too.
+                    let need = lock(&self.known_bytes)
+                        .get(&(spec.id.clone(), spec.sha256.clone()))
+                        .copied()
+                        .unwrap_or(spec.size);
                     let evicted =
-                        make_room(&mut map, &spec.id, spec.size, self.config.memory_budget)?;
+                        make_room(&mut map, &spec.id, need, self.config.memory_budget)?;
                     for e in evicted {
                         tracing::info!(model = %e, "unloaded to make room for loading {}", spec.id);
                     }
@@ -428,7 +438,7 @@ impl ModelManager {
                         spec.id.clone(),
                         Resident::Loading {
                             rx: rx.clone(),
-                            bytes: spec.size,
+                            bytes: need,
                         },
                     );
                     drop(map);
@@ -453,6 +463,8 @@ impl ModelManager {
         let config = self.config.clone();
         let metrics = self.metrics.clone();
         let resident = self.resident.clone();
+        let known_bytes = self.known_bytes.clone();
+        let key = (spec.id.clone(), spec.sha256.clone());
         let id = spec.id.clone();
         tracing::info!(model = %id, path = %spec.path.display(), "loading model");
         let check_home = self.registry_home().map(Path::to_path_buf);
@@ -468,6 +480,7 @@ impl ModelManager {
             };
             let mut map = lock(&resident);
             let result = result.and_then(|runner| {
+                lock(&known_bytes).insert(key, runner.est_bytes);
                 let evicted = make_room(&mut map, &id, runner.est_bytes, budget)?;
                 for e in evicted {
                     tracing::info!(model = %e, "unloaded to stay within the memory budget");
