@@ -428,8 +428,7 @@ impl ModelManager {
                         .get(&(spec.id.clone(), spec.sha256.clone()))
                         .copied()
                         .unwrap_or(spec.size);
-                    let evicted =
-                        make_room(&mut map, &spec.id, need, self.config.memory_budget)?;
+                    let evicted = make_room(&mut map, &spec.id, need, self.config.memory_budget)?;
                     for e in evicted {
                         tracing::info!(model = %e, "unloaded to make room for loading {}", spec.id);
                     }
