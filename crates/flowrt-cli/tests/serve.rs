@@ -759,16 +759,6 @@ fn a_zero_or_malformed_header_timeout_is_refused() {
     }
 }
 
-/// Peak resident memory of a running process, from /proc.
-fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn a_chat_template_that_builds_gigabytes_is_refused_and_the_server_keeps_serving() {
     // The tiny Llama checkpoint with a template whose loop doubles a string forty times:
@@ -805,7 +795,7 @@ fn a_chat_template_that_builds_gigabytes_is_refused_and_the_server_keeps_serving
         .to_str()
         .unwrap()
         .to_string();
-    let before = peak_rss_kib(server.child.id());
+    let before = flowrt_testkit::peak_rss_kib(&server.child.id().to_string());
     for _ in 0..2 {
         let (status, body) = http(
             &server.addr,
@@ -823,7 +813,7 @@ fn a_chat_template_that_builds_gigabytes_is_refused_and_the_server_keeps_serving
         );
         assert_eq!(status, 200, "{body}");
     }
-    let grew = peak_rss_kib(server.child.id()).saturating_sub(before);
+    let grew = flowrt_testkit::peak_rss_kib(&server.child.id().to_string()).saturating_sub(before);
     assert!(
         grew < 256 << 10,
         "the server's peak RSS grew by {grew} KiB while refusing the template"

@@ -61,16 +61,6 @@ fn render(source: &str) -> Result<String, TextError> {
         .render(&[ChatMessage::new("user", "hi")], true)
 }
 
-/// Peak resident memory of this (the parent) process.
-fn peak_rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn templates_render_in_memory_capped_workers() {
     let fx = fixture("tool_templates.json");
@@ -99,7 +89,7 @@ fn templates_render_in_memory_capped_workers() {
     assert!(errors > 0, "the fixture's expected errors went missing");
 
     // Doubling a string thirty-odd times: a few dozen instructions, gigabytes of memory.
-    let before = peak_rss_kib();
+    let before = flowrt_testkit::peak_rss_kib("self");
     let t0 = Instant::now();
     let err = render(
         "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
@@ -112,7 +102,7 @@ fn templates_render_in_memory_capped_workers() {
         "{err:?}"
     );
     assert!(err.to_string().contains("1024 MiB"), "{err}");
-    let grew = peak_rss_kib().saturating_sub(before);
+    let grew = flowrt_testkit::peak_rss_kib("self").saturating_sub(before);
     assert!(
         grew < 64 << 10,
         "the parent's peak RSS grew by {grew} KiB: the render ran in-process"

@@ -384,14 +384,7 @@ impl WorkGuard {
         models_dir: &Path,
         report: &mut dyn FnMut(&str),
     ) -> Result<Self, StoreError> {
-        fs::create_dir_all(models_dir).map_err(StoreError::io("create directory", models_dir))?;
-        let path = models_dir.join(WORK_LOCK);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(StoreError::io("open", &path))?;
+        let (lock, path) = crate::registry::open_lock_file(models_dir, WORK_LOCK)?;
         if lock.try_lock().is_ok() {
             for p in sweep_leftovers(models_dir) {
                 report(&format!(

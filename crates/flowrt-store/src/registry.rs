@@ -355,14 +355,7 @@ impl Registry {
         &mut self,
         change: impl FnOnce(&mut Vec<Entry>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        fs::create_dir_all(&self.home).map_err(StoreError::io("create directory", &self.home))?;
-        let lock_path = self.home.join(LOCK_FILE);
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(StoreError::io("open", &lock_path))?;
+        let (lock, lock_path) = open_lock_file(&self.home, LOCK_FILE)?;
         lock.lock().map_err(StoreError::io("lock", &lock_path))?;
         remove_stale_temporaries(&self.home);
         let path = self.path();
@@ -435,6 +428,20 @@ fn read_file(path: &Path) -> Result<Vec<Entry>, StoreError> {
 
 /// Writes the registry to a temporary file next to it, flushes it and renames it over the
 /// old one, so a reader sees the old or the new file, never half of one.
+/// `dir/name`, opened (created if absent, never truncated) to hold an advisory lock on; `dir`
+/// is created first.
+pub(crate) fn open_lock_file(dir: &Path, name: &str) -> Result<(File, PathBuf), StoreError> {
+    fs::create_dir_all(dir).map_err(StoreError::io("create directory", dir))?;
+    let path = dir.join(name);
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(StoreError::io("open", &path))?;
+    Ok((file, path))
+}
+
 /// Temporary registry files are only written under the lock, so any found by a holder of
 /// the lock belong to a writer that was killed before its rename: remove them (best effort).
 fn remove_stale_temporaries(home: &Path) {

@@ -12,3 +12,13 @@
 pub mod coverage;
 pub mod golden;
 pub mod models;
+
+/// Peak resident memory (`VmHWM`) of process `pid` ("self" for this one), in KiB, from /proc.
+pub fn peak_rss_kib(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("reading /proc/PID/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
