@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// least recently used idle models are unloaded to make room. Default: no limit.
     #[arg(long = "max-memory")]
     pub max_memory: Option<String>,
+    /// How long a request for a model that does not fit --max-memory while the loaded models
+    /// are busy waits for one of them to go idle (seconds or 30s/5m; 0 = refuse at once with
+    /// a 503). Such requests wait first come, first served, at most --queue of them.
+    #[arg(long = "memory-wait", default_value = "60s")]
+    pub memory_wait: String,
     /// Largest request body in bytes.
     #[arg(long = "max-body", default_value_t = 4 << 20)]
     pub max_body: usize,
@@ -248,6 +253,8 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         queue: args.queue,
         keep_alive: parse_duration("--keep-alive", &args.keep_alive)?,
         memory_budget: args.max_memory.as_deref().map(parse_bytes).transpose()?,
+        memory_wait: parse_duration("--memory-wait", &args.memory_wait)?
+            .context("--memory-wait must be 0 or more seconds")?,
         api_key: api_key(
             args.api_key.clone(),
             std::env::var_os("FLOWRT_API_KEY").map(|v| v.to_string_lossy().into_owned()),

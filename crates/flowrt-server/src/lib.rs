@@ -65,6 +65,9 @@ pub use models::{ModelManager, ModelSpec, ModelState};
 /// The default `--body-timeout`: 4 MiB (the default body limit) arrives in it at 70 KB/s.
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The default `--memory-wait`.
+pub const DEFAULT_MEMORY_WAIT: Duration = Duration::from_secs(60);
+
 /// How the server runs.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -79,6 +82,11 @@ pub struct ServerConfig {
     /// Most bytes (weights plus KV caches, estimated) resident models may take; `None` = no
     /// limit.
     pub memory_budget: Option<u64>,
+    /// How long a request for a model that does not fit the memory budget while the resident
+    /// models are busy waits for one of them to go idle (then unloaded to make room) before a
+    /// 503; `ZERO` = refuse at once. Requests waiting so are served first come, first served,
+    /// at most `queue` of them.
+    pub memory_wait: Duration,
     /// With a key, every route but `/health` and the chat page's files needs
     /// `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`).
     pub api_key: Option<String>,
@@ -110,6 +118,7 @@ impl Default for ServerConfig {
             queue: 64,
             keep_alive: Some(Duration::from_secs(300)),
             memory_budget: None,
+            memory_wait: DEFAULT_MEMORY_WAIT,
             api_key: None,
             max_body_bytes: 4 << 20,
             body_timeout: Some(DEFAULT_BODY_TIMEOUT),

@@ -81,6 +81,8 @@ pub struct ModelGauges {
     pub queued: usize,
     pub active: usize,
     pub loaded: bool,
+    /// Requests waiting for room in the memory budget to load it.
+    pub waiting_memory: usize,
 }
 
 /// The server's counters and histograms.
@@ -198,7 +200,7 @@ impl Metrics {
             }
         });
         type Gauge = (&'static str, &'static str, fn(&ModelGauges) -> usize);
-        let gauge_defs: [Gauge; 3] = [
+        let gauge_defs: [Gauge; 4] = [
             (
                 "flowrt_queue_depth",
                 "Requests waiting for a sequence slot.",
@@ -213,6 +215,11 @@ impl Metrics {
                 "flowrt_model_loaded",
                 "1 when the model is resident.",
                 |g| g.loaded as usize,
+            ),
+            (
+                "flowrt_requests_waiting_for_memory",
+                "Requests waiting for room in the memory budget (--max-memory) to load the model.",
+                |g| g.waiting_memory,
             ),
         ];
         for (name, help, get) in gauge_defs {

@@ -6,9 +6,11 @@
 //! registry, re-read as it changes (see [`crate::registry`]). A spec is
 //! loaded on first use (or by [`ModelManager::preload`]), runs behind its own
 //! [`Scheduler`], stays resident for the keep-alive after its last request, and is unloaded
-//! least-recently-used first when loading another would exceed the memory budget.
+//! least-recently-used first when loading another would exceed the memory budget. A request
+//! for a model that does not fit while the resident models are busy waits, first come first
+//! served, for one of them to go idle (`--memory-wait`), then a 503.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -236,6 +238,47 @@ pub struct ModelManager {
     config: Arc<ServerConfig>,
     metrics: Arc<Metrics>,
     preloading: AtomicBool,
+    /// Requests waiting for room in the memory budget, in arrival order.
+    room: Mutex<RoomQueue>,
+}
+
+/// How often a request waiting for room in the memory budget looks again.
+const ROOM_POLL: Duration = Duration::from_millis(20);
+
+/// Requests waiting for room in the memory budget: tickets in arrival order, each with the
+/// model it wants. Only the first may load; the rest wait behind it, so a large model is not
+/// kept out for good by smaller ones that keep fitting before it.
+#[derive(Default)]
+struct RoomQueue {
+    next: u64,
+    waiting: VecDeque<(u64, String)>,
+}
+
+/// A request's place in the [`RoomQueue`]; dropping it (the request loaded, gave up, or its
+/// client went away) gives the place up.
+struct RoomTicket<'a> {
+    queue: &'a Mutex<RoomQueue>,
+    ticket: u64,
+}
+
+impl RoomTicket<'_> {
+    fn is_first(&self) -> bool {
+        lock(self.queue).waiting.front().map(|w| w.0) == Some(self.ticket)
+    }
+}
+
+impl Drop for RoomTicket<'_> {
+    fn drop(&mut self) {
+        lock(self.queue).waiting.retain(|w| w.0 != self.ticket);
+    }
+}
+
+/// Why [`make_room`] found no room.
+enum NoRoom {
+    /// The model is larger than the whole budget: it never fits.
+    Never(ApiError),
+    /// The models in the budget are busy or loading; room may come when they go idle.
+    Busy,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -286,6 +329,7 @@ impl ModelManager {
             config,
             metrics,
             preloading: AtomicBool::new(false),
+            room: Mutex::new(RoomQueue::default()),
         }
     }
 
@@ -351,6 +395,11 @@ impl ModelManager {
 
     pub fn gauges(&self) -> Vec<ModelGauges> {
         let running = self.running();
+        let room: Vec<String> = lock(&self.room)
+            .waiting
+            .iter()
+            .map(|w| w.1.clone())
+            .collect();
         self.specs()
             .iter()
             .map(|s| {
@@ -365,6 +414,7 @@ impl ModelManager {
                         .map_or(0, |s| s.counts().active.load(Ordering::SeqCst))
                         + r.map_or(0, |r| r.embedding.load(Ordering::SeqCst)),
                     loaded: r.is_some(),
+                    waiting_memory: room.iter().filter(|id| **id == s.id).count(),
                 }
             })
             .collect()
@@ -410,42 +460,70 @@ impl ModelManager {
         ))
     }
 
-    /// The runner for `spec`, loading it if nothing is resident under its id.
+    /// The runner for `spec`, loading it if nothing is resident under its id. A load that
+    /// does not fit the memory budget while the models in it are busy waits for room (first
+    /// come, first served) up to `--memory-wait`.
     async fn get_spec(&self, spec: &Arc<ModelSpec>) -> Result<Arc<Runner>, ApiError> {
-        let mut rx = {
-            let mut map = lock(&self.resident);
-            match map.get(&spec.id) {
-                Some(Resident::Ready(r)) => {
-                    r.touch();
-                    return Ok(r.clone());
-                }
-                Some(Resident::Loading { rx, .. }) => rx.clone(),
-                None => {
-                    // Room first: a model whose weights alone exceed the budget is refused
-                    // before any of it is read, and idle models make way before the load,
-                    // not after it, so the budget holds while loading too.
-                    let need = lock(&self.known_bytes)
-                        .get(&(spec.id.clone(), spec.sha256.clone()))
-                        .copied()
-                        .unwrap_or(spec.size);
-                    let evicted = make_room(&mut map, &spec.id, need, self.config.memory_budget)?;
-                    for e in evicted {
-                        tracing::info!(model = %e, "unloaded to make room for loading {}", spec.id);
+        let started = Instant::now();
+        let budget = self.config.memory_budget;
+        let mut ticket: Option<RoomTicket<'_>> = None;
+        let mut rx = loop {
+            {
+                let mut map = lock(&self.resident);
+                match map.get(&spec.id) {
+                    Some(Resident::Ready(r)) => {
+                        r.touch();
+                        return Ok(r.clone());
                     }
-                    let (tx, rx) = watch::channel(None);
-                    map.insert(
-                        spec.id.clone(),
-                        Resident::Loading {
-                            rx: rx.clone(),
-                            bytes: need,
-                        },
-                    );
-                    drop(map);
-                    self.start_load(spec.clone(), tx);
-                    rx
+                    Some(Resident::Loading { rx, .. }) => break rx.clone(),
+                    None => {}
+                }
+                // Room first: a model whose weights alone exceed the budget is refused before
+                // any of it is read, and idle models make way before the load, not after it,
+                // so the budget holds while loading too.
+                let need = lock(&self.known_bytes)
+                    .get(&(spec.id.clone(), spec.sha256.clone()))
+                    .copied()
+                    .unwrap_or(spec.size);
+                let turn = match &ticket {
+                    Some(t) => t.is_first(),
+                    None => lock(&self.room).waiting.is_empty(),
+                };
+                if turn {
+                    match make_room(&mut map, &spec.id, need, budget) {
+                        Ok(evicted) => {
+                            for e in evicted {
+                                tracing::info!(model = %e, "unloaded to make room for loading {}", spec.id);
+                            }
+                            let (tx, rx) = watch::channel(None);
+                            map.insert(
+                                spec.id.clone(),
+                                Resident::Loading {
+                                    rx: rx.clone(),
+                                    bytes: need,
+                                },
+                            );
+                            drop(map);
+                            self.start_load(spec.clone(), tx);
+                            break rx;
+                        }
+                        Err(NoRoom::Never(e)) => return Err(e),
+                        Err(NoRoom::Busy) => {}
+                    }
+                }
+                let waited = started.elapsed();
+                if waited >= self.config.memory_wait {
+                    return Err(busy_error(&spec.id, need, budget, waited));
+                }
+                if ticket.is_none() {
+                    ticket = Some(self.join_room_queue(&spec.id)?);
+                    tracing::info!(model = %spec.id, "waiting for room in the memory budget");
                 }
             }
+            tokio::time::sleep(ROOM_POLL).await;
         };
+        // The place in the queue is given up before the load is awaited.
+        drop(ticket);
         let result = match rx.wait_for(Option::is_some).await {
             Ok(v) => v.clone(),
             Err(_) => None,
@@ -455,6 +533,30 @@ impl ModelManager {
                 "loading a model",
                 &"the loading task ended without a result",
             ))
+        })
+    }
+
+    /// A place at the end of the queue for room in the memory budget; a 429 when `--queue`
+    /// requests already wait.
+    fn join_room_queue(&self, id: &str) -> Result<RoomTicket<'_>, ApiError> {
+        let mut q = lock(&self.room);
+        if q.waiting.len() >= self.config.queue {
+            let mut e = ApiError::new(
+                ErrorKind::Overloaded,
+                format!(
+                    "{} requests already wait for room in the memory budget (--max-memory) to load a model; retry later",
+                    q.waiting.len()
+                ),
+            );
+            e.retry_after = Some(1);
+            return Err(e);
+        }
+        let ticket = q.next;
+        q.next += 1;
+        q.waiting.push_back((ticket, id.to_string()));
+        Ok(RoomTicket {
+            queue: &self.room,
+            ticket,
         })
     }
 
@@ -480,7 +582,10 @@ impl ModelManager {
             let mut map = lock(&resident);
             let result = result.and_then(|runner| {
                 lock(&known_bytes).insert(key, runner.est_bytes);
-                let evicted = make_room(&mut map, &id, runner.est_bytes, budget)?;
+                let evicted = make_room(&mut map, &id, runner.est_bytes, budget).map_err(|e| match e {
+                    NoRoom::Never(e) => e,
+                    NoRoom::Busy => busy_error(&id, runner.est_bytes, budget, Duration::ZERO),
+                })?;
                 for e in evicted {
                     tracing::info!(model = %e, "unloaded to stay within the memory budget");
                 }
@@ -544,62 +649,68 @@ fn make_room(
     id: &str,
     need: u64,
     budget: Option<u64>,
-) -> Result<Vec<String>, ApiError> {
+) -> Result<Vec<String>, NoRoom> {
     let Some(budget) = budget else {
         return Ok(Vec::new());
     };
     if need > budget {
-        return Err(ApiError::new(
+        return Err(NoRoom::Never(ApiError::new(
             ErrorKind::Unavailable,
             format!(
                 "model `{id}` needs about {} ({need} bytes), more than the server's memory budget (--max-memory) of {} ({budget} bytes)",
                 human_bytes(need),
                 human_bytes(budget)
             ),
-        ));
+        )));
     }
+    // What the others hold: loads in progress (their reservations) and resident models.
+    let mut used = 0u64;
+    let mut idle: Vec<(Instant, String, u64)> = Vec::new();
+    for (k, r) in map.iter().filter(|(k, _)| k.as_str() != id) {
+        match r {
+            Resident::Loading { bytes, .. } => used += bytes,
+            Resident::Ready(r) => {
+                used += r.est_bytes;
+                if r.in_flight() == 0 {
+                    idle.push((*lock(&r.last_used), k.clone(), r.est_bytes));
+                }
+            }
+        }
+    }
+    // Least recently used first; nothing is unloaded unless unloading enough makes room.
+    idle.sort();
+    let mut freed = 0u64;
     let mut evicted = Vec::new();
-    loop {
-        let others = map.iter().filter(|(k, _)| k.as_str() != id);
-        let loading: u64 = others
-            .clone()
-            .map(|(_, r)| match r {
-                Resident::Loading { bytes, .. } => *bytes,
-                Resident::Ready(_) => 0,
-            })
-            .sum();
-        let ready: Vec<&Arc<Runner>> = others
-            .filter_map(|(_, r)| match r {
-                Resident::Ready(r) => Some(r),
-                Resident::Loading { .. } => None,
-            })
-            .collect();
-        let used: u64 = loading + ready.iter().map(|r| r.est_bytes).sum::<u64>();
-        if used + need <= budget {
-            return Ok(evicted);
+    for (_, k, bytes) in idle {
+        if used - freed + need <= budget {
+            break;
         }
-        let victim = ready
-            .iter()
-            .filter(|r| r.in_flight() == 0)
-            .min_by_key(|r| *lock(&r.last_used))
-            .map(|r| r.spec.id.clone());
-        match victim {
-            Some(v) => {
-                map.remove(&v);
-                evicted.push(v);
-            }
-            None => {
-                return Err(ApiError::new(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "model `{id}` ({}) does not fit the memory budget (--max-memory) of {} while the models in it are busy or loading; retry later",
-                        human_bytes(need),
-                        human_bytes(budget)
-                    ),
-                ))
-            }
-        }
+        freed += bytes;
+        evicted.push(k);
     }
+    if used - freed + need > budget {
+        return Err(NoRoom::Busy);
+    }
+    for k in &evicted {
+        map.remove(k);
+    }
+    Ok(evicted)
+}
+
+/// The 503 for a model that found no room in the budget while the models in it stayed busy
+/// for `waited`.
+fn busy_error(id: &str, need: u64, budget: Option<u64>, waited: Duration) -> ApiError {
+    let budget = budget.map_or_else(|| "none".to_string(), human_bytes);
+    let mut e = ApiError::new(
+        ErrorKind::Unavailable,
+        format!(
+            "model `{id}` ({}) does not fit the memory budget (--max-memory) of {budget} while the models in it are busy or loading (waited {:.1} s, --memory-wait); retry later",
+            human_bytes(need),
+            waited.as_secs_f64()
+        ),
+    );
+    e.retry_after = Some(1);
+    e
 }
 
 /// `bytes` in MiB or GiB, for messages.

@@ -9,7 +9,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use common::*;
@@ -320,12 +322,13 @@ async fn a_model_larger_than_the_memory_budget_is_refused_before_loading() {
 #[tokio::test]
 async fn concurrent_loads_of_two_models_never_overrun_the_memory_budget() {
     // Room for one SmolLM2. Two requests for two tags arrive together: the first load
-    // reserves its size, so the second is told to retry instead of loading a second copy
-    // beside it (which would then evict the first, after the fact).
+    // reserves its size, so the second (with --memory-wait 0) is told to retry instead of
+    // loading a second copy beside it (which would then evict the first, after the fact).
     let home = home_with(&["a:1", "b:1"]);
     let size = std::fs::metadata(smollm2()).unwrap().len();
     let cfg = ServerConfig {
         memory_budget: Some(2 * size - 1),
+        memory_wait: Duration::ZERO,
         ..config()
     };
     let state = registry_state(home.path(), cfg);
@@ -366,6 +369,177 @@ async fn concurrent_loads_of_two_models_never_overrun_the_memory_budget() {
         .map(|r| r.spec.id.clone())
         .collect();
     assert_eq!(names, [other]);
+}
+
+/// Watches `ids` every millisecond until the returned flag is set, and keeps the most of
+/// them that were loading or resident at once.
+fn watch_resident(state: &AppState, ids: &[&str]) -> (Arc<AtomicBool>, Arc<AtomicUsize>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let most = Arc::new(AtomicUsize::new(0));
+    let (state, ids) = (
+        state.clone(),
+        ids.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+    );
+    let (s2, m2) = (stop.clone(), most.clone());
+    tokio::spawn(async move {
+        while !s2.load(Ordering::SeqCst) {
+            let n = ids
+                .iter()
+                .filter(|id| state.models.state(id) != ModelState::Unloaded)
+                .count();
+            m2.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    (stop, most)
+}
+
+/// A chat that keeps `model` busy for a while (1900 tokens, end of text ignored).
+fn long_chat(model: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Count to a thousand."}],
+        "temperature": 0,
+        "max_tokens": 1900,
+        "ignore_eos": true,
+    })
+}
+
+/// `flowrt_requests_waiting_for_memory` for `model` in /metrics.
+async fn waiting_for_memory(app: &axum::Router, model: &str) -> usize {
+    let text = get(app, "/metrics").await.text();
+    let prefix = format!("flowrt_requests_waiting_for_memory{{model=\"{model}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_load_that_does_not_fit_waits_for_the_busy_model_to_go_idle() {
+    // Room for one SmolLM2, and the default --memory-wait: two requests for two tags that
+    // arrive together are both answered, one model after the other, and at no moment are
+    // two loaded or loading.
+    let home = home_with(&["a:1", "b:1"]);
+    let size = std::fs::metadata(smollm2()).unwrap().len();
+    let cfg = ServerConfig {
+        memory_budget: Some(2 * size - 1),
+        ..config()
+    };
+    let state = registry_state(home.path(), cfg);
+    let app = app(state.clone());
+    let (stop, most) = watch_resident(&state, &["a:1", "b:1"]);
+    let (ca, cb) = (chat("a:1"), chat("b:1"));
+    let (ra, rb) = tokio::join!(
+        post(&app, "/v1/chat/completions", &ca),
+        post(&app, "/v1/chat/completions", &cb)
+    );
+    stop.store(true, Ordering::SeqCst);
+    assert_eq!(ra.status, StatusCode::OK, "{}", ra.text());
+    assert_eq!(rb.status, StatusCode::OK, "{}", rb.text());
+    assert_eq!(ra.json()["model"], "a:1");
+    assert_eq!(rb.json()["model"], "b:1");
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "two models were in memory at once"
+    );
+    assert_eq!(state.models.running().len(), 1);
+    assert_eq!(waiting_for_memory(&app, "a:1").await, 0);
+    assert_eq!(waiting_for_memory(&app, "b:1").await, 0);
+}
+
+#[tokio::test]
+async fn a_request_waiting_for_room_is_counted_bounded_and_gives_up_after_the_wait() {
+    // a:1 generates for a while; b:1 (no room beside it) waits and shows in /metrics; c:1,
+    // behind it, is refused with a 429 (--queue 1); a request whose client goes away gives
+    // its place up; b:1 gets a 503 naming the wait once --memory-wait has passed.
+    let home = home_with(&["a:1", "b:1", "c:1"]);
+    // A context long enough that a:1 stays busy for seconds on any machine (the busy request
+    // is cut off at the end); the budget fits one model with this context, not two.
+    let long_ctx = ServerConfig {
+        engine: flowrt_engine::EngineOptions {
+            n_ctx: Some(2048),
+            ..config().engine
+        },
+        ..config()
+    };
+    let one = {
+        let state = registry_state(home.path(), long_ctx.clone());
+        let r = post(&app(state.clone()), "/v1/chat/completions", &chat("a:1")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        state.models.running()[0].est_bytes
+    };
+    let wait = Duration::from_millis(1500);
+    let cfg = ServerConfig {
+        memory_budget: Some(one * 3 / 2),
+        memory_wait: wait,
+        queue: 1,
+        ..long_ctx
+    };
+    let state = registry_state(home.path(), cfg);
+    let app = app(state.clone());
+    let r = post(&app, "/v1/chat/completions", &chat("a:1")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+
+    let busy = tokio::spawn({
+        let app = app.clone();
+        async move { post(&app, "/v1/chat/completions", &long_chat("a:1")).await }
+    });
+    // The long request is running once a:1 has a sequence in flight.
+    let started = std::time::Instant::now();
+    while state.models.running()[0].in_flight() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "a:1 never got busy"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // A client that goes away while waiting gives its place up.
+    let gone = tokio::time::timeout(
+        Duration::from_millis(200),
+        post(&app, "/v1/chat/completions", &chat("c:1")),
+    )
+    .await;
+    assert!(gone.is_err(), "c:1 was answered although a:1 is busy");
+    assert_eq!(waiting_for_memory(&app, "c:1").await, 0);
+
+    let t0 = std::time::Instant::now();
+    let waiter = tokio::spawn({
+        let app = app.clone();
+        async move { post(&app, "/v1/chat/completions", &chat("b:1")).await }
+    });
+    while waiting_for_memory(&app, "b:1").await == 0 {
+        assert!(t0.elapsed() < wait, "b:1 never showed as waiting");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let full = post(&app, "/v1/chat/completions", &chat("c:1")).await;
+    assert_eq!(
+        full.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        full.text()
+    );
+    assert!(full.text().contains("wait for room"), "{}", full.text());
+
+    let r = waiter.await.unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert!(
+        r.text().contains("--memory-wait") && r.text().contains("retry later"),
+        "{}",
+        r.text()
+    );
+    assert!(took >= wait, "b:1 gave up after {took:?}, before its wait");
+    assert!(
+        !busy.is_finished(),
+        "a:1 finished too soon for this test to show anything"
+    );
+    assert_eq!(waiting_for_memory(&app, "b:1").await, 0);
+    busy.abort();
 }
 
 #[tokio::test]
