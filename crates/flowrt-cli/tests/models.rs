@@ -255,6 +255,46 @@ fn rm_delete_files_deletes_a_file_in_the_store() {
     assert!(!copy.exists());
 }
 
+#[test]
+fn rm_delete_files_keeps_files_that_symlinks_in_the_store_point_out_to() {
+    // A link in the models directory to a file outside it, and a linked directory that
+    // holds a model outside it: both resolve outside the store, so --delete-files keeps the
+    // files (and the links) and says why.
+    let home = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let models = h.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    let target = outside.path().join("theirs.gguf");
+    std::fs::copy(model(), &target).unwrap();
+    let link = models.join("link.gguf");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let dir_link = models.join("linked-dir");
+    std::os::unix::fs::symlink(outside.path(), &dir_link).unwrap();
+    let through_dir = dir_link.join("theirs.gguf");
+    for (tag, path) in [("link:135m", &link), ("dir:135m", &through_dir)] {
+        ok(h, &["add", tag, path.to_str().unwrap()]);
+        let o = flowrt(h)
+            .args(["rm", tag, "--delete-files"])
+            .output()
+            .unwrap();
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        assert!(out.contains(&format!("removed {tag}")), "{out}");
+        assert!(!out.contains("deleted"), "{out}");
+        assert!(
+            err.contains("kept") && err.contains("models directory"),
+            "{err}"
+        );
+        assert!(
+            target.is_file(),
+            "{tag}: the file outside the store is gone"
+        );
+    }
+    assert!(link.is_symlink() && dir_link.is_symlink(), "the links stay");
+    assert!(tags(h).is_empty());
+}
+
 /// The catalog's figures (recorded when a pull registers a model without loading it) are
 /// what loading the file reports.
 #[test]
