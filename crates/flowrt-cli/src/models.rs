@@ -83,6 +83,9 @@ pub struct Described {
     pub vocab_size: usize,
     /// Parameters per weight type (matrices only).
     pub by_type: BTreeMap<&'static str, u64>,
+    /// For a mixture of experts: the parameters one token runs (every parameter but the
+    /// experts its layers' routers do not choose: top-k of each sparse layer's experts).
+    pub active_parameters: Option<u64>,
 }
 
 /// Parameters, dominant weight type and the rest, from the loaded weights. Parameters
@@ -118,7 +121,19 @@ pub fn describe(m: &LoadedModel) -> Described {
         vectors += opt(&l.bq) + opt(&l.bk) + opt(&l.bv) + opt(&l.q_norm) + opt(&l.k_norm);
         vectors += opt(&l.attn_post_norm) + opt(&l.ffn_post_norm);
         vectors += opt(&l.attn_norm_bias) + opt(&l.ffn_norm_bias);
-        vectors += opt(&l.bo) + opt(&l.b_up) + opt(&l.b_down);
+        vectors += opt(&l.bo) + opt(&l.b_up) + opt(&l.b_down) + opt(&l.sinks);
+    }
+    // Experts a token does not run: all but top-k of each sparse layer's, biases included.
+    let mut inactive = 0u64;
+    for m in model.layers.iter().filter_map(|l| l.moe.as_ref()) {
+        let biases = opt(&m.gate_bias) + opt(&m.up_bias) + opt(&m.down_bias);
+        vectors += opt(&m.router_bias) + biases;
+        let experts = m.gate.len() as u64;
+        let top_k = cfg.moe.as_ref().map_or(0, |c| c.num_experts_per_tok) as u64;
+        let all: u64 = m.experts().map(|w| (w.rows * w.cols) as u64).sum::<u64>() + biases;
+        if let Some(per_expert) = all.checked_div(experts) {
+            inactive += all - per_expert * top_k.min(experts);
+        }
     }
     // The decoder layers' matrices decide: small models often keep their (large)
     // embeddings at higher precision than the rest. Ties go to the type named first.
@@ -138,6 +153,7 @@ pub fn describe(m: &LoadedModel) -> Described {
             parameters: params + vectors,
             quantization: dominant.to_string(),
         },
+        active_parameters: (inactive > 0).then(|| params + vectors - inactive),
         hidden_size: cfg.hidden_size,
         num_hidden_layers: cfg.num_hidden_layers,
         num_attention_heads: cfg.num_attention_heads,
@@ -339,6 +355,7 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
             "architecture": d.info.architecture,
             "features": model.model.config.features(),
             "parameters": d.info.parameters,
+            "active_parameters": d.active_parameters,
             "quantization": d.info.quantization,
             "parameters_by_type": d.by_type,
             "context_length": d.info.context_length,
@@ -383,11 +400,19 @@ pub fn show(args: ShowArgs) -> Result<ExitCode> {
         ("architecture", d.info.architecture.clone()),
         (
             "parameters",
-            format!(
-                "{} ({})",
-                human_params(d.info.parameters),
-                d.info.parameters
-            ),
+            match d.active_parameters {
+                None => format!(
+                    "{} ({})",
+                    human_params(d.info.parameters),
+                    d.info.parameters
+                ),
+                Some(a) => format!(
+                    "{} ({}), {} ({a}) active per token",
+                    human_params(d.info.parameters),
+                    d.info.parameters,
+                    human_params(a)
+                ),
+            },
         ),
         (
             "quantization",

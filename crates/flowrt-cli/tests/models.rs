@@ -490,3 +490,68 @@ fn catalog_metadata_of_the_minilm_directory_matches_the_loaded_model() {
     assert_eq!(s["embedding"]["pooling"], "mean");
     assert_eq!(s["embedding"]["max_tokens"], 256);
 }
+
+/// Every tensor of a safetensors file: its name and element count (read from the header).
+fn safetensors_numel(path: &Path) -> Vec<(String, u64)> {
+    let bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let numel = v["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap())
+                .product();
+            (k.clone(), numel)
+        })
+        .collect()
+}
+
+/// `show` counts a mixture of experts' parameters as the checkpoint holds them, and the
+/// parameters one token runs: everything but the experts the router leaves out (all but
+/// top-k of each sparse layer's experts, their biases included).
+#[test]
+fn show_counts_the_active_parameters_of_a_mixture_of_experts() {
+    let home = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families");
+    for family in ["qwen3-moe", "gpt-oss"] {
+        let dir = root.join(family);
+        let cfg: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let experts = cfg["num_local_experts"].as_u64().unwrap();
+        let top_k = cfg["num_experts_per_tok"].as_u64().unwrap();
+        let tensors = safetensors_numel(&dir.join("model.safetensors"));
+        let total: u64 = tensors.iter().map(|t| t.1).sum();
+        let in_experts: u64 = tensors
+            .iter()
+            .filter(|t| t.0.contains(".experts."))
+            .map(|t| t.1)
+            .sum();
+        assert!(
+            in_experts > 0,
+            "{family}: no expert tensors in the checkpoint"
+        );
+        let active = total - in_experts / experts * (experts - top_k);
+        let s = json(&ok(home.path(), &["show", dir.to_str().unwrap(), "--json"]));
+        assert_eq!(s["parameters"], total, "{family}");
+        assert_eq!(s["active_parameters"], active, "{family}");
+        let out = ok(home.path(), &["show", dir.to_str().unwrap()]);
+        assert!(
+            out.contains(&format!("({total}), "))
+                && out.contains(&format!("({active}) active per token")),
+            "{family}: {out}"
+        );
+    }
+    // A dense model has no such line.
+    let s = json(&ok(
+        home.path(),
+        &["show", root.join("qwen3").to_str().unwrap(), "--json"],
+    ));
+    assert!(s["active_parameters"].is_null(), "{s}");
+}
