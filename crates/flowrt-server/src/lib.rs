@@ -148,10 +148,10 @@ impl AppState {
         let models = Arc::new(ModelManager::new(specs, config.clone(), metrics.clone()));
         AppState {
             config,
+            draining: models.draining_flag(),
             models,
             metrics,
             started: Instant::now(),
-            draining: Arc::default(),
         }
     }
 
@@ -171,10 +171,10 @@ impl AppState {
         )?);
         Ok(AppState {
             config,
+            draining: models.draining_flag(),
             models,
             metrics,
             started: Instant::now(),
-            draining: Arc::default(),
         })
     }
 }

@@ -240,6 +240,9 @@ pub struct ModelManager {
     preloading: AtomicBool,
     /// Requests waiting for room in the memory budget, in arrival order.
     room: Mutex<RoomQueue>,
+    /// Set when the server shuts down (the same flag as [`crate::AppState::draining`]):
+    /// requests waiting for room then give up at once.
+    draining: Arc<AtomicBool>,
 }
 
 /// How often a request waiting for room in the memory budget looks again.
@@ -330,7 +333,13 @@ impl ModelManager {
             metrics,
             preloading: AtomicBool::new(false),
             room: Mutex::new(RoomQueue::default()),
+            draining: Arc::default(),
         }
+    }
+
+    /// The flag that says the server is shutting down (see [`crate::AppState::draining`]).
+    pub fn draining_flag(&self) -> Arc<AtomicBool> {
+        self.draining.clone()
     }
 
     /// The flowrt home whose registry this server serves, if it serves one.
@@ -510,6 +519,12 @@ impl ModelManager {
                         Err(NoRoom::Never(e)) => return Err(e),
                         Err(NoRoom::Busy) => {}
                     }
+                }
+                if self.draining.load(Ordering::SeqCst) {
+                    return Err(ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!("the server is shutting down; model `{}` was waiting for room in the memory budget and will not be loaded", spec.id),
+                    ));
                 }
                 let waited = started.elapsed();
                 if waited >= self.config.memory_wait {

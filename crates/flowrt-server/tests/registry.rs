@@ -455,7 +455,8 @@ async fn a_load_that_does_not_fit_waits_for_the_busy_model_to_go_idle() {
 async fn a_request_waiting_for_room_is_counted_bounded_and_gives_up_after_the_wait() {
     // a:1 generates for a while; b:1 (no room beside it) waits and shows in /metrics; c:1,
     // behind it, is refused with a 429 (--queue 1); a request whose client goes away gives
-    // its place up; b:1 gets a 503 naming the wait once --memory-wait has passed.
+    // its place up; b:1 gets a 503 naming the wait once --memory-wait has passed, and at
+    // once when the server shuts down.
     let home = home_with(&["a:1", "b:1", "c:1"]);
     // A context long enough that a:1 stays busy for seconds on any machine (the busy request
     // is cut off at the end); the budget fits one model with this context, not two.
@@ -539,6 +540,28 @@ async fn a_request_waiting_for_room_is_counted_bounded_and_gives_up_after_the_wa
         "a:1 finished too soon for this test to show anything"
     );
     assert_eq!(waiting_for_memory(&app, "b:1").await, 0);
+
+    // At shutdown a waiting request gives up at once.
+    let waiter = tokio::spawn({
+        let app = app.clone();
+        async move { post(&app, "/v1/chat/completions", &chat("b:1")).await }
+    });
+    while waiting_for_memory(&app, "b:1").await == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t1 = std::time::Instant::now();
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = waiter.await.unwrap();
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert!(r.text().contains("shutting down"), "{}", r.text());
+    assert!(
+        t1.elapsed() < wait / 2,
+        "the waiter took {:?} to give up at shutdown",
+        t1.elapsed()
+    );
+    assert!(!busy.is_finished());
     busy.abort();
 }
 
