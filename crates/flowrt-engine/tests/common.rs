@@ -90,3 +90,49 @@ pub fn hot(seed: u64) -> flowrt_sample::SamplerConfig {
         ..flowrt_sample::SamplerConfig::default()
     }
 }
+
+/// A copy of `families/llama-untied` whose tensor `name` is multiplied by `factor`.
+pub fn perturbed_copy(name: &str, factor: f32) -> tempfile::TempDir {
+    let src = fixture("families/llama-untied");
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut found = false;
+    let tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            let mut data = t.data().to_vec();
+            if n == name {
+                found = true;
+                assert_eq!(t.dtype(), safetensors::Dtype::F32);
+                for c in data.chunks_exact_mut(4) {
+                    let v = f32::from_le_bytes(c.try_into().unwrap()) * factor;
+                    c.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            (n, t.dtype(), t.shape().to_vec(), data)
+        })
+        .collect();
+    assert!(found, "no tensor {name}");
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, d, s, data)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    let out = safetensors::serialize(views.iter().map(|(n, v)| (n.as_str(), v)), None).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), out).unwrap();
+    dir
+}

@@ -5,7 +5,6 @@ mod common;
 use std::path::Path;
 
 use flowrt_engine::{diff, DiffOptions, DiffPrompt, DiffReport, LoadedModel};
-use safetensors::{serialize, SafeTensors};
 
 fn load(p: &Path) -> LoadedModel {
     LoadedModel::load(p).unwrap_or_else(|e| panic!("loading {}: {e}", p.display()))
@@ -27,52 +26,6 @@ fn show(r: &DiffReport) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// A copy of `families/llama-untied` whose tensor `name` is multiplied by `factor`.
-fn perturbed_copy(name: &str, factor: f32) -> tempfile::TempDir {
-    let src = common::fixture("families/llama-untied");
-    let dir = tempfile::tempdir().unwrap();
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
-    }
-    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let mut found = false;
-    let tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, t)| {
-            let mut data = t.data().to_vec();
-            if n == name {
-                found = true;
-                assert_eq!(t.dtype(), safetensors::Dtype::F32);
-                for c in data.chunks_exact_mut(4) {
-                    let v = f32::from_le_bytes(c.try_into().unwrap()) * factor;
-                    c.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            (n, t.dtype(), t.shape().to_vec(), data)
-        })
-        .collect();
-    assert!(found, "no tensor {name}");
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(n, d, s, data)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), data).unwrap(),
-            )
-        })
-        .collect();
-    let out = serialize(views.iter().map(|(n, v)| (n.as_str(), v)), None).unwrap();
-    std::fs::write(dir.path().join("model.safetensors"), out).unwrap();
-    dir
 }
 
 #[test]
@@ -98,7 +51,7 @@ fn a_model_against_itself_does_not_diverge() {
 #[test]
 fn a_perturbed_layer_is_named_as_the_first_divergent_one() {
     for k in [1usize, 2] {
-        let b = perturbed_copy(&format!("model.layers.{k}.mlp.down_proj.weight"), -1.0);
+        let b = common::perturbed_copy(&format!("model.layers.{k}.mlp.down_proj.weight"), -1.0);
         let r = run(&common::fixture("families/llama-untied"), b.path());
         eprintln!("layer {k}:\n{}", show(&r));
         assert_eq!(r.first_divergent, Some(Some(k)), "{}", show(&r));

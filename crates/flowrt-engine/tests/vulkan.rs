@@ -311,3 +311,60 @@ fn bad_vulkan_settings_are_clear_errors() {
     );
     coverage::ran(SUITE, what);
 }
+
+/// `flowrt diff` on the Vulkan backend (activations read back and written between runlists)
+/// gives the CPU's figures: the same first divergent layer for a model with one layer's
+/// feed-forward output negated, and for a Q4_1 GGUF against its f32 source the same per-layer
+/// errors within the two backends' rounding.
+#[test]
+fn diff_on_vulkan_gives_the_cpus_figures() {
+    if no_device("diff on vulkan") {
+        return;
+    }
+    use flowrt_engine::{diff, DiffOptions, DiffPrompt, DiffReport};
+    let run = |a: &std::path::Path, b: &std::path::Path, backend: BackendKind| -> DiffReport {
+        let load = |p: &std::path::Path| LoadedModel::load(p).unwrap();
+        let opts = DiffOptions {
+            engine: EngineOptions {
+                backend,
+                kv: KvPrecision::F32,
+                ..EngineOptions::default()
+            },
+            ..DiffOptions::default()
+        };
+        diff(&load(a), &load(b), &DiffPrompt::builtin(), &opts).unwrap()
+    };
+    let src = common::fixture("families/llama-untied");
+    let perturbed = common::perturbed_copy("model.layers.1.mlp.down_proj.weight", -1.0);
+    let q4 = src.join("model-q4_1.gguf");
+    for (b, first) in [(perturbed.path(), Some(Some(1))), (q4.as_path(), None)] {
+        let cpu = run(&src, b, BackendKind::Cpu);
+        let vk = run(&src, b, BackendKind::Vulkan);
+        assert_eq!(cpu.first_divergent, first, "{cpu:?}");
+        assert_eq!(vk.first_divergent, first, "{vk:?}");
+        assert_eq!(vk.layers.len(), cpu.layers.len());
+        assert_eq!(vk.positions, cpu.positions);
+        for (v, c) in vk.layers.iter().zip(&cpu.layers) {
+            assert_eq!(v.layer, c.layer);
+            for (what, x, y) in [
+                ("mean_rel_err", v.mean_rel_err, c.mean_rel_err),
+                ("attn_err", v.attn_err, c.attn_err),
+                ("ffn_err", v.ffn_err, c.ffn_err),
+                ("mean_cosine", v.mean_cosine, c.mean_cosine),
+            ] {
+                assert!(
+                    (x - y).abs() <= 1e-4 + 1e-3 * y.abs(),
+                    "layer {:?} {what}: vulkan {x}, cpu {y}",
+                    v.layer
+                );
+            }
+        }
+        assert!(
+            (vk.mean_kl - cpu.mean_kl).abs() <= 1e-5 + 1e-3 * cpu.mean_kl,
+            "mean KL: vulkan {}, cpu {}",
+            vk.mean_kl,
+            cpu.mean_kl
+        );
+        coverage::ran(SUITE, "diff on vulkan");
+    }
+}

@@ -97,6 +97,9 @@ pub struct VulkanBackend {
     step_buf: wgpu::Buffer,
     logits_buf: wgpu::Buffer,
     readback: wgpu::Buffer,
+    /// The activation buffers, indexed by `Buf as usize` (also in `_keep`): `flowrt diff`
+    /// reads and writes them between runlists.
+    acts: Vec<wgpu::Buffer>,
     /// Host copies of a step's inputs (allocated once).
     rows: Vec<u32>,
     out_rows: Vec<u32>,
@@ -700,6 +703,7 @@ impl VulkanBackend {
         }
         keep.extend(b.uniforms);
         gpu.check()?;
+        let act_bufs = acts.bufs.clone();
         keep.extend(acts.bufs);
         keep.push(acts.gathered);
         keep.extend(kcache);
@@ -751,6 +755,7 @@ impl VulkanBackend {
             step_buf,
             logits_buf,
             readback,
+            acts: act_bufs,
             _keep: keep,
             _mats: mats,
             gpu,
@@ -1077,6 +1082,69 @@ impl Backend for VulkanBackend {
 
     fn vocab_size(&self) -> usize {
         self.model.config.vocab_size
+    }
+
+    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
+        if buf == Buf::Logits {
+            return Ok(self.logits().to_vec());
+        }
+        self.idle_for("read", buf)?;
+        let width = buf.width(&self.model.config);
+        if rows > self.max_batch || width == 0 {
+            return Err(format!(
+                "{rows} rows of {buf:?} asked for; the backend holds {} rows of {width}",
+                self.max_batch
+            ));
+        }
+        let len = (rows * width * 4) as u64;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let dst = self
+            .gpu
+            .readback(&format!("{buf:?} readback"), len.next_multiple_of(4))
+            .map_err(|e| e.to_string())?;
+        let bytes = self
+            .gpu
+            .read(&self.acts[buf as usize], &dst, 0, len, DRAIN_LIMIT)
+            .map_err(|e| e.to_string())?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), String> {
+        self.idle_for("write", buf)?;
+        let width = buf.width(&self.model.config);
+        if buf == Buf::Logits
+            || width == 0
+            || !values.len().is_multiple_of(width)
+            || values.len() / width > self.max_batch
+        {
+            return Err(format!(
+                "cannot write {} values into {buf:?} (rows of {width}, at most {} rows)",
+                values.len(),
+                self.max_batch
+            ));
+        }
+        // Ordered before the next submission on the queue.
+        self.gpu
+            .queue
+            .write_buffer(&self.acts[buf as usize], 0, bytemuck::cast_slice(values));
+        Ok(())
+    }
+}
+
+impl VulkanBackend {
+    /// Activations are read and written between runlists only, on a working device.
+    fn idle_for(&self, what: &str, buf: Buf) -> Result<(), String> {
+        if let Some(why) = &self.broken {
+            return Err(format!("cannot {what} {buf:?}: {why}"));
+        }
+        if self.pending.is_some() || self.stale.is_some() {
+            return Err(format!(
+                "cannot {what} {buf:?} while a runlist is on the device (wait for it first)"
+            ));
+        }
+        Ok(())
     }
 }
 
