@@ -209,7 +209,9 @@ def gguf_shims(src: Path, out: Path, kv_factor: int | None):
 
     # Tied embeddings stored twice.
     if "output.weight" in names:
-        raise SystemExit(f"{src}: has output.weight already; the duplication shim needs tied embeddings")
+        print(f"skipped tied-duplicated.gguf: {src} stores output.weight already (untied "
+              "embeddings), and the duplication shim starts from tied ones")
+        return
     embd = next((d, ty) for n, d, ty in stored if n == "token_embd.weight")
     gguf_copy(src, out / "tied-duplicated.gguf", "llama",
               stored + [("output.weight", embd[0].copy(), embd[1])])
