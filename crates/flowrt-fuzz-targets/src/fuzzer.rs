@@ -96,7 +96,8 @@ pub fn target(name: &str) -> Option<&'static Target> {
 
 /// The repository's root (this crate is `crates/flowrt-fuzz-targets`).
 pub fn repo_root() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).to_path_buf()
+    let p = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
 /// How long, from which random seed, and where findings go.
@@ -228,15 +229,23 @@ impl Report {
 fn replay_instructions(target: &str, path: &Path, seed: u64) -> String {
     format!(
         "replay: {REPLAY_ENV}={p} cargo test --profile ci -p flowrt-fuzz-targets --test ci_fuzz -- {target} --exact\n\
-         or with libFuzzer: fuzz/target/x86_64-unknown-linux-gnu/release/{target} {p} (after scripts/fuzz's build)\n\
+         or with libFuzzer, after scripts/fuzz's build: fuzz/target/*/release/{target} {p}\n\
          rerun this fuzzing: {SEED_ENV}={seed} cargo test --profile ci -p flowrt-fuzz-targets --test ci_fuzz -- {target} --exact\n",
         p = path.display()
     )
 }
 
 /// Runs the file at `path` through `target` once, not catching a panic (for replaying a
-/// finding with a backtrace).
+/// finding with a backtrace). A relative path not found from the current directory (a test
+/// runs in its crate's) is taken from the repository's root.
 pub fn replay(target: &Target, path: &Path) {
+    let joined;
+    let path = if path.is_relative() && !path.exists() {
+        joined = repo_root().join(path);
+        &joined
+    } else {
+        path
+    };
     let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     eprintln!(
         "replaying {} ({} bytes) through {}",
@@ -302,7 +311,7 @@ pub fn parse_dict(text: &str) -> Result<Vec<Vec<u8>>, String> {
         if !rest[end + 1..].trim().is_empty() {
             return Err(bad("text after the closing quote"));
         }
-        let body = rest[..end].as_bytes();
+        let body = &rest.as_bytes()[..end];
         let mut tok = Vec::new();
         let mut j = 0;
         while j < body.len() {
