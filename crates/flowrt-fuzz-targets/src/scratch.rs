@@ -1,7 +1,4 @@
-//! Shared by the fuzz targets: one fuzz input carries several files, cut apart at [`SEP`]
-//! (see `flowrt-fuzz-parts`), and a scratch directory for the files a target writes.
-
-pub use flowrt_fuzz_parts::{join_parts, split_parts, SEP};
+//! A scratch directory for the files a target writes (`hf_dir`).
 
 /// A directory for a target's files, made once per process (on tmpfs when there is one) and
 /// emptied before each input.
