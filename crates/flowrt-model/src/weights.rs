@@ -872,7 +872,7 @@ impl Binder<'_> {
             };
             let (blocks, scales) = (get("_blocks"), get("_scales"));
             let (blocks, scales) = (blocks?, scales?);
-            if cols % 32 != 0 {
+            if !cols.is_multiple_of(32) {
                 b.problems.push(format!(
                     "tensor `{}`: {cols_key} = {cols} is not a multiple of 32, MXFP4's block length",
                     blocks.name
@@ -1001,6 +1001,13 @@ impl Binder<'_> {
                 u,
             ));
             dn.push(self.finish_matrix(format!("{}[{e}]", db.name), Ok(GgmlType::Mxfp4), h, ff, d));
+        }
+        // The repacked copies replace the file's bytes: let their pages leave the resident
+        // set, so that loading holds about one copy of the experts (a layer at a time twice).
+        for t in [&gub, &gus, &db, &ds] {
+            if let WeightData::Safetensors { dir, .. } = &t.data {
+                dir.release(t.data.bytes());
+            }
         }
         let (gate_bias, up_bias) = match gu_bias {
             None => (None, None),
