@@ -920,7 +920,13 @@ impl Binder<'_> {
             }
             ok.then_some((blocks, scales))
         };
-        let gu = pair(self, FfnGateUpExps, 2 * ff, h, "hidden_size");
+        let Some(gu_rows) = ff.checked_mul(2) else {
+            self.problems.push(format!(
+                "intermediate_size = {ff} is too large (2 × intermediate_size overflows)"
+            ));
+            return None;
+        };
+        let gu = pair(self, FfnGateUpExps, gu_rows, h, "hidden_size");
         let down = pair(self, FfnDownExps, h, ff, "intermediate_size");
         let gu_bias = if bias {
             self.find(FfnGateUpExpsBias, layer).map(Some)
@@ -929,12 +935,12 @@ impl Binder<'_> {
         };
         let ((gub, gus), (db, ds), gu_bias) = (gu?, down?, gu_bias?);
         if let Some(b) = &gu_bias {
-            if b.dims != [2 * ff as u64, n as u64] {
+            if b.dims != [gu_rows as u64, n as u64] {
                 self.problems.push(format!(
                     "tensor `{}` has shape {:?}, expected [{}, {n}] (one row of 2 × intermediate_size per expert)",
                     b.name,
                     b.dims,
-                    2 * ff
+                    gu_rows
                 ));
                 return None;
             }
@@ -972,12 +978,12 @@ impl Binder<'_> {
         let (mut gate, mut up, mut dn) = (Vec::new(), Vec::new(), Vec::new());
         for e in 0..n {
             let g = matrix(
-                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, 2 * ff, gh, e, 2 * i, v)),
+                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, gu_rows, gh, e, 2 * i, v)),
                 ff,
                 h,
             );
             let u = matrix(
-                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, 2 * ff, gh, e, 2 * i + 1, v)),
+                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, gu_rows, gh, e, 2 * i + 1, v)),
                 ff,
                 h,
             );
