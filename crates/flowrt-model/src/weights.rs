@@ -702,6 +702,11 @@ impl Binder<'_> {
         Option<Vec<f32>>,
     )> {
         use TensorRole::*;
+        if let Some(name) = self.source.name(self.arch, FfnGateUpExps, layer) {
+            if self.source.find(&format!("{name}_blocks")).is_some() {
+                return self.mxfp4_experts(layer, n, ff, h, bias);
+            }
+        }
         let gu = self.find(FfnGateUpExps, layer);
         let down = self.find(FfnDownExps, layer);
         let gu_bias = if bias {
@@ -806,6 +811,209 @@ impl Binder<'_> {
                 ff,
                 own(d),
             ));
+        }
+        let (gate_bias, up_bias) = match gu_bias {
+            None => (None, None),
+            Some(b) => {
+                let v = self.floats(&b)?;
+                let gb = v.iter().step_by(2).copied().collect();
+                let ub = v.iter().skip(1).step_by(2).copied().collect();
+                (Some(gb), Some(ub))
+            }
+        };
+        Some((
+            gate.into_iter().collect::<Option<Vec<_>>>()?,
+            up.into_iter().collect::<Option<Vec<_>>>()?,
+            dn.into_iter().collect::<Option<Vec<_>>>()?,
+            gate_bias,
+            up_bias,
+        ))
+    }
+
+    /// HF fused experts in MXFP4, as OpenAI ships gpt-oss: per role `{name}_blocks` (U8,
+    /// `(n, rows, cols / 32, 16)`) and `{name}_scales` (U8, `(n, rows, cols / 32)`), rows the
+    /// output features (gate_up: `2 ff` rows, gate at even rows and up at odd ones; down: `h`
+    /// rows), each row in blocks of 32 consecutive input features. Byte `k` of a block holds
+    /// element `2k` in its low nibble and `2k + 1` in its high one; a scale byte is an E8M0
+    /// exponent (`2^(s - 127)`), as transformers' `convert_moe_packed_tensors` reads them. Each
+    /// expert's gate, up and down become owned MXFP4 matrices in ggml's block layout (the
+    /// exponent byte, then element `j` in the low nibble of byte `j` and `j + 16` in its high
+    /// one): the same codes and exponents repacked, no value changes. Returns what
+    /// [`Binder::fused_experts`] returns.
+    #[allow(clippy::type_complexity)]
+    fn mxfp4_experts(
+        &mut self,
+        layer: usize,
+        n: usize,
+        ff: usize,
+        h: usize,
+        bias: bool,
+    ) -> Option<(
+        Vec<WeightMatrix>,
+        Vec<WeightMatrix>,
+        Vec<WeightMatrix>,
+        Option<Vec<f32>>,
+        Option<Vec<f32>>,
+    )> {
+        use TensorRole::*;
+        // (blocks, scales) of a role, checked against (n, rows, cols); `cols_key` names the
+        // config field that sizes the input features.
+        let pair = |b: &mut Self, role: TensorRole, rows: usize, cols: usize, cols_key: &str| {
+            let base = b.source.name(b.arch, role, layer)?;
+            let mut get = |suffix: &str| {
+                let name = format!("{base}{suffix}");
+                b.used.insert(name.clone());
+                let t = b.source.find(&name);
+                if t.is_none() {
+                    b.problems
+                        .push(format!("missing tensor `{name}` (MXFP4 experts)"));
+                }
+                t
+            };
+            let (blocks, scales) = (get("_blocks"), get("_scales"));
+            let (blocks, scales) = (blocks?, scales?);
+            if !cols.is_multiple_of(32) {
+                b.problems.push(format!(
+                    "tensor `{}`: {cols_key} = {cols} is not a multiple of 32, MXFP4's block length",
+                    blocks.name
+                ));
+                return None;
+            }
+            let g = (cols / 32) as u64;
+            let mut ok = true;
+            for (t, want) in [
+                (&blocks, vec![16, g, rows as u64, n as u64]),
+                (&scales, vec![g, rows as u64, n as u64]),
+            ] {
+                if !matches!(&t.dtype, Err(ty) if ty == "U8") {
+                    let ty = match &t.dtype {
+                        Ok(ty) => ty.to_string(),
+                        Err(ty) => ty.clone(),
+                    };
+                    b.problems.push(format!(
+                        "tensor `{}` has element type {ty}; MXFP4 blocks and scales are U8",
+                        t.name
+                    ));
+                    ok = false;
+                    continue;
+                }
+                let hf: Vec<u64> = want.iter().rev().copied().collect();
+                let got: Vec<u64> = t.dims.iter().rev().copied().collect();
+                if t.dims.len() == want.len() && t.dims[..want.len() - 1] == want[..want.len() - 1]
+                {
+                    if t.dims[want.len() - 1] != n as u64 {
+                        b.problems.push(format!(
+                            "tensor `{}` holds {} experts but the expert count (num_local_experts) is {n}",
+                            t.name,
+                            t.dims[want.len() - 1]
+                        ));
+                        ok = false;
+                    }
+                } else {
+                    b.problems.push(format!(
+                        "tensor `{}` has shape {got:?}, expected {hf:?} (experts, {rows} output features, {cols_key} = {cols} input features in blocks of 32{})",
+                        t.name,
+                        if t.name == blocks.name { ", 16 bytes a block" } else { "" }
+                    ));
+                    ok = false;
+                }
+            }
+            ok.then_some((blocks, scales))
+        };
+        let Some(gu_rows) = ff.checked_mul(2) else {
+            self.problems.push(format!(
+                "intermediate_size = {ff} is too large (2 × intermediate_size overflows)"
+            ));
+            return None;
+        };
+        let gu = pair(self, FfnGateUpExps, gu_rows, h, "hidden_size");
+        let down = pair(self, FfnDownExps, h, ff, "intermediate_size");
+        let gu_bias = if bias {
+            self.find(FfnGateUpExpsBias, layer).map(Some)
+        } else {
+            Some(None)
+        };
+        let ((gub, gus), (db, ds), gu_bias) = (gu?, down?, gu_bias?);
+        if let Some(b) = &gu_bias {
+            if b.dims != [gu_rows as u64, n as u64] {
+                self.problems.push(format!(
+                    "tensor `{}` has shape {:?}, expected [{}, {n}] (one row of 2 × intermediate_size per expert)",
+                    b.name,
+                    b.dims,
+                    gu_rows
+                ));
+                return None;
+            }
+        }
+        // Row `r` of expert `e` of a (n, rows, g) pair as ggml MXFP4 blocks.
+        fn row(
+            blocks: &[u8],
+            scales: &[u8],
+            rows: usize,
+            g: usize,
+            e: usize,
+            r: usize,
+            out: &mut Vec<u8>,
+        ) {
+            let at = (e * rows + r) * g;
+            for (k, &s) in scales[at..at + g].iter().enumerate() {
+                let b = &blocks[(at + k) * 16..(at + k + 1) * 16];
+                let code = |j: usize| (b[j / 2] >> (4 * (j % 2))) & 0x0F;
+                out.push(s);
+                out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+            }
+        }
+        let matrix = |rows_of: &dyn Fn(&mut Vec<u8>), nrows: usize, cols: usize| {
+            let mut v = Vec::with_capacity(nrows * cols / 32 * 17);
+            rows_of(&mut v);
+            WeightData::Owned(Arc::new(v))
+        };
+        let (gub_b, gus_b, db_b, ds_b) = (
+            gub.data.bytes(),
+            gus.data.bytes(),
+            db.data.bytes(),
+            ds.data.bytes(),
+        );
+        let (gh, gf) = (h / 32, ff / 32);
+        let (mut gate, mut up, mut dn) = (Vec::new(), Vec::new(), Vec::new());
+        for e in 0..n {
+            let g = matrix(
+                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, gu_rows, gh, e, 2 * i, v)),
+                ff,
+                h,
+            );
+            let u = matrix(
+                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, gu_rows, gh, e, 2 * i + 1, v)),
+                ff,
+                h,
+            );
+            let d = matrix(
+                &|v| (0..h).for_each(|j| row(db_b, ds_b, h, gf, e, j, v)),
+                h,
+                ff,
+            );
+            gate.push(self.finish_matrix(
+                format!("{}[{e}].gate", gub.name),
+                Ok(GgmlType::Mxfp4),
+                ff,
+                h,
+                g,
+            ));
+            up.push(self.finish_matrix(
+                format!("{}[{e}].up", gub.name),
+                Ok(GgmlType::Mxfp4),
+                ff,
+                h,
+                u,
+            ));
+            dn.push(self.finish_matrix(format!("{}[{e}]", db.name), Ok(GgmlType::Mxfp4), h, ff, d));
+        }
+        // The repacked copies replace the file's bytes: let their pages leave the resident
+        // set, so that loading holds about one copy of the experts (a layer at a time twice).
+        for t in [&gub, &gus, &db, &ds] {
+            if let WeightData::Safetensors { dir, .. } = &t.data {
+                dir.release(t.data.bytes());
+            }
         }
         let (gate_bias, up_bias) = match gu_bias {
             None => (None, None),

@@ -732,3 +732,180 @@ fn lfm2_gguf_bad_layer_list_or_kernel_is_named() {
         "{e}"
     );
 }
+
+/// The gpt-oss fixture with its experts in OpenAI's MXFP4 safetensors layout
+/// (scripts/make_gptoss_mxfp4_fixture.py).
+fn gptoss_mxfp4_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/gpt-oss-mxfp4")
+}
+
+/// The weights in `dir` under its config.json edited by `edit`.
+fn hf_edited(
+    dir: &std::path::Path,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> Result<Model, ModelError> {
+    let path = dir.join("config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut json);
+    let cfg = flowrt_model::ModelConfig::from_hf_json(&path, &json)?;
+    Model::from_hf_dir(dir, cfg, Default::default())
+}
+
+/// The values of MXFP4 code `c` (transformers' FP4_VALUES).
+const FP4: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// Every expert matrix of layer 0, dequantised by the kernels' MXFP4 reference, equals the
+/// checkpoint's blocks read as transformers reads them: rows are output features (gate at
+/// even rows of gate_up, up at odd ones), byte k of a block holds elements 2k (low nibble) and
+/// 2k + 1 (high nibble), the scale byte s means 2^(s - 127).
+#[test]
+fn gpt_oss_mxfp4_experts_bind_as_ggml_blocks_with_transformers_values() {
+    use flowrt_kernels::Kernels;
+    let dir = gptoss_mxfp4_dir();
+    let m = hf_edited(&dir, |_| {}).unwrap();
+    let (h, ff, n) = (32usize, 32usize, 8usize);
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let get = |name: &str| st.tensor(name).unwrap().data().to_vec();
+    // Row r of expert e of (blocks, scales) with `g` blocks a row, as transformers reads it.
+    let oai_row = |blocks: &[u8], scales: &[u8], rows: usize, g: usize, e: usize, r: usize| {
+        let mut v = Vec::new();
+        for k in 0..g {
+            let at = (e * rows + r) * g + k;
+            let s = 2f32.powi(scales[at] as i32 - 127);
+            for &byte in &blocks[at * 16..(at + 1) * 16] {
+                v.push(FP4[(byte & 15) as usize] * s);
+                v.push(FP4[(byte >> 4) as usize] * s);
+            }
+        }
+        v
+    };
+    let p = "model.layers.0.mlp.experts.";
+    let (gub, gus) = (
+        get(&format!("{p}gate_up_proj_blocks")),
+        get(&format!("{p}gate_up_proj_scales")),
+    );
+    let (db, ds) = (
+        get(&format!("{p}down_proj_blocks")),
+        get(&format!("{p}down_proj_scales")),
+    );
+    let x = m.layers[0].moe.as_ref().unwrap();
+    let k = Kernels::scalar();
+    let mut checked = 0;
+    for e in 0..n {
+        // (matrix, rows, cols, blocks, scales, rows in the file, file row = stride · r + offset)
+        for (w, rows, cols, blocks, scales, file_rows, stride, offset) in [
+            (&x.gate[e], ff, h, &gub, &gus, 2 * ff, 2, 0),
+            (&x.up[e], ff, h, &gub, &gus, 2 * ff, 2, 1),
+            (&x.down[e], h, ff, &db, &ds, h, 1, 0),
+        ] {
+            assert_eq!((w.dtype, w.rows, w.cols), (GgmlType::Mxfp4, rows, cols));
+            for r in 0..rows {
+                let mut got = vec![0f32; cols];
+                k.dequantize_row(GgmlType::Mxfp4, w.rows_bytes(r, r + 1), &mut got);
+                let want = oai_row(blocks, scales, file_rows, cols / 32, e, stride * r + offset);
+                assert_eq!(got, want, "{} row {r}", w.name);
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, n * (2 * ff + h));
+}
+
+/// Bad MXFP4 checkpoints: experts contradicting the config's intermediate_size or expert
+/// count, a hidden_size or intermediate_size that is not a multiple of 32, a quant_method
+/// other than mxfp4 or none, MXFP4 on a family without fused experts: errors naming the
+/// tensor or field.
+#[test]
+fn gpt_oss_mxfp4_bad_checkpoints_name_the_tensor_or_field() {
+    let dir = gptoss_mxfp4_dir();
+    let err = |edit: &dyn Fn(&mut serde_json::Value)| {
+        hf_edited(&dir, |c| edit(c)).unwrap_err().to_string()
+    };
+    let e = err(&|c| c["intermediate_size"] = 64.into());
+    assert!(
+        e.contains("tensor `model.layers.0.mlp.experts.gate_up_proj_blocks` has shape [8, 64, 1, 16], expected [8, 128, 1, 16]")
+            && e.contains("tensor `model.layers.0.mlp.experts.down_proj_scales` has shape [8, 32, 1], expected [8, 32, 2]"),
+        "{e}"
+    );
+    let e = err(&|c| c["num_local_experts"] = 6.into());
+    assert!(
+        e.contains("tensor `model.layers.3.mlp.experts.down_proj_blocks` holds 8 experts but the expert count (num_local_experts) is 6"),
+        "{e}"
+    );
+    let e = err(&|c| c["hidden_size"] = 48.into());
+    assert!(
+        e.contains("tensor `model.layers.0.mlp.experts.gate_up_proj_blocks`: hidden_size = 48 is not a multiple of 32"),
+        "{e}"
+    );
+    let e = err(&|c| c["intermediate_size"] = 48.into());
+    assert!(
+        e.contains("tensor `model.layers.0.mlp.experts.down_proj_blocks`: intermediate_size = 48 is not a multiple of 32"),
+        "{e}"
+    );
+    let e = err(&|c| c["quantization_config"]["quant_method"] = "gptq".into());
+    assert!(
+        e.contains("`quantization_config.quant_method` = \"gptq\"") && e.contains("not supported"),
+        "{e}"
+    );
+    let e = err(&|c| {
+        c["quantization_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("quant_method");
+    });
+    assert!(
+        e.contains("`quantization_config` has no `quant_method`"),
+        "{e}"
+    );
+    // MXFP4 declared on a family whose experts are not fused (LFM2 has none).
+    let e = lfm2_hf(|c| c["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"}))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`quantization_config.quant_method` = \"mxfp4\" is supported for gpt-oss's fused experts only"),
+        "{e}"
+    );
+}
+
+/// A copy of the MXFP4 fixture with its tensors rewritten by `edit` (name, dtype, shape,
+/// bytes; `None` drops the tensor): errors for a scales tensor of another element type and for
+/// a missing one name the tensor.
+#[test]
+fn gpt_oss_mxfp4_wrong_dtype_or_missing_scales_is_named() {
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+    let src = gptoss_mxfp4_dir();
+    let tmp = std::env::temp_dir().join(format!("flowrt-mxfp4-binding-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(src.join("config.json"), tmp.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out = Vec::new();
+    for (name, v) in st.tensors() {
+        if name == "model.layers.1.mlp.experts.down_proj_scales" {
+            continue;
+        }
+        let dtype = if name == "model.layers.0.mlp.experts.gate_up_proj_scales" {
+            Dtype::I8
+        } else {
+            v.dtype()
+        };
+        out.push((
+            name,
+            TensorView::new(dtype, v.shape().to_vec(), v.data()).unwrap(),
+        ));
+    }
+    safetensors::serialize_to_file(out, None, &tmp.join("model.safetensors")).unwrap();
+    let e = hf_edited(&tmp, |_| {}).unwrap_err().to_string();
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(
+        e.contains("tensor `model.layers.0.mlp.experts.gate_up_proj_scales` has element type I8; MXFP4 blocks and scales are U8")
+            && e.contains("missing tensor `model.layers.1.mlp.experts.down_proj_scales` (MXFP4 experts)"),
+        "{e}"
+    );
+}

@@ -6,7 +6,9 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::{bad, longrope_scaling, LayerType, ModelConfig, MoeConfig, ShortConvConfig};
-use crate::arch::{self, Activation, EmbedScale, NormKind, Positions, RopePairing, Scalings};
+use crate::arch::{
+    self, Activation, ArchSpec, EmbedScale, HfExperts, NormKind, Positions, RopePairing, Scalings,
+};
 use crate::error::ModelError;
 use crate::rope::{yarn_attention_factor, RopeConfig, RopeScaling};
 
@@ -119,6 +121,35 @@ impl<'a> Obj<'a> {
     }
 }
 
+/// A pre-quantised checkpoint's `quantization_config`: only `quant_method` "mxfp4" on a family
+/// whose HF experts are fused (gpt-oss as OpenAI ships it: the experts' `*_blocks` and
+/// `*_scales`, bound in MXFP4 by the weights binder; every other matrix a float). Any other
+/// method, or MXFP4 on another family, is refused naming the field.
+fn hf_quantization(top: &Obj<'_>, arch: &ArchSpec) -> Result<(), ModelError> {
+    let Some(q) = top.obj("quantization_config")? else {
+        return Ok(());
+    };
+    let method = q.str("quant_method")?.ok_or_else(|| {
+        bad(
+            top.file,
+            "`quantization_config` has no `quant_method`; pre-quantised checkpoints other than gpt-oss's MXFP4 are not supported".into(),
+        )
+    })?;
+    if method != "mxfp4" {
+        return Err(bad(
+            top.file,
+            format!("`quantization_config.quant_method` = \"{method}\": pre-quantised checkpoints other than gpt-oss's MXFP4 are not supported; use a float checkpoint with --quant, or a GGUF"),
+        ));
+    }
+    if arch.hf_experts != HfExperts::FusedTransposed {
+        return Err(bad(
+            top.file,
+            format!("`quantization_config.quant_method` = \"mxfp4\" is supported for gpt-oss's fused experts only, not for `{}`", arch.name),
+        ));
+    }
+    Ok(())
+}
+
 impl ModelConfig {
     /// Read an HF `config.json` (already parsed). `file` names it in errors.
     pub fn from_hf_json(file: &Path, json: &Value) -> Result<Self, ModelError> {
@@ -140,12 +171,7 @@ impl ModelConfig {
             })?;
         // Multimodal wrappers (e.g. Gemma 3 4B+) keep the text model's config in `text_config`.
         let c = top.obj("text_config")?.unwrap_or(top);
-        if top.present("quantization_config").is_some() {
-            return Err(bad(
-                file,
-                "pre-quantised checkpoints (`quantization_config`) are not supported; use a float checkpoint with --quant, or a GGUF".into(),
-            ));
-        }
+        hf_quantization(&top, arch)?;
 
         let hidden_size = c.req_usize("hidden_size")?;
         let num_hidden_layers =
