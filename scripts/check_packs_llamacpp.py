@@ -419,6 +419,11 @@ def sources(names: list[str] | None) -> list[tuple[str, Path | None, str]]:
                 out.append((name, Path(p), ""))
         elif name in fixtures:
             out.append((name, FAMILIES / name, ""))
+        elif "/" in name:
+            # A path: any HF checkpoint directory or GGUF file (e.g. the MiniCPM5-2B geometry).
+            p = Path(name)
+            label = p.stem if p.is_file() else p.name
+            out.append((label, p if p.exists() else None, "" if p.exists() else f"{name}: no such file"))
         else:
             sys.exit(f"--sources: unknown source `{name}` (known: {', '.join(known)})")
     if len({n for n, _, _ in out}) != len(out):
@@ -434,7 +439,8 @@ def main() -> int:
         peer_vs_ref(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sources", help="comma-separated (default: all)")
+    ap.add_argument("--sources", help="comma-separated names, or paths (containing /) to other HF "
+                    "directories or GGUF files (default: all named sources)")
     ap.add_argument("--types", help="comma-separated (default: F32 (fixtures only) F16 BF16 Q8_0 Q4_0 Q4_1 "
                                     "Q4_K Q5_K Q6_K)")
     ap.add_argument("--new", default="32", help="greedy tokens per prompt (default 32)")
