@@ -81,6 +81,16 @@ impl WeightData {
     }
 }
 
+/// One layer's experts as the binder returns them: every expert's gate, up and down matrices,
+/// then the gate and up biases (`n × ff` each) of families with them.
+type ExpertMatrices = (
+    Vec<WeightMatrix>,
+    Vec<WeightMatrix>,
+    Vec<WeightMatrix>,
+    Option<Vec<f32>>,
+    Option<Vec<f32>>,
+);
+
 /// A 2-D weight: `rows` output features, each a row of `cols` input features in `dtype`.
 #[derive(Debug, Clone)]
 pub struct WeightMatrix {
@@ -686,7 +696,6 @@ impl Binder<'_> {
     /// expert's matrices are transposed into owned `(rows, cols)` copies in the stored float
     /// type (a copy of the experts' bytes at load). Returns gate, up, down and the gate and
     /// up biases (`n × ff` each) when the family has biases.
-    #[allow(clippy::type_complexity)]
     fn fused_experts(
         &mut self,
         layer: usize,
@@ -694,13 +703,7 @@ impl Binder<'_> {
         ff: usize,
         h: usize,
         bias: bool,
-    ) -> Option<(
-        Vec<WeightMatrix>,
-        Vec<WeightMatrix>,
-        Vec<WeightMatrix>,
-        Option<Vec<f32>>,
-        Option<Vec<f32>>,
-    )> {
+    ) -> Option<ExpertMatrices> {
         use TensorRole::*;
         if let Some(name) = self.source.name(self.arch, FfnGateUpExps, layer) {
             if self.source.find(&format!("{name}_blocks")).is_some() {
@@ -840,7 +843,6 @@ impl Binder<'_> {
     /// exponent byte, then element `j` in the low nibble of byte `j` and `j + 16` in its high
     /// one): the same codes and exponents repacked, no value changes. Returns what
     /// [`Binder::fused_experts`] returns.
-    #[allow(clippy::type_complexity)]
     fn mxfp4_experts(
         &mut self,
         layer: usize,
@@ -848,13 +850,7 @@ impl Binder<'_> {
         ff: usize,
         h: usize,
         bias: bool,
-    ) -> Option<(
-        Vec<WeightMatrix>,
-        Vec<WeightMatrix>,
-        Vec<WeightMatrix>,
-        Option<Vec<f32>>,
-        Option<Vec<f32>>,
-    )> {
+    ) -> Option<ExpertMatrices> {
         use TensorRole::*;
         // (blocks, scales) of a role, checked against (n, rows, cols); `cols_key` names the
         // config field that sizes the input features.
