@@ -273,9 +273,10 @@ fn matmul_ref<W: Q16Weight>(g: MatmulArgs<'_>) {
 /// The Q16 matmul for weight type `w` on `isa` (scalar where no SIMD version exists).
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) && w != GgmlType::Mxfp4 {
+    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) {
         // The table for `isa` exists only when the host has AVX2, FMA and F16C. (MXFP4 rows
-        // use the scalar reference: its weights are repacked into the x8 layout at load.)
+        // are what the x8 repack does not cover: experts the loader owns, such as those
+        // repacked from OpenAI's MXFP4 safetensors.)
         return crate::x86::q16::matmul_fn(w);
     }
     let _ = isa;

@@ -319,11 +319,12 @@ proptest! {
     }
 }
 
-/// Every exponent byte, 0 (subnormal half-scale) to 255, through every table's x8 kernel: the
-/// activations are scaled so that each product is a normal float, and the results must equal
-/// the scalar reference to f32 rounding (a wrong scale is off by a factor of 2 or more).
+/// Every exponent byte, 0 (subnormal half-scale) to 255, through every table's x8 kernel and
+/// its row-layout Q16 kernel: the activations are scaled so that each product is a normal
+/// float, and the results must equal the scalar reference to f32 rounding (a wrong scale is off
+/// by a factor of 2 or more).
 #[test]
-fn x8_kernels_take_every_exponent() {
+fn x8_and_row_kernels_take_every_exponent() {
     let mut r = rng(3);
     let (k, nrows, ntok) = (96usize, 16usize, 3usize);
     for e0 in (0..=255u8).step_by(8) {
@@ -338,9 +339,15 @@ fn x8_kernels_take_every_exponent() {
         let mut want = vec![f32::NAN; ntok * nrows];
         Kernels::scalar().matmul_q16(TY, k, &w, nrows, &a, ntok, &mut want, nrows);
         let rb = row_size(TY, k);
-        for kern in tables() {
+        for (kern, layout) in tables()
+            .into_iter()
+            .flat_map(|kern| [(kern, "x8"), (kern, "row")])
+        {
             let mut got = vec![f32::NAN; ntok * nrows];
-            kern.matmul_q16_x8(TY, k, &p, nrows, &a, ntok, &mut got, nrows);
+            match layout {
+                "x8" => kern.matmul_q16_x8(TY, k, &p, nrows, &a, ntok, &mut got, nrows),
+                _ => kern.matmul_q16(TY, k, &w, nrows, &a, ntok, &mut got, nrows),
+            }
             for i in 0..ntok * nrows {
                 let (t, row) = (i / nrows, i % nrows);
                 let abs = abs_terms(&w[row * rb..(row + 1) * rb], &x[t * k..(t + 1) * k]);
@@ -348,7 +355,7 @@ fn x8_kernels_take_every_exponent() {
                 let tol = 1e-5 * abs;
                 assert!(
                     ((got[i] - want[i]).abs() as f64) <= tol,
-                    "{} e0={e0} [{i}]: {} vs {} (tol {tol:e})",
+                    "{} {layout} e0={e0} [{i}]: {} vs {} (tol {tol:e})",
                     kern.name(),
                     got[i],
                     want[i]

@@ -1,7 +1,7 @@
 //! AVX2 (+FMA+F16C) kernels for Q16 activations (see `crate::q16`): `vpmaddwd` on 16-bit
 //! pairs, one f32 FMA per block and row/token pair, weights unpacked once per tile and reused
 //! for every token of it. This file has the 32-value block types (Q4_0, Q4_1, Q5_0, Q5_1,
-//! Q8_0) and the tile walker; `q16k.rs` the k-quants. AVX-512 tables use these kernels too.
+//! Q8_0, MXFP4 in ggml's row layout) and the tile walker; `q16k.rs` the k-quants. AVX-512 tables use these kernels too.
 
 use core::arch::x86_64::*;
 
@@ -27,6 +27,7 @@ struct W4_1;
 struct W5_0;
 struct W5_1;
 struct W8_0;
+struct WMxfp4;
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -165,6 +166,31 @@ impl Unpack for W8_0 {
             let lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2).cast()));
             let hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18).cast()));
             (lo, hi, half(p), 0.0)
+        }
+    }
+}
+
+impl Unpack for WMxfp4 {
+    const BYTES: usize = crate::blocks::MXFP4_BLOCK_BYTES;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: an MXFP4 block is 17 bytes: the E8M0 exponent at 0, 16 bytes of 4-bit codes
+        // at 1 (value j in the low nibble of byte j, value j + 16 in the high one). The codes go
+        // through the E2M1 table doubled (`MXFP4_KVALUES`, exact in i8); the half scale undoes
+        // the doubling.
+        unsafe {
+            let x = _mm_loadu_si128(p.add(1).cast());
+            let lut = _mm_loadu_si128(crate::blocks::MXFP4_KVALUES.as_ptr().cast());
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_shuffle_epi8(lut, _mm_and_si128(x, mask));
+            let hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16::<4>(x), mask));
+            (
+                _mm256_cvtepi8_epi16(lo),
+                _mm256_cvtepi8_epi16(hi),
+                crate::blocks::mxfp4_half_scale(*p),
+                0.0,
+            )
         }
     }
 }
@@ -432,6 +458,10 @@ fn matmul_q8_0(mut g: MatmulArgs<'_>) {
     // SAFETY: as for `matmul_q4_0`.
     unsafe { run::<Blocks<W8_0>>(&mut g) }
 }
+fn matmul_mxfp4(mut g: MatmulArgs<'_>) {
+    // SAFETY: as for `matmul_q4_0`.
+    unsafe { run::<Blocks<WMxfp4>>(&mut g) }
+}
 
 pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
     match w {
@@ -440,6 +470,7 @@ pub(crate) fn matmul_fn(w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_0 => Some(matmul_q5_0),
         GgmlType::Q5_1 => Some(matmul_q5_1),
         GgmlType::Q8_0 => Some(matmul_q8_0),
+        GgmlType::Mxfp4 => Some(matmul_mxfp4),
         other => super::q16k::matmul_fn(other),
     }
 }
