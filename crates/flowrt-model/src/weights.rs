@@ -690,6 +690,33 @@ impl Binder<'_> {
         Some(v)
     }
 
+    /// Every expert's gate, up and down (`None` when any of them failed), with the gate and
+    /// up biases split from HF's `gate_up_proj_bias`, whose gate values sit at even indices.
+    fn expert_matrices(
+        &mut self,
+        gate: Vec<Option<WeightMatrix>>,
+        up: Vec<Option<WeightMatrix>>,
+        dn: Vec<Option<WeightMatrix>>,
+        gu_bias: Option<Found>,
+    ) -> Option<ExpertMatrices> {
+        let (gate_bias, up_bias) = match gu_bias {
+            None => (None, None),
+            Some(b) => {
+                let v = self.floats(&b)?;
+                let gb = v.iter().step_by(2).copied().collect();
+                let ub = v.iter().skip(1).step_by(2).copied().collect();
+                (Some(gb), Some(ub))
+            }
+        };
+        Some((
+            gate.into_iter().collect::<Option<Vec<_>>>()?,
+            up.into_iter().collect::<Option<Vec<_>>>()?,
+            dn.into_iter().collect::<Option<Vec<_>>>()?,
+            gate_bias,
+            up_bias,
+        ))
+    }
+
     /// HF fused, transposed experts ([`crate::HfExperts::FusedTransposed`]) of `layer`: `n`
     /// experts of width `ff` over `h` features. Gate and up come interleaved in
     /// `gate_up_proj` `(n, h, 2 ff)` (gate at even indices), down as `(n, ff, h)`; each
@@ -815,22 +842,7 @@ impl Binder<'_> {
                 own(d),
             ));
         }
-        let (gate_bias, up_bias) = match gu_bias {
-            None => (None, None),
-            Some(b) => {
-                let v = self.floats(&b)?;
-                let gb = v.iter().step_by(2).copied().collect();
-                let ub = v.iter().skip(1).step_by(2).copied().collect();
-                (Some(gb), Some(ub))
-            }
-        };
-        Some((
-            gate.into_iter().collect::<Option<Vec<_>>>()?,
-            up.into_iter().collect::<Option<Vec<_>>>()?,
-            dn.into_iter().collect::<Option<Vec<_>>>()?,
-            gate_bias,
-            up_bias,
-        ))
+        self.expert_matrices(gate, up, dn, gu_bias)
     }
 
     /// HF fused experts in MXFP4, as OpenAI ships gpt-oss: per role `{name}_blocks` (U8,
@@ -1011,22 +1023,7 @@ impl Binder<'_> {
                 dir.release(t.data.bytes());
             }
         }
-        let (gate_bias, up_bias) = match gu_bias {
-            None => (None, None),
-            Some(b) => {
-                let v = self.floats(&b)?;
-                let gb = v.iter().step_by(2).copied().collect();
-                let ub = v.iter().skip(1).step_by(2).copied().collect();
-                (Some(gb), Some(ub))
-            }
-        };
-        Some((
-            gate.into_iter().collect::<Option<Vec<_>>>()?,
-            up.into_iter().collect::<Option<Vec<_>>>()?,
-            dn.into_iter().collect::<Option<Vec<_>>>()?,
-            gate_bias,
-            up_bias,
-        ))
+        self.expert_matrices(gate, up, dn, gu_bias)
     }
 
     /// A fused matrix of `parts` stacked row ranges, split into one matrix per part, in order.
