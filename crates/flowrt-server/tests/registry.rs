@@ -59,6 +59,30 @@ fn registry_state(home: &Path, cfg: ServerConfig) -> AppState {
     AppState::from_registry(home.to_path_buf(), cfg).unwrap()
 }
 
+/// A server for the tags `a:1` and `b:1` (both SmolLM2) with room in its memory budget for
+/// one SmolLM2 (weights plus a small KV cache), not two; `cfg` gives the rest of its settings.
+fn room_for_one(cfg: ServerConfig) -> (tempfile::TempDir, AppState, axum::Router) {
+    let home = home_with(&["a:1", "b:1"]);
+    let size = std::fs::metadata(smollm2()).unwrap().len();
+    let cfg = ServerConfig {
+        memory_budget: Some(2 * size - 1),
+        ..cfg
+    };
+    let state = registry_state(home.path(), cfg);
+    let app = app(state.clone());
+    (home, state, app)
+}
+
+/// The ids of the resident models, in order.
+fn resident(state: &AppState) -> Vec<String> {
+    state
+        .models
+        .running()
+        .iter()
+        .map(|r| r.spec.id.clone())
+        .collect()
+}
+
 fn chat(model: &str) -> Value {
     json!({
         "model": model,
@@ -264,23 +288,7 @@ async fn the_server_follows_the_registry_while_it_runs() {
 
 #[tokio::test]
 async fn registered_models_load_within_the_memory_budget_least_recently_used_out() {
-    let home = home_with(&["a:1", "b:1"]);
-    let size = std::fs::metadata(smollm2()).unwrap().len();
-    // Room for one SmolLM2 (weights plus a small KV cache), not two.
-    let cfg = ServerConfig {
-        memory_budget: Some(2 * size - 1),
-        ..config()
-    };
-    let state = registry_state(home.path(), cfg);
-    let app = app(state.clone());
-    let resident = |state: &AppState| -> Vec<String> {
-        state
-            .models
-            .running()
-            .iter()
-            .map(|r| r.spec.id.clone())
-            .collect()
-    };
+    let (_home, state, app) = room_for_one(config());
 
     let r = post(&app, "/v1/chat/completions", &chat("a:1")).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
@@ -324,15 +332,10 @@ async fn concurrent_loads_of_two_models_never_overrun_the_memory_budget() {
     // Room for one SmolLM2. Two requests for two tags arrive together: the first load
     // reserves its size, so the second (with --memory-wait 0) is told to retry instead of
     // loading a second copy beside it (which would then evict the first, after the fact).
-    let home = home_with(&["a:1", "b:1"]);
-    let size = std::fs::metadata(smollm2()).unwrap().len();
-    let cfg = ServerConfig {
-        memory_budget: Some(2 * size - 1),
+    let (_home, state, app) = room_for_one(ServerConfig {
         memory_wait: Duration::ZERO,
         ..config()
-    };
-    let state = registry_state(home.path(), cfg);
-    let app = app(state.clone());
+    });
     let (ca, cb) = (chat("a:1"), chat("b:1"));
     let (ra, rb) = tokio::join!(
         post(&app, "/v1/chat/completions", &ca),
@@ -362,13 +365,7 @@ async fn concurrent_loads_of_two_models_never_overrun_the_memory_budget() {
     };
     let r = post(&app, "/v1/chat/completions", &chat(other)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    let names: Vec<String> = state
-        .models
-        .running()
-        .iter()
-        .map(|r| r.spec.id.clone())
-        .collect();
-    assert_eq!(names, [other]);
+    assert_eq!(resident(&state), [other]);
 }
 
 /// Watches `ids` every millisecond until the returned flag is set, and keeps the most of
@@ -422,14 +419,7 @@ async fn a_load_that_does_not_fit_waits_for_the_busy_model_to_go_idle() {
     // Room for one SmolLM2, and the default --memory-wait: two requests for two tags that
     // arrive together are both answered, one model after the other, and at no moment are
     // two loaded or loading.
-    let home = home_with(&["a:1", "b:1"]);
-    let size = std::fs::metadata(smollm2()).unwrap().len();
-    let cfg = ServerConfig {
-        memory_budget: Some(2 * size - 1),
-        ..config()
-    };
-    let state = registry_state(home.path(), cfg);
-    let app = app(state.clone());
+    let (_home, state, app) = room_for_one(config());
     let (stop, most) = watch_resident(&state, &["a:1", "b:1"]);
     let (ca, cb) = (chat("a:1"), chat("b:1"));
     let (ra, rb) = tokio::join!(
