@@ -32,7 +32,7 @@ const MAX_ROW_BLOCK: usize = 256;
 /// weights better (measured on SmolLM2: decode 117 -> 130 tok/s and 4 batched sequences
 /// 241 -> 276 tok/s going from 64 to 128-256 rows), smaller ones balance small matrices
 /// over many threads.
-fn row_block(rows: usize, threads: usize) -> usize {
+pub(crate) fn row_block(rows: usize, threads: usize) -> usize {
     (rows / (2 * threads.max(1)) / 16 * 16).clamp(MIN_ROW_BLOCK, MAX_ROW_BLOCK)
 }
 /// A matmul's weight and optional bias.
@@ -260,11 +260,9 @@ pub struct CpuBackend {
     /// Matrices repacked in the x8 layout (the rest are used in their row layout).
     packed: PackedWeights,
     per_thread: Vec<Mutex<ThreadScratch>>,
-    /// One job per expert of a mixture-of-experts layer (empty without experts).
-    moe_jobs: Vec<crate::moe::ExpertJob>,
-    moe_chosen: Vec<(usize, f32)>, // (top_k) one token's experts and weights
-    moe_scores: Vec<f32>,          // (num_experts) one token's router scores
-    conv_bx: Vec<f32>,             // (hidden) one row's B · x on its way to the cache
+    /// A mixture-of-experts layer's batch scratch (empty without experts).
+    moe: crate::moe::MoeBatch,
+    conv_bx: Vec<f32>, // (hidden) one row's B · x on its way to the cache
     attn_split: AttnSplit,
     /// (slots, group, head_dim + 2) partial outputs of split attention, with each head's max
     /// and sum (see `attention::slot_len`); empty when no batch can split.
@@ -361,11 +359,7 @@ impl CpuBackend {
             n_pooled: 0,
             logit_rows: Vec::with_capacity(max_batch),
             per_thread,
-            moe_jobs: (0..c.moe.as_ref().map_or(0, |m| m.num_experts))
-                .map(|_| Default::default())
-                .collect(),
-            moe_chosen: Vec::new(),
-            moe_scores: Vec::new(),
+            moe: Default::default(),
             conv_bx: Vec::new(),
             attn_split: opts.attn_split,
             attn_parts: vec![0.0; attn_slots * attention::slot_len(group, c.head_dim)],
@@ -845,28 +839,11 @@ impl CpuBackend {
             .and_then(|l| model.layers.get(l))
             .and_then(|l| l.moe.as_ref())
             .ok_or("the layer has no experts")?;
-        let (ne, h) = (w.gate.len(), model.config.hidden_size);
-        if self.moe_jobs.len() != ne {
-            return Err(format!(
-                "{} expert jobs for {ne} experts",
-                self.moe_jobs.len()
-            ));
-        }
-        for j in &mut self.moe_jobs {
-            j.rows.clear();
-        }
+        let h = model.config.hidden_size;
+        let ne = w.gate.len();
         let lg = &self.bufs[logits as usize];
-        for t in 0..n {
-            crate::moe::route(
-                &lg[t * ne..(t + 1) * ne],
-                top_k,
-                router,
-                &mut self.moe_scores,
-                &mut self.moe_chosen,
-            );
-            for &(e, wt) in &self.moe_chosen {
-                self.moe_jobs[e].rows.push((t, wt));
-            }
+        if lg.len() < n * ne || self.bufs[src as usize].len() < n * h {
+            return Err(format!("buffers too small for {n} rows of {ne} experts"));
         }
         let act_quant = self.act_quant;
         let fmt = |ty: GgmlType| {
@@ -876,23 +853,23 @@ impl CpuBackend {
                 crate::moe::RowFormat::Ggml(Kernels::vec_dot_type(ty))
             }
         };
-        let kern = self.kernels;
-        let x = &self.bufs[src as usize];
-        let packed = &self.packed;
         let l = layer.ok_or("the layer has no experts")?;
-        self.pool
-            .for_each_chunk_mut(&mut self.moe_jobs, 1, &|_, e, job| {
-                let p = [0, 1, 2].map(|which| packed.expert(l, e, which));
-                job[0].run(kern, &fmt, w, e, p, x, act);
-            });
-        // Weighted sum in expert order (as the reference adds them).
-        let d = &mut self.bufs[dst as usize][..n * h];
-        d.fill(0.0);
-        for j in &self.moe_jobs {
-            for (i, &(t, wt)) in j.rows.iter().enumerate() {
-                kern.axpy_f32(&mut d[t * h..(t + 1) * h], wt, &j.out[i * h..(i + 1) * h]);
-            }
-        }
+        let packed = &self.packed;
+        let packed = |e: usize, which: usize| packed.expert(l, e, which);
+        let run = crate::moe::MoeLayer {
+            kern: self.kernels,
+            fmt: &fmt,
+            w,
+            packed: &packed,
+            act,
+            top_k,
+            router,
+        };
+        let [x, lg, d] = self
+            .bufs
+            .get_disjoint_mut([src as usize, logits as usize, dst as usize])
+            .map_err(|e| e.to_string())?;
+        self.moe.run(&self.pool, &run, x, lg, n, d);
         Ok(())
     }
 

@@ -1,34 +1,25 @@
 //! Mixture-of-experts feed-forward blocks ([`flowrt_model::Op::Moe`]) on the CPU.
 //!
 //! Each token's router logits pick its top-k experts and their weights ([`route`]). Tokens are
-//! then grouped by expert, so that each chosen expert's matrices are read once per batch: its
-//! tokens' input rows are gathered, run through the expert's gated feed-forward as one matmul
-//! per matrix ([`ExpertJob::run`]), and the outputs are added, weighted, to the tokens' rows
-//! in expert order. Experts run in parallel (one task per expert); an expert no token chose
-//! is not read at all.
+//! then grouped by expert, so that each chosen expert's matrices are read once per batch: the
+//! (token, expert) pairs are laid out expert-major, their input rows quantised once, and each
+//! expert's gate, up and down matrices multiply all of its rows at once ([`MoeBatch::run`]).
+//! The work is split into row blocks of every chosen expert's matrices, so all threads share
+//! each phase whether one token chose a few experts (decode) or a batch chose most of them
+//! (prefill). The outputs are added, weighted, to the tokens' rows in expert order. An expert
+//! no token chose is not read at all.
 
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::Kernels;
 use flowrt_model::{Activation, MoeWeights, Router, RouterScoring, WeightMatrix};
+
+use crate::pool::ThreadPool;
 
 /// The format of quantised activation rows for a weight type (see `exec::ActRows`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RowFormat {
     Ggml(GgmlType),
     Q16,
-}
-
-/// One expert's share of a batch, and its scratch (kept between batches).
-#[derive(Default)]
-pub(crate) struct ExpertJob {
-    /// (batch row, routing weight) of each token that chose this expert.
-    pub rows: Vec<(usize, f32)>,
-    x: Vec<f32>,    // (m, hidden) gathered input rows
-    act: Vec<u8>,   // (m, row bytes) quantised activation rows of the current matmul
-    gate: Vec<f32>, // (m, moe_intermediate)
-    up: Vec<f32>,   // (m, moe_intermediate)
-    /// (m, hidden) the expert's output for each of its rows.
-    pub out: Vec<f32>,
 }
 
 /// The experts token `logits` (one per expert) chooses and their weights, into `chosen`
@@ -83,122 +74,322 @@ pub(crate) fn route(
     }
 }
 
-impl ExpertJob {
-    /// Run expert `e` of `w` on this job's rows of `src` (`(n, hidden)`), into `out`.
-    /// `packed`: the expert's gate, up and down matrices in the x8 layout, where they were
+/// Scratch of one mixture-of-experts layer's batch, kept between batches (nothing is
+/// allocated once it has grown). Rows are held expert-major: each chosen (token, expert)
+/// pair is a *slot*, and expert `e`'s slots are `span[e]`, in token order.
+#[derive(Default)]
+pub(crate) struct MoeBatch {
+    /// (first slot, slots) of each expert.
+    span: Vec<(usize, usize)>,
+    /// Experts with at least one slot, in index order.
+    active: Vec<usize>,
+    /// Token row and routing weight of each slot.
+    slot_tok: Vec<usize>,
+    slot_wt: Vec<f32>,
+    /// Each token's slots, in expert order (`top_k` places per token, `tok_n` used).
+    tok_slots: Vec<usize>,
+    tok_n: Vec<usize>,
+    /// Each token's chosen experts and weights (`top_k` places per token).
+    chosen: Vec<(usize, f32)>,
+    /// [`route`]'s scratch and answer for one token.
+    scores: Vec<f32>,
+    one: Vec<(usize, f32)>,
+    /// Quantised input rows of the slots, for the gate matmul and (when its weights want
+    /// another format) the up matmul.
+    act_gate: Vec<u8>,
+    act_up: Vec<u8>,
+    /// (slots, moe_intermediate) activated gate × up of each slot, and its quantised rows.
+    mid: Vec<f32>,
+    act_mid: Vec<u8>,
+    /// (slots, hidden) each slot's expert output.
+    out: Vec<f32>,
+    /// Per thread: the gate and up tiles of one task.
+    tiles: Vec<std::sync::Mutex<(Vec<f32>, Vec<f32>)>>,
+}
+
+/// What one mixture-of-experts layer runs with.
+pub(crate) struct MoeLayer<'a> {
+    pub kern: &'static Kernels,
+    /// The activation row format for a weight type.
+    pub fmt: &'a (dyn Fn(GgmlType) -> RowFormat + Sync),
+    pub w: &'a MoeWeights,
+    /// Expert `e`'s gate (0), up (1) or down (2) matrix in the x8 layout, where it was
     /// repacked at load (the row layout of `w` otherwise).
-    #[allow(clippy::too_many_arguments)]
+    pub packed: &'a (dyn Fn(usize, usize) -> Option<&'a [u8]> + Sync),
+    pub act: Activation,
+    pub top_k: usize,
+    pub router: Router,
+}
+
+impl MoeBatch {
+    /// `dst` (`(n, hidden)`) = the weighted sum, in expert order, of each row of `src`'s
+    /// chosen experts' gated feed-forward outputs, routed by `logits` (`(n, experts)`).
+    ///
+    /// Each chosen expert's matrices are read once per batch, and the work is spread over the
+    /// pool by row blocks of every chosen expert's matrices, so a few experts (decode) keep
+    /// every thread busy as well as many do (prefill): the slots' inputs are quantised once,
+    /// gate and up run together with the activation applied per row block, then the down
+    /// projection, then each token's sum.
     pub(crate) fn run(
         &mut self,
-        kern: &Kernels,
-        fmt: &dyn Fn(GgmlType) -> RowFormat,
-        w: &MoeWeights,
-        e: usize,
-        packed: [Option<&[u8]>; 3],
+        pool: &ThreadPool,
+        l: &MoeLayer<'_>,
         src: &[f32],
-        act: Activation,
+        logits: &[f32],
+        n: usize,
+        dst: &mut [f32],
     ) {
-        let m = self.rows.len();
-        if m == 0 {
+        let w = l.w;
+        let ne = w.gate.len();
+        let (h, ff) = (
+            w.gate.first().map_or(0, |g| g.cols),
+            w.gate.first().map_or(0, |g| g.rows),
+        );
+        let k = l.top_k.min(ne);
+        // Route every token, then lay the slots out expert-major, tokens ascending.
+        self.chosen.resize(n * k, (0, 0.0));
+        self.tok_n.clear();
+        self.tok_n.resize(n, 0);
+        self.span.clear();
+        self.span.resize(ne, (0, 0));
+        for t in 0..n {
+            let lg = &logits[t * ne..(t + 1) * ne];
+            route(lg, k, l.router, &mut self.scores, &mut self.one);
+            for (j, &(e, wt)) in self.one.iter().enumerate() {
+                self.chosen[t * k + j] = (e, wt);
+                self.span[e].1 += 1;
+            }
+            self.tok_n[t] = self.one.len();
+        }
+        let mut at = 0;
+        self.active.clear();
+        for (e, sp) in self.span.iter_mut().enumerate() {
+            sp.0 = at;
+            at += sp.1;
+            if sp.1 > 0 {
+                self.active.push(e);
+            }
+            sp.1 = 0; // refilled below
+        }
+        let slots = at;
+        self.slot_tok.resize(slots, 0);
+        self.slot_wt.resize(slots, 0.0);
+        for t in 0..n {
+            for &(e, wt) in &self.chosen[t * k..t * k + self.tok_n[t]] {
+                let s = self.span[e].0 + self.span[e].1;
+                self.span[e].1 += 1;
+                self.slot_tok[s] = t;
+                self.slot_wt[s] = wt;
+            }
+        }
+        // Each token's slots in expert order (the order the reference adds them in).
+        self.tok_slots.resize(n * k, 0);
+        self.tok_n.iter_mut().for_each(|c| *c = 0);
+        for &e in &self.active {
+            let (s0, m) = self.span[e];
+            for s in s0..s0 + m {
+                let t = self.slot_tok[s];
+                self.tok_slots[t * k + self.tok_n[t]] = s;
+                self.tok_n[t] += 1;
+            }
+        }
+        let d = &mut dst[..n * h];
+        if slots == 0 {
+            d.fill(0.0);
             return;
         }
-        let (gate_w, up_w, down_w) = (&w.gate[e], &w.up[e], &w.down[e]);
-        let (h, ff) = (gate_w.cols, gate_w.rows);
-        self.x.clear();
-        for &(t, _) in &self.rows {
-            self.x.extend_from_slice(&src[t * h..(t + 1) * h]);
-        }
-        self.gate.resize(m * ff, 0.0);
-        self.up.resize(m * ff, 0.0);
-        self.out.resize(m * h, 0.0);
-        let [p_gate, p_up, p_down] = packed;
-        matmul(
-            kern,
-            fmt,
-            gate_w,
-            p_gate,
-            &self.x,
-            m,
-            &mut self.act,
-            &mut self.gate,
-        );
-        matmul(
-            kern,
-            fmt,
-            up_w,
-            p_up,
-            &self.x,
-            m,
-            &mut self.act,
-            &mut self.up,
-        );
-        // Per-expert biases (gpt-oss), one row of each per expert.
-        let add_bias = |rows: &mut [f32], bias: &Option<Vec<f32>>, width: usize| {
-            if let Some(b) = bias {
-                let b = &b[e * width..(e + 1) * width];
-                for r in rows.chunks_exact_mut(width) {
-                    kern.add(r, b);
-                }
-            }
+        let (Some(g0), Some(u0), Some(d0)) = (w.gate.first(), w.up.first(), w.down.first()) else {
+            return;
         };
-        add_bias(&mut self.gate, &w.gate_bias, ff);
-        add_bias(&mut self.up, &w.up_bias, ff);
-        match act {
-            Activation::Silu => kern.silu_mul(&mut self.gate, &self.up),
-            Activation::GeluTanh => kern.gelu_tanh_mul(&mut self.gate, &self.up),
-            Activation::Gelu => crate::ops::gelu_mul(&mut self.gate, &self.up),
-            Activation::ClampedSwiglu { alpha, limit } => {
-                crate::ops::clamped_swiglu_mul(&mut self.gate, &self.up, alpha, limit)
-            }
+        let (f_gate, f_up, f_down) = ((l.fmt)(g0.dtype), (l.fmt)(u0.dtype), (l.fmt)(d0.dtype));
+        let kern = l.kern;
+        // The slots' input rows, quantised once for gate and up.
+        let slot_tok = &self.slot_tok;
+        quantize_rows(pool, kern, f_gate, h, slots, &mut self.act_gate, &|s| {
+            &src[slot_tok[s] * h..(slot_tok[s] + 1) * h]
+        });
+        if f_up != f_gate {
+            quantize_rows(pool, kern, f_up, h, slots, &mut self.act_up, &|s| {
+                &src[slot_tok[s] * h..(slot_tok[s] + 1) * h]
+            });
         }
-        matmul(
-            kern,
-            fmt,
-            down_w,
-            p_down,
-            &self.gate,
-            m,
-            &mut self.act,
-            &mut self.out,
+        let threads = pool.n_threads();
+        if self.tiles.len() < threads {
+            self.tiles.resize_with(threads, Default::default);
+        }
+        // Gate and up, row blocks of every active expert; the activation per block.
+        let rb = crate::exec::row_block(self.active.len() * ff, threads);
+        let per = ff.div_ceil(rb);
+        let (active, span, tiles) = (&self.active, &self.span, &self.tiles);
+        let act_gate = &self.act_gate[..];
+        let act_up = if f_up != f_gate {
+            &self.act_up[..]
+        } else {
+            act_gate
+        };
+        self.mid.resize(slots * ff, 0.0);
+        let tile = |i: usize| {
+            let (e, b) = (active[i / per], i % per);
+            let (s0, m) = span[e];
+            (s0, s0 + m, b * rb, ((b + 1) * rb).min(ff))
+        };
+        pool.for_each_tile(
+            &mut self.mid,
+            ff,
+            active.len() * per,
+            &tile,
+            &|tid, i, wr| {
+                let e = active[i / per];
+                let (s0, _, c0, c1) = tile(i);
+                let (m, nr) = (wr.n_rows(), c1 - c0);
+                let mut t = tiles[tid].lock().unwrap_or_else(|e| e.into_inner());
+                let (gt, ut) = &mut *t;
+                gt.resize(m * nr, 0.0);
+                ut.resize(m * nr, 0.0);
+                let ga = &act_gate[s0 * f_gate.row_size(h)..(s0 + m) * f_gate.row_size(h)];
+                let ua = &act_up[s0 * f_up.row_size(h)..(s0 + m) * f_up.row_size(h)];
+                matmul_rows(
+                    kern,
+                    f_gate,
+                    &w.gate[e],
+                    (l.packed)(e, 0),
+                    c0,
+                    c1,
+                    ga,
+                    m,
+                    gt,
+                );
+                matmul_rows(kern, f_up, &w.up[e], (l.packed)(e, 1), c0, c1, ua, m, ut);
+                // Per-expert biases (gpt-oss), one row of each per expert.
+                for (rows, bias) in [(&mut *gt, &w.gate_bias), (&mut *ut, &w.up_bias)] {
+                    if let Some(b) = bias {
+                        let b = &b[e * ff + c0..e * ff + c1];
+                        rows.chunks_exact_mut(nr).for_each(|r| kern.add(r, b));
+                    }
+                }
+                match l.act {
+                    Activation::Silu => kern.silu_mul(gt, ut),
+                    Activation::GeluTanh => kern.gelu_tanh_mul(gt, ut),
+                    Activation::Gelu => crate::ops::gelu_mul(gt, ut),
+                    Activation::ClampedSwiglu { alpha, limit } => {
+                        crate::ops::clamped_swiglu_mul(gt, ut, alpha, limit)
+                    }
+                }
+                for r in 0..m {
+                    wr.row(r).copy_from_slice(&gt[r * nr..(r + 1) * nr]);
+                }
+            },
         );
-        add_bias(&mut self.out, &w.down_bias, h);
+        let mid = &self.mid;
+        quantize_rows(pool, kern, f_down, ff, slots, &mut self.act_mid, &|s| {
+            &mid[s * ff..(s + 1) * ff]
+        });
+        // Down, row blocks of every active expert.
+        let rb = crate::exec::row_block(self.active.len() * h, threads);
+        let per = h.div_ceil(rb);
+        let act_mid = &self.act_mid[..];
+        self.out.resize(slots * h, 0.0);
+        let tile = |i: usize| {
+            let (e, b) = (active[i / per], i % per);
+            let (s0, m) = span[e];
+            (s0, s0 + m, b * rb, ((b + 1) * rb).min(h))
+        };
+        pool.for_each_tile(
+            &mut self.out,
+            h,
+            active.len() * per,
+            &tile,
+            &|tid, i, wr| {
+                let e = active[i / per];
+                let (s0, _, c0, c1) = tile(i);
+                let (m, nr) = (wr.n_rows(), c1 - c0);
+                let mut t = tiles[tid].lock().unwrap_or_else(|e| e.into_inner());
+                let dt = &mut t.0;
+                dt.resize(m * nr, 0.0);
+                let a = &act_mid[s0 * f_down.row_size(ff)..(s0 + m) * f_down.row_size(ff)];
+                matmul_rows(kern, f_down, &w.down[e], (l.packed)(e, 2), c0, c1, a, m, dt);
+                if let Some(b) = &w.down_bias {
+                    let b = &b[e * h + c0..e * h + c1];
+                    dt.chunks_exact_mut(nr).for_each(|r| kern.add(r, b));
+                }
+                for r in 0..m {
+                    wr.row(r).copy_from_slice(&dt[r * nr..(r + 1) * nr]);
+                }
+            },
+        );
+        // Each token's weighted sum, in expert order.
+        let (out, slot_wt, tok_slots, tok_n) =
+            (&self.out, &self.slot_wt, &self.tok_slots, &self.tok_n);
+        pool.for_each_chunk_mut(d, h, &|_, t, row| {
+            row.fill(0.0);
+            for &s in &tok_slots[t * k..t * k + tok_n[t]] {
+                kern.axpy_f32(row, slot_wt[s], &out[s * h..(s + 1) * h]);
+            }
+        });
     }
 }
 
-/// `out = x · Wᵀ` for `m` rows of `x`, quantising them into `act` first; `packed`: `w` in
-/// the x8 layout, if it was repacked.
-#[allow(clippy::too_many_arguments)]
-fn matmul(
-    kern: &Kernels,
-    fmt: &dyn Fn(GgmlType) -> RowFormat,
-    w: &WeightMatrix,
-    packed: Option<&[u8]>,
-    x: &[f32],
-    m: usize,
-    act: &mut Vec<u8>,
-    out: &mut [f32],
-) {
-    let k = w.cols;
-    let f = fmt(w.dtype);
-    let row = match f {
-        RowFormat::Q16 => flowrt_kernels::q16::q16_row_size(k),
-        RowFormat::Ggml(t) => flowrt_kernels::row_size(t, k),
-    };
-    act.resize(m * row, 0);
-    for (r, dst) in act.chunks_exact_mut(row).enumerate() {
-        let xr = &x[r * k..(r + 1) * k];
-        match f {
-            RowFormat::Q16 => kern.quantize_row_q16(xr, dst),
-            RowFormat::Ggml(t) => kern.quantize_row(t, xr, dst),
+impl RowFormat {
+    /// Bytes of one quantised row of `k` values.
+    fn row_size(self, k: usize) -> usize {
+        match self {
+            RowFormat::Q16 => flowrt_kernels::q16::q16_row_size(k),
+            RowFormat::Ggml(t) => flowrt_kernels::row_size(t, k),
         }
     }
-    let out = &mut out[..m * w.rows];
-    match (f, packed) {
-        (RowFormat::Q16, Some(p)) => kern.matmul_q16_x8(w.dtype, k, p, w.rows, act, m, out, w.rows),
-        (RowFormat::Q16, None) => {
-            kern.matmul_q16(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows)
+}
+
+/// Quantise `rows` rows of `k` values (`row(i)` gives row `i`) into `act`, in parallel.
+fn quantize_rows<'s>(
+    pool: &ThreadPool,
+    kern: &Kernels,
+    f: RowFormat,
+    k: usize,
+    rows: usize,
+    act: &mut Vec<u8>,
+    row: &(dyn Fn(usize) -> &'s [f32] + Sync),
+) {
+    let rs = f.row_size(k);
+    act.resize(rows * rs, 0);
+    // Rows are short next to a matmul: several per task.
+    pool.for_each_chunk_mut(&mut act[..rows * rs], rs * 8, &|_, i, part| {
+        for (j, dst) in part.chunks_exact_mut(rs).enumerate() {
+            let x = row(i * 8 + j);
+            match f {
+                RowFormat::Q16 => kern.quantize_row_q16(x, dst),
+                RowFormat::Ggml(t) => kern.quantize_row(t, x, dst),
+            }
         }
-        (RowFormat::Ggml(_), _) => kern.matmul(w.dtype, k, w.bytes(), w.rows, act, m, out, w.rows),
+    });
+}
+
+/// `out` (`(m, c1 - c0)`) = rows `c0..c1` of `w` times `m` quantised rows `act`; `packed`:
+/// `w` in the x8 layout, if it was repacked (`c0` is then a multiple of 8).
+#[allow(clippy::too_many_arguments)]
+fn matmul_rows(
+    kern: &Kernels,
+    f: RowFormat,
+    w: &WeightMatrix,
+    packed: Option<&[u8]>,
+    c0: usize,
+    c1: usize,
+    act: &[u8],
+    m: usize,
+    out: &mut [f32],
+) {
+    let (k, nr) = (w.cols, c1 - c0);
+    let out = &mut out[..m * nr];
+    match (f, packed) {
+        (RowFormat::Q16, Some(p)) => {
+            let prb = flowrt_kernels::x8::packed_row_bytes(w.dtype, k);
+            kern.matmul_q16_x8(w.dtype, k, &p[c0 * prb..c1 * prb], nr, act, m, out, nr)
+        }
+        (RowFormat::Q16, None) => {
+            kern.matmul_q16(w.dtype, k, w.rows_bytes(c0, c1), nr, act, m, out, nr)
+        }
+        (RowFormat::Ggml(_), _) => {
+            kern.matmul(w.dtype, k, w.rows_bytes(c0, c1), nr, act, m, out, nr)
+        }
     }
 }
 
@@ -238,5 +429,153 @@ mod tests {
         );
         let z: f32 = logits.iter().map(|l| l.exp()).sum();
         assert!((c[1].1 - b / z).abs() < 1e-6);
+    }
+
+    type PackedFn<'a> = dyn Fn(usize, usize) -> Option<&'a [u8]> + Sync + 'a;
+
+    /// A random `rows x cols` Q4_0 matrix and its dequantised values.
+    fn q4_0_matrix(rows: usize, cols: usize, seed: &mut u64) -> (WeightMatrix, Vec<f32>) {
+        let kern = Kernels::scalar();
+        let rb = flowrt_kernels::row_size(GgmlType::Q4_0, cols);
+        let (mut bytes, mut deq) = (vec![0u8; rows * rb], vec![0f32; rows * cols]);
+        let mut x = vec![0f32; cols];
+        for r in 0..rows {
+            for v in x.iter_mut() {
+                *seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *v = ((*seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2;
+            }
+            kern.quantize_row(GgmlType::Q4_0, &x, &mut bytes[r * rb..(r + 1) * rb]);
+            kern.dequantize_row(
+                GgmlType::Q4_0,
+                &bytes[r * rb..(r + 1) * rb],
+                &mut deq[r * cols..(r + 1) * cols],
+            );
+        }
+        let w = WeightMatrix {
+            name: "expert".into(),
+            dtype: GgmlType::Q4_0,
+            rows,
+            cols,
+            row_bytes: rb,
+            data: flowrt_model::WeightData::Owned(std::sync::Arc::new(bytes)),
+        };
+        (w, deq)
+    }
+
+    /// The batch's experts, split into row blocks over threads (several blocks per expert,
+    /// a short last block, x8-packed and row-layout weights, one token and many), equal a
+    /// plain per-token evaluation in f32 up to the activations' 16-bit rounding.
+    #[test]
+    fn moe_batch_equals_a_per_token_reference() {
+        let (ne, h, ff, top_k) = (8, 256, 352, 3);
+        let mut seed = 7u64;
+        let mut deq = Vec::new();
+        let (mut gate, mut up, mut down) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ne {
+            let (g, gd) = q4_0_matrix(ff, h, &mut seed);
+            let (u, ud) = q4_0_matrix(ff, h, &mut seed);
+            let (d, dd) = q4_0_matrix(h, ff, &mut seed);
+            gate.push(g);
+            up.push(u);
+            down.push(d);
+            deq.push([gd, ud, dd]);
+        }
+        let (router, _) = q4_0_matrix(ne, h, &mut seed);
+        let w = MoeWeights {
+            router,
+            gate,
+            up,
+            down,
+            router_bias: None,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        };
+        let kern = Kernels::detect();
+        let packed: Vec<[Vec<u8>; 3]> = (0..ne)
+            .map(|e| {
+                [&w.gate[e], &w.up[e], &w.down[e]].map(|m| {
+                    let mut p = vec![0u8; flowrt_kernels::x8::packed_size(m.dtype, m.rows, m.cols)];
+                    flowrt_kernels::x8::pack(m.dtype, m.rows, m.cols, m.bytes(), &mut p);
+                    p
+                })
+            })
+            .collect();
+        let with_x8 = |e: usize, which: usize| Some(&packed[e][which][..]);
+        let rows_only = |_: usize, _: usize| None;
+        let fmt = |_: GgmlType| RowFormat::Q16;
+        let router = Router {
+            scoring: SOFTMAX,
+            renormalize: true,
+        };
+        for n in [1usize, 2, 19] {
+            let mut x = vec![0f32; n * h];
+            let mut logits = vec![0f32; n * ne];
+            for v in x.iter_mut().chain(logits.iter_mut()) {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                *v = (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            }
+            // Reference: each token, each chosen expert, in f32.
+            let mut want = vec![0f32; n * h];
+            let (mut sc, mut ch) = (Vec::new(), Vec::new());
+            for t in 0..n {
+                route(
+                    &logits[t * ne..(t + 1) * ne],
+                    top_k,
+                    router,
+                    &mut sc,
+                    &mut ch,
+                );
+                let xt = &x[t * h..(t + 1) * h];
+                for &(e, wt) in &ch {
+                    let [gd, ud, dd] = &deq[e];
+                    let dot = |m: &[f32], r: usize, v: &[f32]| -> f32 {
+                        m[r * v.len()..(r + 1) * v.len()]
+                            .iter()
+                            .zip(v)
+                            .map(|(a, b)| a * b)
+                            .sum()
+                    };
+                    let mid: Vec<f32> = (0..ff)
+                        .map(|r| {
+                            let (g, u) = (dot(gd, r, xt), dot(ud, r, xt));
+                            g / (1.0 + (-g).exp()) * u
+                        })
+                        .collect();
+                    for r in 0..h {
+                        want[t * h + r] += wt * dot(dd, r, &mid);
+                    }
+                }
+            }
+            for threads in [1, 2, 3] {
+                let pool = ThreadPool::new(threads);
+                let layouts: [&PackedFn; 2] = [&with_x8, &rows_only];
+                for packed in layouts {
+                    let layer = MoeLayer {
+                        kern,
+                        fmt: &fmt,
+                        w: &w,
+                        packed,
+                        act: Activation::Silu,
+                        top_k,
+                        router,
+                    };
+                    let mut got = vec![f32::NAN; n * h];
+                    let mut batch = MoeBatch::default();
+                    batch.run(&pool, &layer, &x, &logits, n, &mut got);
+                    let scale = want.iter().map(|v| v.abs()).fold(0f32, f32::max);
+                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - r).abs() <= 2e-3 * scale,
+                            "n {n}, {threads} threads, value {i}: {g} vs {r} (scale {scale})"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -333,7 +333,43 @@ impl ThreadPool {
                 let mut w = ColumnWriter {
                     buf: &bufs[j],
                     stride: strides[j],
+                    r0: 0,
                     n_rows: n_rows[j],
+                    c0,
+                    c1,
+                };
+                f(tid, i, &mut w);
+            }
+        });
+    }
+
+    /// Let tasks own tiles of one row-major buffer (rows of `stride` elements): task `i`
+    /// writes columns `c0..c1` of rows `r0..r1`, where `(r0, r1, c0, c1) = tile(i)`, through
+    /// the [`ColumnWriter`] that `f(tid, i, writer)` gets (its row 0 is row `r0`). Tiles must
+    /// not overlap (each task's tile is written by that task only).
+    pub fn for_each_tile<T: Send>(
+        &self,
+        out: &mut [T],
+        stride: usize,
+        n_tiles: usize,
+        tile: &(dyn Fn(usize) -> (usize, usize, usize, usize) + Sync),
+        f: &(dyn Fn(usize, usize, &mut ColumnWriter<'_, T>) + Sync),
+    ) {
+        let tasks = TaskCounter::new(n_tiles);
+        let total_rows = out.len().checked_div(stride).unwrap_or(0);
+        let buf = DisjointMut::new(out);
+        self.run(&|tid, _| {
+            while let Some(i) = tasks.claim() {
+                let (r0, r1, c0, c1) = tile(i);
+                assert!(
+                    r0 <= r1 && r1 <= total_rows && c0 <= c1 && c1 <= stride,
+                    "tile rows {r0}..{r1}, columns {c0}..{c1} out of {total_rows} x {stride}"
+                );
+                let mut w = ColumnWriter {
+                    buf: &buf,
+                    stride,
+                    r0,
+                    n_rows: r1 - r0,
                     c0,
                     c1,
                 };
@@ -343,10 +379,11 @@ impl ThreadPool {
     }
 }
 
-/// Write access to columns `c0..c1` of every row of a shared row-major buffer.
+/// Write access to columns `c0..c1` of rows `r0..r0 + n_rows` of a shared row-major buffer.
 pub struct ColumnWriter<'b, T> {
     buf: &'b DisjointMut<'b, T>,
     stride: usize,
+    r0: usize,
     n_rows: usize,
     c0: usize,
     c1: usize,
@@ -357,10 +394,10 @@ impl<T> ColumnWriter<'_, T> {
         self.n_rows
     }
 
-    /// Columns `c0..c1` of row `r`.
+    /// Columns `c0..c1` of the writer's row `r` (the buffer's row `r0 + r`).
     pub fn row(&mut self, r: usize) -> &mut [T] {
         assert!(r < self.n_rows);
-        let s = r * self.stride;
+        let s = (self.r0 + r) * self.stride;
         // SAFETY: this writer's column block is owned by one task (claimed once) and blocks
         // of different tasks don't overlap; `&mut self` prevents two live rows at once.
         unsafe { self.buf.range_mut(s + self.c0, s + self.c1) }
