@@ -281,13 +281,18 @@ fn smollm2_port_shims_run_and_are_flagged_with_their_costs() {
 
 /// `flowrt pack SRC -o OUT --quant q8_0 --no-gate`.
 fn pack_q8_0(src: &Path, out: &Path) {
+    pack_as(src, out, "q8_0")
+}
+
+/// `flowrt pack SRC -o OUT --quant QUANT --no-gate`.
+fn pack_as(src: &Path, out: &Path, quant: &str) {
     let o = Command::new(env!("CARGO_BIN_EXE_flowrt"))
         .env("FLOWRT_LOG", "off")
         .arg("pack")
         .arg(src)
         .arg("-o")
         .arg(out)
-        .args(["--quant", "q8_0", "--no-gate"])
+        .args(["--quant", quant, "--no-gate"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -462,5 +467,106 @@ fn non_finite_and_denormal_tensors_are_flagged() {
     assert!(
         dn.contains("model.layers.1.mlp.down_proj.weight: 20.0% subnormal"),
         "{dn}"
+    );
+}
+
+/// `path`'s bytes, with `edit(block)` applied to blocks `which` of tensor `name` (blocks of
+/// `block_bytes`), written to `out`.
+fn tamper_blocks(
+    path: &Path,
+    name: &str,
+    block_bytes: usize,
+    which: &[usize],
+    out: &Path,
+    edit: &dyn Fn(&mut [u8]),
+) {
+    let bytes = std::fs::read(path).unwrap();
+    let f = flowrt_gguf::GgufFile::from_bytes(bytes.clone()).unwrap();
+    let t = f.tensor(name).unwrap();
+    let start = (f.data_offset() + t.offset) as usize;
+    let mut bad = bytes;
+    let blocks: Vec<&mut [u8]> = bad[start..start + t.size_bytes as usize]
+        .chunks_exact_mut(block_bytes)
+        .collect();
+    let n = blocks.len();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if which.contains(&i) {
+            edit(b);
+        }
+    }
+    assert!(which.iter().all(|&i| i < n));
+    std::fs::write(out, bad).unwrap();
+}
+
+#[test]
+fn a_few_damaged_blocks_are_flagged_though_the_tensor_average_hides_them() {
+    // A Q4_0 pack (block: f16 scale + 16 bytes of nibbles) with 2 of blk.1.attn_q's 256 blocks
+    // zeroed: the tensor's relative RMS error moves from Q4_0's ~0.1 to ~0.13, under the
+    // tensor-wide 3x bound, but each zeroed block is wholly wrong (relative error 1).
+    let src = fixture("families/llama-untied");
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q4_0.gguf");
+    pack_as(&src, &pack, "q4_0");
+    let (code, r, err) = lint_source(&pack, &src);
+    assert_eq!(
+        code, 0,
+        "an honest pack is clean, block by block: {r:#}\n{err}"
+    );
+    let tampered = dir.path().join("zeroed.gguf");
+    tamper_blocks(
+        &pack,
+        "blk.1.attn_q.weight",
+        18,
+        &[5, 77],
+        &tampered,
+        &|b| b.fill(0),
+    );
+    let (code, r, err) = lint_source(&tampered, &src);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["quant-error"], "{fs:#?}");
+    let t = &find(&fs, "quant-error")["measured"]["flagged"][0];
+    assert_eq!(t["tensor"], "blk.1.attn_q.weight", "{t}");
+    assert!(
+        t["ratio"].as_f64().unwrap() < 3.0,
+        "the average hides it: {t}"
+    );
+    assert_eq!(t["bad_blocks"], 2, "{t}");
+    assert_eq!(t["blocks"], 256, "{t}");
+    let w = &t["worst_block"];
+    let rel = w["rel_err"].as_f64().unwrap();
+    assert!((rel - 1.0).abs() < 1e-6, "a zeroed block is all error: {w}");
+    assert!(w["typical"].as_f64().unwrap() < 0.25, "{w}");
+    let msg = find(&fs, "quant-error")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("2 of 256 blocks far from the source"), "{msg}");
+}
+
+#[test]
+fn non_finite_quantised_blocks_are_flagged_without_a_source() {
+    // One Q4_0 block of blk.0.ffn_down with a NaN scale (f16 0x7e00): its 32 values are NaN.
+    let src = fixture("families/llama-untied");
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q4_0.gguf");
+    pack_as(&src, &pack, "q4_0");
+    let (code, r, err) = lint(&[&pack]);
+    assert_eq!(code, 0, "{r:#}\n{err}");
+    let tampered = dir.path().join("nan.gguf");
+    tamper_blocks(&pack, "blk.0.ffn_down.weight", 18, &[3], &tampered, &|b| {
+        b[..2].copy_from_slice(&0x7e00u16.to_le_bytes())
+    });
+    let (code, r, err) = lint(&[&tampered]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["non-finite"], "{fs:#?}");
+    let msg = find(&fs, "non-finite")["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("blk.0.ffn_down.weight: 32 NaN/Inf of 8192"),
+        "{msg}"
     );
 }

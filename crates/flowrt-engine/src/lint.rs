@@ -12,7 +12,8 @@
 //!   Llama stored as Qwen3; Q/K/V biases all zero); `rope-mismatch` and `config-mismatch`
 //!   against `--source`; `duplicated-tied-embeddings`.
 //! - `tokenizer-mismatch`, `chat-template`, `special-tokens` against `--source`.
-//! - `non-finite` / `denormal-heavy` tensors (norms and float matrices).
+//! - `non-finite` tensors (norms, float and quantised matrices) and `denormal-heavy` ones
+//!   (norms and float matrices).
 //! - `quant-error` against `--source`: quantised matrices much further from the source's than
 //!   their type's quantisation explains ([`quant`]).
 
@@ -32,7 +33,10 @@ use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
 use crate::session::Session;
 
-pub use quant::{QuantErrorSummary, TensorQuantError, QUANT_ERROR_FLOOR, QUANT_ERROR_RATIO};
+pub use quant::{
+    BlockError, QuantErrorSummary, TensorQuantError, BLOCK_ERROR_FLOOR, BLOCK_ERROR_RATIO,
+    QUANT_ERROR_FLOOR, QUANT_ERROR_RATIO,
+};
 
 /// One problem found.
 #[derive(Clone, Debug, Serialize)]
@@ -456,11 +460,44 @@ fn scan_f32(v: &[f32]) -> Scan {
     s
 }
 
-/// Float matrices only (quantised blocks are not dequantised here).
+/// Float matrices value by value; quantised ones dequantised row by row (on every core), for
+/// non-finite values only: a NaN or infinite block scale makes its whole block non-finite,
+/// and a subnormal product of a small scale is no sign of broken scaling. `None` for a type
+/// flowrt cannot dequantise.
 fn scan_matrix(w: &WeightMatrix) -> Option<Scan> {
     let b = w.bytes();
     let mut s = Scan::default();
     match w.dtype {
+        t if !matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) => {
+            if !flowrt_kernels::Kernels::supports_conversion(t) {
+                return None;
+            }
+            let k = flowrt_kernels::Kernels::detect();
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let per = w.rows.div_ceil(threads).max(1);
+            let counts = std::thread::scope(|scope| {
+                let parts: Vec<_> = (0..w.rows)
+                    .step_by(per)
+                    .map(|r0| {
+                        scope.spawn(move || {
+                            let mut row = vec![0f32; w.cols];
+                            let mut bad = 0usize;
+                            for r in r0..(r0 + per).min(w.rows) {
+                                k.dequantize_row(t, w.rows_bytes(r, r + 1), &mut row);
+                                bad += row.iter().filter(|x| !x.is_finite()).count();
+                            }
+                            bad
+                        })
+                    })
+                    .collect();
+                parts
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(usize::MAX))
+                    .fold(0usize, usize::saturating_add)
+            });
+            s.n = w.rows * w.cols;
+            s.non_finite = counts;
+        }
         GgmlType::F32 => b
             .chunks_exact(4)
             .for_each(|c| s.add(f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),

@@ -11,6 +11,10 @@
 //! [`QUANT_ERROR_FLOOR`]: quantisation alone does not explain it (corrupted scales, a wrong
 //! conversion, weights from another checkpoint).
 //!
+//! Each quantisation block is also compared on its own, since a few damaged blocks hide in a
+//! large tensor's average: a block is flagged when its relative error is above
+//! [`BLOCK_ERROR_FLOOR`] and more than [`BLOCK_ERROR_RATIO`] times what the type gives on it.
+//!
 //! A file quantised more carefully than flowrt's quantiser does (a search over scales, an
 //! importance matrix) has a ratio below 1, not above: it is never flagged for that. Norm vectors are not compared
 //! (they are stored in f32 and the loader has already applied the Gemma `1 + w` offset of HF
@@ -42,10 +46,23 @@ pub struct TensorQuantError {
     pub typical: f64,
     /// `rel_rms_err / typical` (infinite when `typical` is 0).
     pub ratio: f64,
+    /// Quantisation blocks compared, and those far from the source on their own (a few
+    /// damaged blocks hide in a large tensor's average): relative error above
+    /// [`BLOCK_ERROR_FLOOR`] and more than [`BLOCK_ERROR_RATIO`] times the type's on the block.
+    pub blocks: usize,
+    pub bad_blocks: usize,
+    /// The bad block with the highest relative error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst_block: Option<BlockError>,
 }
 
 impl TensorQuantError {
     fn flagged(&self) -> bool {
+        self.bad_blocks > 0 || self.tensor_flagged()
+    }
+
+    /// Flagged for the whole tensor's error.
+    fn tensor_flagged(&self) -> bool {
         self.rel_rms_err > QUANT_ERROR_FLOOR && self.rel_rms_err > QUANT_ERROR_RATIO * self.typical
     }
 }
@@ -70,13 +87,65 @@ fn stored_row(m: &Model, role: Option<MatRole>, s: usize) -> usize {
     h * hd + 2 * i + j
 }
 
-/// Sums over rows: (‖model − source‖², ‖source‖², ‖requantised source − source‖²).
+/// One quantisation block far from the source (see [`Measured::bad_blocks`]).
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct BlockError {
+    /// The block's row (HF order) and first column.
+    pub row: usize,
+    pub col: usize,
+    /// `‖model − source‖ / ‖source‖` over the block.
+    pub rel_err: f64,
+    /// The same for the source's block requantised by flowrt.
+    pub typical: f64,
+}
+
+/// What [`measure`] sums over a matrix.
+#[derive(Clone, Copy, Debug, Default)]
+struct Measured {
+    /// ‖model − source‖², ‖source‖², ‖requantised source − source‖².
+    err: f64,
+    norm: f64,
+    typ: f64,
+    blocks: usize,
+    /// Blocks whose relative error is above [`BLOCK_ERROR_FLOOR`] and more than
+    /// [`BLOCK_ERROR_RATIO`] times what the type gives on that block.
+    bad_blocks: usize,
+    /// The bad block with the highest relative error.
+    worst: Option<BlockError>,
+}
+
+impl Measured {
+    fn merge(mut self, o: Measured) -> Measured {
+        self.err += o.err;
+        self.norm += o.norm;
+        self.typ += o.typ;
+        self.blocks += o.blocks;
+        self.bad_blocks += o.bad_blocks;
+        if o.worst
+            .is_some_and(|w| self.worst.is_none_or(|s| w.rel_err > s.rel_err))
+        {
+            self.worst = o.worst;
+        }
+        self
+    }
+}
+
+/// A block is flagged when its relative error exceeds this multiple of the type's on it...
+pub const BLOCK_ERROR_RATIO: f64 = 4.0;
+/// ... and this: half the block's own size. No honest 4-bit block comes near (their relative
+/// errors are around 0.1); a zeroed, rescaled or overwritten block goes past it.
+pub const BLOCK_ERROR_FLOOR: f64 = 0.5;
+
+/// Sums over rows and per-block errors (see [`Measured`]). A block's norm is taken as at
+/// least a tenth of its row's RMS, so near-zero source blocks do not turn rounding into a
+/// large relative error.
 fn measure(
     k: &Kernels,
     (model, m): (&Model, &WeightMatrix),
     (source, s): (&Model, &WeightMatrix),
     role: Option<MatRole>,
-) -> (f64, f64, f64) {
+) -> Measured {
+    let bs = (m.dtype.block_size() as usize).max(1);
     let cols = m.cols;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = m.rows.div_ceil(threads).max(1);
@@ -89,7 +158,7 @@ fn measure(
                     let (mut fm, mut fs, mut fq) =
                         (vec![0f32; cols], vec![0f32; cols], vec![0f32; cols]);
                     let mut q = vec![0u8; q_row];
-                    let (mut err, mut norm, mut typ) = (0f64, 0f64, 0f64);
+                    let mut t = Measured::default();
                     for r in r0..(r0 + per).min(m.rows) {
                         let mr = stored_row(model, role, r);
                         let sr = stored_row(source, role, r);
@@ -97,21 +166,56 @@ fn measure(
                         k.dequantize_row(s.dtype, s.rows_bytes(sr, sr + 1), &mut fs);
                         k.quantize_row(m.dtype, &fs, &mut q);
                         k.dequantize_row(m.dtype, &q, &mut fq);
-                        for ((&a, &b), &c) in fm.iter().zip(&fs).zip(&fq) {
-                            let (a, b, c) = (a as f64, b as f64, c as f64);
-                            err += (a - b) * (a - b);
-                            norm += b * b;
-                            typ += (c - b) * (c - b);
+                        let row_norm: f64 = fs.iter().map(|&b| b as f64 * b as f64).sum();
+                        let floor = 0.01 * row_norm / cols as f64;
+                        for (c0, ((a, b), c)) in fm
+                            .chunks(bs)
+                            .zip(fs.chunks(bs))
+                            .zip(fq.chunks(bs))
+                            .enumerate()
+                        {
+                            let (mut e, mut n, mut y) = (0f64, 0f64, 0f64);
+                            for ((&a, &b), &c) in a.iter().zip(b).zip(c) {
+                                let (a, b, c) = (a as f64, b as f64, c as f64);
+                                e += (a - b) * (a - b);
+                                n += b * b;
+                                y += (c - b) * (c - b);
+                            }
+                            t.err += e;
+                            t.norm += n;
+                            t.typ += y;
+                            t.blocks += 1;
+                            let d = n.max(floor * b.len() as f64);
+                            let (rel, typical) = match (d > 0.0, e > 0.0) {
+                                (true, _) => ((e / d).sqrt(), (y / d).sqrt()),
+                                (false, true) => (f64::INFINITY, 0.0),
+                                (false, false) => (0.0, 0.0),
+                            };
+                            // NaN (a non-finite block) counts as bad.
+                            let bad = rel.is_nan()
+                                || (rel > BLOCK_ERROR_FLOOR && rel > BLOCK_ERROR_RATIO * typical);
+                            if bad {
+                                t.bad_blocks += 1;
+                                let blk = BlockError {
+                                    row: r,
+                                    col: c0 * bs,
+                                    rel_err: rel,
+                                    typical,
+                                };
+                                if t.worst.is_none_or(|w| rel.is_nan() || rel > w.rel_err) {
+                                    t.worst = Some(blk);
+                                }
+                            }
                         }
                     }
-                    (err, norm, typ)
+                    t
                 })
             })
             .collect();
         parts
             .into_iter()
             .map(|h| h.join().expect("quant-error worker panicked"))
-            .fold((0.0, 0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+            .fold(Measured::default(), Measured::merge)
     })
 }
 
@@ -145,7 +249,14 @@ pub(super) fn compare(model: &Model, source: &Model) -> (Vec<TensorQuantError>, 
             skipped += 1;
             continue;
         }
-        let (err, norm, typ) = measure(k, (model, m), (source, s), role);
+        let Measured {
+            err,
+            norm,
+            typ,
+            blocks,
+            bad_blocks,
+            worst,
+        } = measure(k, (model, m), (source, s), role);
         let rel = |x: f64| {
             if x == 0.0 {
                 0.0
@@ -166,6 +277,9 @@ pub(super) fn compare(model: &Model, source: &Model) -> (Vec<TensorQuantError>, 
             } else {
                 rel_rms_err / typical
             },
+            blocks,
+            bad_blocks,
+            worst_block: worst,
         });
     }
     (out, skipped)
@@ -202,16 +316,23 @@ pub(super) fn check(model: &Model, source: &Model) -> (QuantErrorSummary, Option
     let list: Vec<String> = flagged
         .iter()
         .map(|t| {
-            format!(
+            let mut s = format!(
                 "{} ({}): relative RMS error {:.3e} where requantising the source to {} gives {:.3e} ({:.1}x)",
                 t.tensor, t.dtype, t.rel_rms_err, t.dtype, t.typical, t.ratio
-            )
+            );
+            if let (n, Some(b)) = (t.bad_blocks, t.worst_block) {
+                s += &format!(
+                    "; {n} of {} blocks far from the source on their own (worst: row {}, columns {}.., relative error {:.3} where the type gives {:.3})",
+                    t.blocks, b.row, b.col, b.rel_err, b.typical
+                );
+            }
+            s
         })
         .collect();
     let mut f = finding(
         "quant-error",
         format!(
-            "{} of {} quantised tensor(s) are much further from the source than their type's quantisation explains (more than {QUANT_ERROR_RATIO}x): {}",
+            "{} of {} quantised tensor(s) are much further from the source than their type's quantisation explains (more than {QUANT_ERROR_RATIO}x over the tensor, or blocks more than {BLOCK_ERROR_RATIO}x and above {BLOCK_ERROR_FLOOR} relative error): {}",
             flagged.len(),
             all.len(),
             abbreviate(&list)
@@ -223,6 +344,8 @@ pub(super) fn check(model: &Model, source: &Model) -> (QuantErrorSummary, Option
         "tensors_compared": all.len(),
         "tensors_skipped": skipped,
         "ratio_threshold": QUANT_ERROR_RATIO,
+        "block_ratio_threshold": BLOCK_ERROR_RATIO,
+        "block_error_floor": BLOCK_ERROR_FLOOR,
     }));
     (summary, Some(f))
 }
