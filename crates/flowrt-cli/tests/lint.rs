@@ -166,6 +166,22 @@ fn honest_fixtures_are_clean() {
         let (code, r, err) = lint_source(&src.join(f), &src);
         assert_eq!(code, 0, "{f}: {r:#}\n{err}");
     }
+    // Experts, routers and convolution projections are compared too: Q8_0 (and MXFP4
+    // experts) of the mixture-of-experts and hybrid fixtures against their sources.
+    for (family, file, compared) in [
+        ("qwen3-moe", "model-q8_0.gguf", 67),
+        ("gpt-oss", "model-q8_0.gguf", 118),
+        ("gpt-oss", "model-mxfp4.gguf", 118),
+        ("lfm2", "model-q8_0.gguf", 25),
+    ] {
+        let src = fam.join(family);
+        let (code, r, err) = lint_source(&src.join(file), &src);
+        assert_eq!(code, 0, "{family} {file}: {r:#}\n{err}");
+        assert_eq!(
+            r["quant_error"]["tensors_compared"], compared,
+            "{family} {file}: {r:#}"
+        );
+    }
 }
 
 use flowrt_testkit::models::{gemma3, smollm2};
@@ -542,6 +558,32 @@ fn a_few_damaged_blocks_are_flagged_though_the_tensor_average_hides_them() {
         .unwrap()
         .to_string();
     assert!(msg.contains("2 of 256 blocks far from the source"), "{msg}");
+}
+
+#[test]
+fn a_damaged_expert_is_flagged() {
+    // Expert 3 of layer 0 of the Q8_0 Qwen3-MoE fixture (34-byte blocks), one block zeroed.
+    let src = fixture("families/qwen3-moe");
+    let dir = tempfile::tempdir().unwrap();
+    let f = flowrt_gguf::GgufFile::open(&src.join("model-q8_0.gguf")).unwrap();
+    let t = f.tensor("blk.0.ffn_up_exps.weight").unwrap();
+    let per_expert = t.size_bytes as usize / 34 / t.dims[2] as usize;
+    let tampered = dir.path().join("expert.gguf");
+    tamper_blocks(
+        &src.join("model-q8_0.gguf"),
+        "blk.0.ffn_up_exps.weight",
+        34,
+        &[3 * per_expert + 1],
+        &tampered,
+        &|b| b.fill(0),
+    );
+    let (code, r, err) = lint_source(&tampered, &src);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["quant-error"], "{fs:#?}");
+    let t = &find(&fs, "quant-error")["measured"]["flagged"][0];
+    assert_eq!(t["tensor"], "blk.0.ffn_up_exps.weight[3]", "{t}");
+    assert_eq!(t["bad_blocks"], 1, "{t}");
 }
 
 #[test]

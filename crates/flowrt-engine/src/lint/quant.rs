@@ -2,7 +2,7 @@
 //! their type's quantisation explains.
 //!
 //! Every quantised matrix of the model (token embeddings, output projection, each layer's
-//! seven) is compared with the source's matrix of the same role, both dequantised, rows in
+//! attention, feed-forward and convolution projections, routers and experts) is compared with the source's matrix of the same role, both dequantised, rows in
 //! one order: GGUF files of families that store Q/K permuted for adjacent-pair RoPE (llama)
 //! are read back in HF's half-split order first. Its relative RMS error
 //! `‖model − source‖ / ‖source‖` is set against the error the type normally gives: the source's
@@ -228,17 +228,26 @@ pub(super) fn compare(model: &Model, source: &Model) -> (Vec<TensorQuantError>, 
     if let (false, Some(a), Some(b)) = (model.tied_embeddings, &model.output, &source.output) {
         pairs.push((Some(MatRole::Output), a, b));
     }
+    let mut skipped = 0;
     use MatRole::*;
     for l in 0..model.layers.len().min(source.layers.len()) {
-        for role in [Q, K, V, O, Gate, Up, Down] {
+        for role in [Q, K, V, O, Gate, Up, Down, ConvIn, ConvOut] {
             if let (Some(a), Some(b)) = (model.matrix(Some(l), role), source.matrix(Some(l), role))
             {
                 pairs.push((Some(role), a, b));
             }
         }
+        // Experts (and their router) matrix by matrix, in the same order.
+        if let (Some(a), Some(b)) = (&model.layers[l].moe, &source.layers[l].moe) {
+            if a.gate.len() == b.gate.len() {
+                pairs.push((None, &a.router, &b.router));
+                pairs.extend(a.experts().zip(b.experts()).map(|(x, y)| (None, x, y)));
+            } else {
+                skipped += 1;
+            }
+        }
     }
     let mut out = Vec::new();
-    let mut skipped = 0;
     for (role, m, s) in pairs {
         if is_float(m.dtype) {
             continue;
