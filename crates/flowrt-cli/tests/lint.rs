@@ -565,7 +565,7 @@ fn a_damaged_expert_is_flagged() {
     // Expert 3 of layer 0 of the Q8_0 Qwen3-MoE fixture (34-byte blocks), one block zeroed.
     let src = fixture("families/qwen3-moe");
     let dir = tempfile::tempdir().unwrap();
-    let f = flowrt_gguf::GgufFile::open(&src.join("model-q8_0.gguf")).unwrap();
+    let f = flowrt_gguf::GgufFile::open(src.join("model-q8_0.gguf")).unwrap();
     let t = f.tensor("blk.0.ffn_up_exps.weight").unwrap();
     let per_expert = t.size_bytes as usize / 34 / t.dims[2] as usize;
     let tampered = dir.path().join("expert.gguf");
