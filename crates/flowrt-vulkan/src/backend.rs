@@ -14,12 +14,14 @@ use flowrt_dispatch::{
     LogitsWanted, Runlist, Trace,
 };
 use flowrt_model::plan::{Buf, GroupKind, MatRole, NormWeight, Op};
-use flowrt_model::{Activation, Model, Plan, RopePairing, WeightMatrix};
+use flowrt_model::{Activation, Model, Plan, RopePairing, RouterScoring, WeightMatrix};
 
 use crate::error::VulkanError;
 use crate::gpu::{Gpu, WaitError};
 use crate::ops;
-use crate::quant::{BoundEmbed, BoundMatmul, DeviceMatrix, QuantKernels, StepParams};
+use crate::quant::{
+    BoundEmbed, BoundMatmul, BoundMatmulId, DeviceExperts, DeviceMatrix, QuantKernels, StepParams,
+};
 
 /// Layers per runlist by default: a bounded submission, so that no single command buffer
 /// holds the whole model (what a desktop driver's watchdog or an NPU's command timeout
@@ -61,6 +63,8 @@ enum Cmd {
         heads: u32,
     },
     Matmul(BoundMatmul, Over),
+    /// An expert matmul over the batch's (token, slot) pairs.
+    MatmulId(BoundMatmulId),
     Embed(BoundEmbed),
 }
 
@@ -75,6 +79,8 @@ const P_RESIDUAL: usize = 6;
 const P_BIAS: usize = 7;
 const P_GATHER: usize = 8;
 const P_SCALE_LOGITS: usize = 9;
+const P_MOE_ROUTE: usize = 10;
+const P_MOE_COMBINE: usize = 11;
 
 struct Pending {
     index: wgpu::SubmissionIndex,
@@ -118,6 +124,24 @@ pub struct VulkanBackend {
     /// Kept alive for the bind groups (weights, caches, activations, tables, uniforms).
     _keep: Vec<wgpu::Buffer>,
     _mats: Vec<DeviceMatrix>,
+    _experts: Vec<DeviceExperts>,
+}
+
+/// A sparse layer's router and experts on the device.
+struct LayerExperts {
+    router: DeviceMatrix,
+    gate: DeviceExperts,
+    up: DeviceExperts,
+    down: DeviceExperts,
+}
+
+/// A mixture of experts' per-step scratch (see `VulkanBackend::new`).
+struct MoeBufs {
+    ids: wgpu::Buffer,
+    wts: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    out: wgpu::Buffer,
 }
 
 /// Activation buffers, indexed by `Buf as usize`, plus the gathered logit rows.
@@ -138,33 +162,8 @@ impl VulkanBackend {
             .check_options("vulkan", &[])
             .map_err(VulkanError::Unsupported)?;
         let c = &model.config;
-        if c.moe.is_some() {
-            return Err(VulkanError::MixtureOfExperts {
-                family: c.arch.name.to_string(),
-            });
-        }
-        if let Some(sc) = &c.short_conv {
-            return Err(VulkanError::ShortConvolution {
-                family: c.arch.name.to_string(),
-                layers: sc.conv_layers.iter().filter(|&&x| x).count(),
-            });
-        }
-        let missing = lacks(c);
-        if !missing.is_empty() {
-            return Err(VulkanError::Unsupported(format!(
-                "the Vulkan backend cannot run the `{}` family: it has no {} (use --backend cpu)",
-                c.arch.name,
-                missing.join(", ")
-            )));
-        }
-        if c.head_dim > ops::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
-            return Err(VulkanError::Unsupported(format!(
-                "head_dim {} (the Vulkan attention kernel takes even head sizes up to {})",
-                c.head_dim,
-                ops::MAX_HEAD_DIM
-            )));
-        }
-        // Every matrix type first: a clear error before anything is uploaded.
+        // Every matrix type first: a clear error before anything is uploaded (MXFP4 experts
+        // are refused here, by tensor and type).
         let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd];
         mats.extend(&model.output);
         for l in &model.layers {
@@ -178,6 +177,34 @@ impl VulkanBackend {
                 });
             }
         }
+        if let Some(sc) = &c.short_conv {
+            return Err(VulkanError::ShortConvolution {
+                family: c.arch.name.to_string(),
+                layers: sc.conv_layers.iter().filter(|&&x| x).count(),
+            });
+        }
+        let missing = lacks(c);
+        if !missing.is_empty() {
+            return Err(VulkanError::Family {
+                family: c.arch.name.to_string(),
+                missing,
+            });
+        }
+        if let Some(m) = &c.moe {
+            if m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
+                return Err(VulkanError::Unsupported(format!(
+                    "num_experts_per_tok {} of {} experts (the router picks 1 to num_experts)",
+                    m.num_experts_per_tok, m.num_experts
+                )));
+            }
+        }
+        if c.head_dim > ops::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
+            return Err(VulkanError::Unsupported(format!(
+                "head_dim {} (the Vulkan attention kernel takes even head sizes up to {})",
+                c.head_dim,
+                ops::MAX_HEAD_DIM
+            )));
+        }
         let gpu = Gpu::open(settings.device)?;
         let max_binding = gpu.limits.max_storage_buffer_binding_size;
         let n_ctx = settings.n_ctx.max(1);
@@ -185,7 +212,22 @@ impl VulkanBackend {
         // Logits of every token of a batch must fit one binding.
         let logit_row_bytes = (c.vocab_size * 4) as u64;
         let max_logit_rows = (max_binding / logit_row_bytes).max(1) as usize;
-        let max_batch = settings.max_batch.clamp(1, max_logit_rows);
+        let mut max_batch = settings.max_batch.clamp(1, max_logit_rows);
+        // A mixture of experts: (token, slot) pairs are one workgroup dimension, and each
+        // pair's gate/up/down rows must fit one binding.
+        let moe_dims = c.moe.as_ref().map(|m| {
+            (
+                m.num_experts_per_tok,
+                m.moe_intermediate_size,
+                m.num_experts,
+            )
+        });
+        if let Some((k, ff, _)) = moe_dims {
+            let pair_bytes = (k * ff.max(c.hidden_size) * 4) as u64;
+            let by_binding = (max_binding / pair_bytes.max(1)).max(1) as usize;
+            let by_dim = (gpu.limits.max_compute_workgroups_per_dimension as usize / k).max(1);
+            max_batch = max_batch.min(by_binding).min(by_dim);
+        }
         let f16_kv = settings.kv == KvPrecision::F16;
         let mut keep: Vec<wgpu::Buffer> = Vec::new();
 
@@ -201,6 +243,8 @@ impl VulkanBackend {
             gpu.kernel("add_bias", &ops::add_bias(), "main")?,
             gpu.kernel("gather_rows", &ops::gather_rows(), "main")?,
             gpu.kernel("scale_logits", &ops::scale_logits(), "main")?,
+            gpu.kernel("moe_route", &ops::moe_route(), "main")?,
+            gpu.kernel("moe_combine", &ops::moe_combine(), "main")?,
         ];
         let mut qk = QuantKernels::new();
 
@@ -231,6 +275,21 @@ impl VulkanBackend {
                 "logit rows of the residual stream",
                 (max_batch * c.hidden_size * 4) as u64,
             )?,
+        };
+        // A mixture of experts' scratch, shared by its layers: per (token, slot) pair the
+        // chosen expert and its weight, the expert's gate and up rows and its output row.
+        let moe_bufs = match moe_dims {
+            Some((k, ff, _)) => {
+                let pairs = (max_batch * k) as u64;
+                Some(MoeBufs {
+                    ids: gpu.storage("expert ids", pairs * 4)?,
+                    wts: gpu.storage("expert weights", pairs * 4)?,
+                    gate: gpu.storage("expert gate rows", pairs * ff as u64 * 4)?,
+                    up: gpu.storage("expert up rows", pairs * ff as u64 * 4)?,
+                    out: gpu.storage("expert output rows", pairs * c.hidden_size as u64 * 4)?,
+                })
+            }
+            None => None,
         };
         let logits_buf = acts.bufs[Buf::Logits as usize].clone();
         let readback = gpu.readback("logits readback", (max_batch * c.vocab_size * 4) as u64)?;
@@ -294,23 +353,53 @@ impl VulkanBackend {
                 .ok_or_else(|| absent("output projection"))?)?)
         };
         let mut layer_mats = Vec::with_capacity(model.layers.len());
+        let mut layer_experts: Vec<Option<LayerExperts>> = Vec::with_capacity(model.layers.len());
+        let mut expert_bytes = 0u64;
         for lw in &model.layers {
-            layer_mats.push([
+            let mut m = vec![
                 up(lw.wq.as_ref().ok_or_else(|| absent("query projection"))?)?,
                 up(lw.wk.as_ref().ok_or_else(|| absent("key projection"))?)?,
                 up(lw.wv.as_ref().ok_or_else(|| absent("value projection"))?)?,
                 up(lw.wo.as_ref().ok_or_else(|| absent("attention output"))?)?,
-                up(lw
-                    .w_gate
-                    .as_ref()
-                    .ok_or_else(|| absent("feed-forward gate"))?)?,
-                up(lw.w_up.as_ref().ok_or_else(|| absent("feed-forward up"))?)?,
-                up(lw
-                    .w_down
-                    .as_ref()
-                    .ok_or_else(|| absent("feed-forward down"))?)?,
-            ]);
+            ];
+            match &lw.moe {
+                Some(moe) => {
+                    let router = up(&moe.router)?;
+                    let stack = |which: &str, ms: &[WeightMatrix]| {
+                        let parts: Vec<_> = ms
+                            .iter()
+                            .map(|w| (w.name.as_str(), w.dtype, w.rows, w.cols, w.bytes()))
+                            .collect();
+                        DeviceExperts::upload(&gpu, which, &parts, max_binding)
+                    };
+                    let ex = LayerExperts {
+                        router,
+                        gate: stack("gate", &moe.gate)?,
+                        up: stack("up", &moe.up)?,
+                        down: stack("down", &moe.down)?,
+                    };
+                    expert_bytes += ex.gate.bytes() + ex.up.bytes() + ex.down.bytes();
+                    layer_experts.push(Some(ex));
+                }
+                None => {
+                    m.push(up(lw
+                        .w_gate
+                        .as_ref()
+                        .ok_or_else(|| absent("feed-forward gate"))?)?);
+                    m.push(up(lw
+                        .w_up
+                        .as_ref()
+                        .ok_or_else(|| absent("feed-forward up"))?)?);
+                    m.push(up(lw
+                        .w_down
+                        .as_ref()
+                        .ok_or_else(|| absent("feed-forward down"))?)?);
+                    layer_experts.push(None);
+                }
+            }
+            layer_mats.push(m);
         }
+        weight_bytes += expert_bytes;
         let vec_buf = |what: &str, v: &[f32]| gpu.upload(what, f32_bytes(v));
         let mut norms = Vec::with_capacity(model.layers.len());
         for (l, lw) in model.layers.iter().enumerate() {
@@ -407,8 +496,16 @@ impl VulkanBackend {
                         });
                     }
                     Op::MatMul { src, dst, weight } => {
+                        let no_mat = || {
+                            VulkanError::Unsupported(format!(
+                                "the plan asks for a {weight:?} matrix layer {layer:?} lacks"
+                            ))
+                        };
                         let mat = match (weight, layer) {
                             (MatRole::Output, _) => output.as_ref().unwrap_or(&embd),
+                            (MatRole::Router, Some(l)) => {
+                                &layer_experts[l].as_ref().ok_or_else(no_mat)?.router
+                            }
                             (r, Some(l)) => {
                                 let i = match r {
                                     MatRole::Q => 0,
@@ -417,9 +514,10 @@ impl VulkanBackend {
                                     MatRole::O => 3,
                                     MatRole::Gate => 4,
                                     MatRole::Up => 5,
-                                    _ => 6,
+                                    MatRole::Down => 6,
+                                    _ => return Err(no_mat()),
                                 };
-                                &layer_mats[l][i]
+                                layer_mats[l].get(i).ok_or_else(no_mat)?
                             }
                             _ => {
                                 return Err(VulkanError::Unsupported(
@@ -672,10 +770,80 @@ impl VulkanBackend {
                             over: Over::Tokens,
                         });
                     }
+                    Op::Moe {
+                        src,
+                        logits,
+                        dst,
+                        top_k,
+                        router,
+                        activation,
+                    } => {
+                        let (Some(l), Some(mb)) = (layer, moe_bufs.as_ref()) else {
+                            return Err(VulkanError::Unsupported(
+                                "experts outside a layer, or in a model without experts".into(),
+                            ));
+                        };
+                        let ex = layer_experts[l].as_ref().ok_or_else(|| {
+                            VulkanError::Unsupported(format!(
+                                "the plan asks for experts in layer {l}, which has none"
+                            ))
+                        })?;
+                        let (ne, ff, h) = (ex.gate.experts, ex.gate.rows, c.hidden_size);
+                        let k = top_k as u32;
+                        let scoring = match router.scoring {
+                            RouterScoring::Softmax => 0,
+                            RouterScoring::TopKSoftmax => 1,
+                        };
+                        let a = match activation {
+                            Activation::Silu => 0,
+                            Activation::GeluTanh => 1,
+                            other => {
+                                return Err(VulkanError::Unsupported(format!(
+                                    "experts with the {other:?} activation have no Vulkan kernel"
+                                )))
+                            }
+                        };
+                        let p = b.uniform(&[ne as u32, k, scoring, router.renormalize as u32])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_MOE_ROUTE,
+                            bind: b.bind(
+                                P_MOE_ROUTE,
+                                &[&acts.bufs[logits as usize], &mb.ids, &mb.wts, &p],
+                            ),
+                            per: 1,
+                            over: Over::Tokens,
+                        });
+                        let x = &acts.bufs[src as usize];
+                        for (m, y) in [(&ex.gate, &mb.gate), (&ex.up, &mb.up)] {
+                            out.push(Cmd::MatmulId(m.bind_matmul_id(
+                                &gpu, &mut qk, x, h as u32, k, y, ff as u32, &mb.ids, k, &step_buf,
+                            )?));
+                        }
+                        let p = b.uniform(&[k * ff as u32, a, 0, 0])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_GATED,
+                            bind: b.bind(P_GATED, &[&mb.gate, &mb.up, &p]),
+                            per: k * ff as u32,
+                            over: Over::Tokens,
+                        });
+                        out.push(Cmd::MatmulId(ex.down.bind_matmul_id(
+                            &gpu, &mut qk, &mb.gate, ff as u32, 1, &mb.out, h as u32, &mb.ids, k,
+                            &step_buf,
+                        )?));
+                        let p = b.uniform(&[h as u32, k, 0, 0])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_MOE_COMBINE,
+                            bind: b.bind(
+                                P_MOE_COMBINE,
+                                &[&mb.out, &mb.ids, &mb.wts, &acts.bufs[dst as usize], &p],
+                            ),
+                            per: h as u32,
+                            over: Over::Tokens,
+                        });
+                    }
                     Op::AddPositions { .. }
                     | Op::LayerNorm { .. }
                     | Op::Act(_)
-                    | Op::Moe { .. }
                     | Op::ShortConv { .. }
                     | Op::Pool { .. } => {
                         return Err(VulkanError::Unsupported(format!(
@@ -732,6 +900,14 @@ impl VulkanBackend {
         for l in layer_mats {
             mats.extend(l);
         }
+        let mut experts = Vec::new();
+        for ex in layer_experts.into_iter().flatten() {
+            mats.push(ex.router);
+            experts.extend([ex.gate, ex.up, ex.down]);
+        }
+        if let Some(mb) = moe_bufs {
+            keep.extend([mb.ids, mb.wts, mb.gate, mb.up, mb.out]);
+        }
         let n_groups = plan.groups.len();
         Ok(VulkanBackend {
             rows: Vec::with_capacity(2 * max_batch),
@@ -758,6 +934,7 @@ impl VulkanBackend {
             acts: act_bufs,
             _keep: keep,
             _mats: mats,
+            _experts: experts,
             gpu,
             model,
         })
@@ -809,6 +986,7 @@ impl VulkanBackend {
                             m.record(&mut pass, n);
                         }
                     }
+                    Cmd::MatmulId(m) => m.record(&mut pass, n_tok),
                     Cmd::Embed(e) => e.record(&mut pass, n_tok),
                 }
             }
@@ -1187,6 +1365,9 @@ fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
     }
     if a.dense_bias {
         missing.push("biases on the output and feed-forward projections");
+    }
+    if c.moe.is_some() && a.moe_bias {
+        missing.push("biased router and experts");
     }
     if !a.lm_head {
         missing.push("embedding-only models (no output projection; pooling)");

@@ -72,21 +72,62 @@ fn bad_settings_and_sizes_are_named() {
     coverage::ran("vulkan errors", "bad settings and sizes");
 }
 
-/// A mixture-of-experts model is refused at load, before any device is opened, by a typed
-/// error that says so (no panic, no dense substitute).
-#[test]
-fn mixture_of_experts_is_refused_by_name() {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/qwen3-moe");
+fn load_hf(name: &str) -> Arc<Model> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families")
+        .join(name);
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let cfg = flowrt_model::ModelConfig::from_hf_json(&dir.join("config.json"), &json).unwrap();
-    let m = Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap());
+    Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap())
+}
+
+/// gpt-oss is refused at load, before any device is opened, by a typed error that names the
+/// family and the kernels the Vulkan backend lacks for it (no panic, no substitute).
+#[test]
+fn gpt_oss_is_refused_by_name() {
+    let e = VulkanBackend::new(load_hf("gpt-oss"), &BackendSettings::default())
+        .err()
+        .expect("gpt-oss is refused");
+    let VulkanError::Family { family, missing } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!(family, "gpt-oss");
+    for m in [
+        "clamped SwiGLU",
+        "attention sinks",
+        "biased router and experts",
+    ] {
+        assert!(missing.contains(&m), "{e}");
+    }
+    assert!(e.to_string().contains("`gpt-oss`"), "{e}");
+}
+
+/// gpt-oss with MXFP4 experts (as OpenAI ships it): refused by the experts' type, naming the
+/// tensor, before anything else is checked.
+#[test]
+fn mxfp4_experts_are_refused_by_type() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/gpt-oss/model-mxfp4.gguf");
+    let file = flowrt_gguf::GgufFile::open(&path).unwrap();
+    let m = Arc::new(Model::from_gguf(Arc::new(file)).unwrap());
     let e = VulkanBackend::new(m, &BackendSettings::default())
         .err()
-        .expect("a mixture of experts is refused");
-    assert!(matches!(e, VulkanError::MixtureOfExperts { .. }), "{e}");
-    assert!(e.to_string().contains("mixture of experts"), "{e}");
+        .expect("MXFP4 experts are refused");
+    assert!(
+        matches!(
+            e,
+            VulkanError::UnsupportedType {
+                ty: flowrt_dtype::GgmlType::Mxfp4,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("mxfp4") && e.to_string().contains("exps"),
+        "{e}"
+    );
 }
 
 /// A hybrid model with short convolution layers (LFM2) is refused at load by a typed error
