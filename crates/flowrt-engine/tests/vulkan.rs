@@ -118,6 +118,38 @@ fn qwen3_moe_on_vulkan_matches_transformers() {
     );
 }
 
+/// gpt-oss (attention sinks, sliding window 8 on alternate layers, YaRN, Q/K/V/O biases, a
+/// biased top-k-softmax router, biased experts with the clamped SwiGLU) on the device against
+/// transformers, within the dense families' bounds.
+#[test]
+fn gpt_oss_on_vulkan_matches_transformers() {
+    if no_device("gpt-oss fixture") {
+        return;
+    }
+    family_on_vulkan("gpt-oss");
+    coverage::ran(
+        SUITE,
+        "gpt-oss fixture (f32 and f16 KV, depth 1 and default)",
+    );
+}
+
+/// gpt-oss batched sequences (each longer than the window) equal solo runs on the device.
+#[test]
+fn batched_sequences_on_vulkan_equal_solo_runs_gpt_oss() {
+    let what = "gpt-oss batched sequences equal solo runs";
+    if no_device(what) {
+        return;
+    }
+    let m = LoadedModel::load(&common::fixture("families/gpt-oss")).unwrap();
+    let worst = batched_equals_solo(&m, KvPrecision::F32);
+    eprintln!("vulkan gpt-oss batched vs solo: max |logit difference| {worst}");
+    assert!(
+        worst <= 1e-5,
+        "batched vs solo: max |logit difference| {worst}"
+    );
+    coverage::ran(SUITE, what);
+}
+
 /// The Qwen3-MoE fixture as a q8_0 GGUF (experts in q8_0, the unaligned word reader) on the
 /// device against transformers' f32 logits, within the CPU test's q8_0 bounds (top-1 >= 97 %,
 /// mean KL <= 1e-3; the device multiplies f32 activations, the CPU q8_0 ones).

@@ -81,6 +81,7 @@ const P_GATHER: usize = 8;
 const P_SCALE_LOGITS: usize = 9;
 const P_MOE_ROUTE: usize = 10;
 const P_MOE_COMBINE: usize = 11;
+const P_MOE_BIAS: usize = 12;
 
 struct Pending {
     index: wgpu::SubmissionIndex,
@@ -130,6 +131,9 @@ pub struct VulkanBackend {
 /// A sparse layer's router and experts on the device.
 struct LayerExperts {
     router: DeviceMatrix,
+    gate_bias: Option<wgpu::Buffer>,
+    up_bias: Option<wgpu::Buffer>,
+    down_bias: Option<wgpu::Buffer>,
     gate: DeviceExperts,
     up: DeviceExperts,
     down: DeviceExperts,
@@ -245,6 +249,7 @@ impl VulkanBackend {
             gpu.kernel("scale_logits", &ops::scale_logits(), "main")?,
             gpu.kernel("moe_route", &ops::moe_route(), "main")?,
             gpu.kernel("moe_combine", &ops::moe_combine(), "main")?,
+            gpu.kernel("moe_bias", &ops::moe_bias(), "main")?,
         ];
         let mut qk = QuantKernels::new();
 
@@ -372,7 +377,15 @@ impl VulkanBackend {
                             .collect();
                         DeviceExperts::upload(&gpu, which, &parts, max_binding)
                     };
+                    let bias = |what: &str, v: &Option<Vec<f32>>| {
+                        v.as_ref()
+                            .map(|v| gpu.upload(what, f32_bytes(v)))
+                            .transpose()
+                    };
                     let ex = LayerExperts {
+                        gate_bias: bias("expert gate biases", &moe.gate_bias)?,
+                        up_bias: bias("expert up biases", &moe.up_bias)?,
+                        down_bias: bias("expert down biases", &moe.down_bias)?,
                         router,
                         gate: stack("gate", &moe.gate)?,
                         up: stack("up", &moe.up)?,
@@ -429,6 +442,9 @@ impl VulkanBackend {
                 .ok_or_else(|| absent("final norm"))?,
         )?;
 
+        // Bound where a layer has no attention sinks (not read).
+        let no_sinks = gpu.storage("no attention sinks", 4)?;
+        keep.push(no_sinks.clone());
         // Every op of the plan, bound once.
         let plan = Plan::new(c);
         let mut b = Binder {
@@ -568,17 +584,17 @@ impl VulkanBackend {
                                 )?,
                                 Over::Tokens,
                             ));
-                            let bias = match (weight, layer) {
-                                (MatRole::Q, Some(l)) => norms[l].bq.as_ref(),
-                                (MatRole::K, Some(l)) => norms[l].bk.as_ref(),
-                                (MatRole::V, Some(l)) => norms[l].bv.as_ref(),
-                                _ => None,
-                            };
-                            if let Some(bias) = bias {
+                            // Q/K/V, O, feed-forward and router biases of the families with them.
+                            if let Some(v) = model.bias(layer, weight) {
+                                let bias = gpu.upload(
+                                    &format!("{weight:?} bias of layer {layer:?}"),
+                                    f32_bytes(v),
+                                )?;
+                                b.uniforms.push(bias.clone());
                                 let p = b.uniform(&[w_out, 0, 0, 0])?;
                                 out.push(Cmd::Ew {
                                     pipe: P_BIAS,
-                                    bind: b.bind(P_BIAS, &[&acts.bufs[dst as usize], bias, &p]),
+                                    bind: b.bind(P_BIAS, &[&acts.bufs[dst as usize], &bias, &p]),
                                     per: w_out,
                                     over: Over::Tokens,
                                 });
@@ -691,12 +707,18 @@ impl VulkanBackend {
                         let l = layer.ok_or_else(|| {
                             VulkanError::Unsupported("attention outside a layer".into())
                         })?;
-                        if sinks {
-                            return Err(VulkanError::Unsupported(format!(
-                                "the `{}` family's attention sinks have no Vulkan kernel (use --backend cpu)",
-                                c.arch.name
-                            )));
-                        }
+                        let sink_buf = if sinks {
+                            let v = model.layers[l].sinks.as_ref().ok_or_else(|| {
+                                VulkanError::Unsupported(format!(
+                                    "the plan asks for attention sinks layer {l} lacks"
+                                ))
+                            })?;
+                            let buf = gpu.upload(&format!("sinks of layer {l}"), f32_bytes(v))?;
+                            b.uniforms.push(buf.clone());
+                            buf
+                        } else {
+                            no_sinks.clone()
+                        };
                         if !causal {
                             return Err(VulkanError::Unsupported(
                                 "bidirectional attention has no Vulkan kernel".into(),
@@ -709,7 +731,7 @@ impl VulkanBackend {
                             n_ctx as u32,
                             window.unwrap_or(0) as u32,
                             c.attn_scale.to_bits(),
-                            0,
+                            sinks as u32,
                             0,
                         ])?;
                         out.push(Cmd::Attention {
@@ -722,6 +744,7 @@ impl VulkanBackend {
                                     &vcache[l],
                                     &acts.bufs[Buf::Attn as usize],
                                     &rows_buf,
+                                    &sink_buf,
                                     &p,
                                 ],
                             ),
@@ -729,21 +752,8 @@ impl VulkanBackend {
                         });
                     }
                     Op::GatedAct(act) => {
-                        let a = match act {
-                            Activation::Silu => 0,
-                            Activation::GeluTanh => 1,
-                            Activation::Gelu => {
-                                return Err(VulkanError::Unsupported(
-                                    "exact (erf) GELU has no Vulkan kernel".into(),
-                                ))
-                            }
-                            Activation::ClampedSwiglu { .. } => {
-                                return Err(VulkanError::Unsupported(
-                                    "the clamped SwiGLU has no Vulkan kernel".into(),
-                                ))
-                            }
-                        };
-                        let p = b.uniform(&[c.intermediate_size as u32, a, 0, 0])?;
+                        let [a, alpha, limit] = gated_words(act)?;
+                        let p = b.uniform(&[c.intermediate_size as u32, a, alpha, limit])?;
                         out.push(Cmd::Ew {
                             pipe: P_GATED,
                             bind: b.bind(
@@ -794,15 +804,7 @@ impl VulkanBackend {
                             RouterScoring::Softmax => 0,
                             RouterScoring::TopKSoftmax => 1,
                         };
-                        let a = match activation {
-                            Activation::Silu => 0,
-                            Activation::GeluTanh => 1,
-                            other => {
-                                return Err(VulkanError::Unsupported(format!(
-                                    "experts with the {other:?} activation have no Vulkan kernel"
-                                )))
-                            }
-                        };
+                        let [a, alpha, limit] = gated_words(activation)?;
                         let p = b.uniform(&[ne as u32, k, scoring, router.renormalize as u32])?;
                         out.push(Cmd::Ew {
                             pipe: P_MOE_ROUTE,
@@ -814,12 +816,17 @@ impl VulkanBackend {
                             over: Over::Tokens,
                         });
                         let x = &acts.bufs[src as usize];
-                        for (m, y) in [(&ex.gate, &mb.gate), (&ex.up, &mb.up)] {
+                        // Per-expert biases (gpt-oss) after each expert matmul.
+                        for (m, y, bias) in [
+                            (&ex.gate, &mb.gate, &ex.gate_bias),
+                            (&ex.up, &mb.up, &ex.up_bias),
+                        ] {
                             out.push(Cmd::MatmulId(m.bind_matmul_id(
                                 &gpu, &mut qk, x, h as u32, k, y, ff as u32, &mb.ids, k, &step_buf,
                             )?));
+                            out.extend(expert_bias(&mut b, y, bias.as_ref(), &mb.ids, ff, k)?);
                         }
-                        let p = b.uniform(&[k * ff as u32, a, 0, 0])?;
+                        let p = b.uniform(&[k * ff as u32, a, alpha, limit])?;
                         out.push(Cmd::Ew {
                             pipe: P_GATED,
                             bind: b.bind(P_GATED, &[&mb.gate, &mb.up, &p]),
@@ -830,6 +837,14 @@ impl VulkanBackend {
                             &gpu, &mut qk, &mb.gate, ff as u32, 1, &mb.out, h as u32, &mb.ids, k,
                             &step_buf,
                         )?));
+                        out.extend(expert_bias(
+                            &mut b,
+                            &mb.out,
+                            ex.down_bias.as_ref(),
+                            &mb.ids,
+                            h,
+                            k,
+                        )?);
                         let p = b.uniform(&[h as u32, k, 0, 0])?;
                         out.push(Cmd::Ew {
                             pipe: P_MOE_COMBINE,
@@ -903,6 +918,11 @@ impl VulkanBackend {
         let mut experts = Vec::new();
         for ex in layer_experts.into_iter().flatten() {
             mats.push(ex.router);
+            keep.extend(
+                [ex.gate_bias, ex.up_bias, ex.down_bias]
+                    .into_iter()
+                    .flatten(),
+            );
             experts.extend([ex.gate, ex.up, ex.down]);
         }
         if let Some(mb) = moe_bufs {
@@ -1014,6 +1034,39 @@ impl VulkanBackend {
         }
         batch.check(self.n_seq, self.n_ctx).err()
     }
+}
+
+/// The `gated_act` kernel's `act`, `alpha` and `limit` words for `act`.
+fn gated_words(act: Activation) -> Result<[u32; 3], VulkanError> {
+    Ok(match act {
+        Activation::Silu => [0, 0, 0],
+        Activation::GeluTanh => [1, 0, 0],
+        Activation::ClampedSwiglu { alpha, limit } => [2, alpha.to_bits(), limit.to_bits()],
+        Activation::Gelu => {
+            return Err(VulkanError::Unsupported(
+                "exact (erf) GELU has no Vulkan kernel".into(),
+            ))
+        }
+    })
+}
+
+/// Per-expert biases (`width` per expert) added to the (token, slot) rows of `y`.
+fn expert_bias(
+    b: &mut Binder,
+    y: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
+    ids: &wgpu::Buffer,
+    width: usize,
+    k: u32,
+) -> Result<Option<Cmd>, VulkanError> {
+    let Some(bias) = bias else { return Ok(None) };
+    let p = b.uniform(&[width as u32, k, 0, 0])?;
+    Ok(Some(Cmd::Ew {
+        pipe: P_MOE_BIAS,
+        bind: b.bind(P_MOE_BIAS, &[y, bias, ids, &p]),
+        per: k * width as u32,
+        over: Over::Tokens,
+    }))
 }
 
 /// Per-layer vectors on the device.
@@ -1356,18 +1409,6 @@ fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
     }
     if c.activation == flowrt_model::Activation::Gelu {
         missing.push("exact (erf) GELU");
-    }
-    if matches!(c.activation, flowrt_model::Activation::ClampedSwiglu { .. }) {
-        missing.push("clamped SwiGLU");
-    }
-    if a.attn_sinks {
-        missing.push("attention sinks");
-    }
-    if a.dense_bias {
-        missing.push("biases on the output and feed-forward projections");
-    }
-    if c.moe.is_some() && a.moe_bias {
-        missing.push("biased router and experts");
     }
     if !a.lm_head {
         missing.push("embedding-only models (no output projection; pooling)");
