@@ -133,6 +133,30 @@ fn gpt_oss_on_vulkan_matches_transformers() {
     );
 }
 
+/// The gpt-oss fixture with MXFP4 experts (every other matrix q8_0, as OpenAI ships gpt-oss;
+/// the GGUF the CPU's MXFP4 test reads) on the device against transformers' f32 logits,
+/// within the CPU test's 4-bit bounds (top-1 >= 78 %, mean KL <= 0.03).
+#[test]
+fn gpt_oss_mxfp4_experts_on_vulkan_within_quantisation_bounds() {
+    let what = "gpt-oss MXFP4 experts GGUF";
+    if no_device(what) {
+        return;
+    }
+    let dir = common::fixture("families/gpt-oss");
+    let m = LoadedModel::load(&dir.join("model-mxfp4.gguf")).unwrap();
+    let x = m.model.layers[0].moe.as_ref().expect("layer 0 is sparse");
+    assert_eq!(x.gate[7].dtype, flowrt_dtype::GgmlType::Mxfp4);
+    let mut s = Session::new(&m, &opts(KvPrecision::F32, 256, Some(128))).unwrap();
+    let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
+    eprintln!(
+        "vulkan {what}: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+        r.top1_agreement, r.mean_kl, r.max_abs_logit_err
+    );
+    assert!(r.top1_agreement >= 0.78, "{what}: top-1 {}", r.top1_agreement);
+    assert!(r.mean_kl <= 0.03, "{what}: mean KL {}", r.mean_kl);
+    coverage::ran(SUITE, what);
+}
+
 /// gpt-oss batched sequences (each longer than the window) equal solo runs on the device.
 #[test]
 fn batched_sequences_on_vulkan_equal_solo_runs_gpt_oss() {

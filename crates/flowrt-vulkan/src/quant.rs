@@ -2,7 +2,7 @@
 //! a register-blocked shape for batches) and the embedding lookup.
 //!
 //! Weights stay in ggml's block layouts on the device (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), a matrix split into row chunks that each fit one storage
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4), a matrix split into row chunks that each fit one storage
 //! binding. Each type's dequantisation is written once in WGSL (`quant/wgsl.rs`: `deq`
 //! returns 32 consecutive values of a row as 8 vec4s, reading bytes through u32 words) and
 //! shared by every kernel; the matmul body is the same for all types and accumulates in f32.
@@ -43,7 +43,7 @@ use crate::error::VulkanError;
 use crate::gpu::Gpu;
 
 /// The weight types these kernels read.
-pub const TYPES: [GgmlType; 11] = [
+pub const TYPES: [GgmlType; 12] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -55,6 +55,7 @@ pub const TYPES: [GgmlType; 11] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Mxfp4,
 ];
 
 /// Whether `ty` is one of [`TYPES`].

@@ -100,33 +100,6 @@ fn families_without_kernels_are_refused_by_name() {
     assert!(e.to_string().contains("`bert`"), "{e}");
 }
 
-/// gpt-oss with MXFP4 experts (as OpenAI ships it): refused by the experts' type, naming the
-/// tensor, before anything else is checked.
-#[test]
-fn mxfp4_experts_are_refused_by_type() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/families/gpt-oss/model-mxfp4.gguf");
-    let file = flowrt_gguf::GgufFile::open(&path).unwrap();
-    let m = Arc::new(Model::from_gguf(Arc::new(file)).unwrap());
-    let e = VulkanBackend::new(m, &BackendSettings::default())
-        .err()
-        .expect("MXFP4 experts are refused");
-    assert!(
-        matches!(
-            e,
-            VulkanError::UnsupportedType {
-                ty: flowrt_dtype::GgmlType::Mxfp4,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        e.to_string().contains("mxfp4") && e.to_string().contains("exps"),
-        "{e}"
-    );
-}
-
 /// A hybrid model with short convolution layers (LFM2) is refused at load by a typed error
 /// that names them (no panic).
 #[test]

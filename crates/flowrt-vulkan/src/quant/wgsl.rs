@@ -232,6 +232,23 @@ pub(crate) fn info(ty: GgmlType) -> Option<TypeInfo> {
                 },
             ),
         ),
+        // e (E8M0) | qs[16] as Q4_0's: value l < 16 the low nibble of qs[l], l + 16 its high
+        // one; value = 2^(e - 128) (exact, subnormal for e < 2, as ggml) times the doubled E2M1
+        // code.
+        Mxfp4 => (
+            32,
+            17,
+            false,
+            deq_fn(
+                "    let e = ld(o) & 255u;
+    let d = bitcast<f32>(select(0x00200000u << e, (e - 1u) << 23u, e >= 2u));
+    let q = ld4(o + 1u);",
+                |k| {
+                    let sh = if k < 4 { "" } else { " >> 4u" };
+                    format!("d * fp4(q.{}{sh})", C[k % 4])
+                },
+            ),
+        ),
         _ => return None,
     };
     Some(TypeInfo {
@@ -329,6 +346,16 @@ fn h4(a: u32, b: u32) -> vec4<f32> {{
 }}
 fn b4(a: u32, b: u32) -> vec4<f32> {{
     return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+}}
+
+// The low nibbles of the four bytes of `v` as E2M1 codes, doubled (0, 1, 2, 3, 4, 6, 8, 12
+// and their negatives for codes 8..16): 0 and 1 for exponent 0, else (2 + m) << (e - 1).
+fn fp4(v: u32) -> vec4<f32> {{
+    let c = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    let e = (c >> vec4<u32>(1u)) & vec4<u32>(3u);
+    let m = c & vec4<u32>(1u);
+    let mag = vec4<f32>(select((vec4<u32>(2u) + m) << (max(e, vec4<u32>(1u)) - vec4<u32>(1u)), m, e == vec4<u32>(0u)));
+    return select(mag, -mag, (c & vec4<u32>(8u)) != vec4<u32>(0u));
 }}
 
 // Bits 0..4 of `v` moved to bit 0 of bytes 0..4.
