@@ -152,7 +152,11 @@ fn gpt_oss_mxfp4_experts_on_vulkan_within_quantisation_bounds() {
         "vulkan {what}: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
         r.top1_agreement, r.mean_kl, r.max_abs_logit_err
     );
-    assert!(r.top1_agreement >= 0.78, "{what}: top-1 {}", r.top1_agreement);
+    assert!(
+        r.top1_agreement >= 0.78,
+        "{what}: top-1 {}",
+        r.top1_agreement
+    );
     assert!(r.mean_kl <= 0.03, "{what}: mean KL {}", r.mean_kl);
     coverage::ran(SUITE, what);
 }

@@ -4,6 +4,19 @@
 //! allocated, and every op of the plan gets its kernel and bind group, so a step only writes
 //! the batch's tokens, positions and logit rows, records the runlist's dispatches into one
 //! command buffer and submits it.
+//!
+//! # Mixtures of experts
+//!
+//! A sparse layer's experts are stacked per role (gate, up, down) in chunks of whole experts
+//! ([`DeviceExperts`]), in their file types. The router is a plain matmul into `Router`; the
+//! `moe_route` kernel writes each token's top-k expert ids and weights (as the CPU's `route`:
+//! ties to the lower index) into device buffers; the expert matmuls (`matmul_id`) run over the
+//! batch's (token, slot) pairs, each reading its expert id from that buffer and only that
+//! expert's rows; then the activation (SiLU, GELU-tanh or the clamped SwiGLU), per-expert
+//! biases where the family has them, and `moe_combine`, the weighted sum in expert order.
+//! Nothing is read back mid-step. Decode reads only the chosen experts; a prefill runs each
+//! (token, slot) pair on its own, so an expert chosen by `m` tokens of a batch is read `m`
+//! times (not grouped by expert as the CPU does: correctness first).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -429,9 +442,6 @@ impl VulkanBackend {
                 ffn_post: opt(&lw.ffn_post_norm, "feed-forward output norm")?,
                 q_norm: opt(&lw.q_norm, "Q norm")?,
                 k_norm: opt(&lw.k_norm, "K norm")?,
-                bq: opt(&lw.bq, "Q bias")?,
-                bk: opt(&lw.bk, "K bias")?,
-                bv: opt(&lw.bv, "V bias")?,
             });
         }
         let output_norm = vec_buf(
@@ -897,17 +907,9 @@ impl VulkanBackend {
         for n in norms {
             keep.extend([n.attn_norm, n.ffn_norm]);
             keep.extend(
-                [
-                    n.attn_post,
-                    n.ffn_post,
-                    n.q_norm,
-                    n.k_norm,
-                    n.bq,
-                    n.bk,
-                    n.bv,
-                ]
-                .into_iter()
-                .flatten(),
+                [n.attn_post, n.ffn_post, n.q_norm, n.k_norm]
+                    .into_iter()
+                    .flatten(),
             );
         }
         let mut mats = vec![embd];
@@ -1077,9 +1079,6 @@ struct LayerVecs {
     ffn_post: Option<wgpu::Buffer>,
     q_norm: Option<wgpu::Buffer>,
     k_norm: Option<wgpu::Buffer>,
-    bq: Option<wgpu::Buffer>,
-    bk: Option<wgpu::Buffer>,
-    bv: Option<wgpu::Buffer>,
 }
 
 /// Makes the uniforms and bind groups of ops at creation.
