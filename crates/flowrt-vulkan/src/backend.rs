@@ -4,6 +4,19 @@
 //! allocated, and every op of the plan gets its kernel and bind group, so a step only writes
 //! the batch's tokens, positions and logit rows, records the runlist's dispatches into one
 //! command buffer and submits it.
+//!
+//! # Mixtures of experts
+//!
+//! A sparse layer's experts are stacked per role (gate, up, down) in chunks of whole experts
+//! ([`DeviceExperts`]), in their file types. The router is a plain matmul into `Router`; the
+//! `moe_route` kernel writes each token's top-k expert ids and weights (as the CPU's `route`:
+//! ties to the lower index) into device buffers; the expert matmuls (`matmul_id`) run over the
+//! batch's (token, slot) pairs, each reading its expert id from that buffer and only that
+//! expert's rows; then the activation (SiLU, GELU-tanh or the clamped SwiGLU), per-expert
+//! biases where the family has them, and `moe_combine`, the weighted sum in expert order.
+//! Nothing is read back mid-step. Decode reads only the chosen experts; a prefill runs each
+//! (token, slot) pair on its own, so an expert chosen by `m` tokens of a batch is read `m`
+//! times (not grouped by expert as the CPU does: correctness first).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -14,12 +27,14 @@ use flowrt_dispatch::{
     LogitsWanted, Runlist, Trace,
 };
 use flowrt_model::plan::{Buf, GroupKind, MatRole, NormWeight, Op};
-use flowrt_model::{Activation, Model, Plan, RopePairing, WeightMatrix};
+use flowrt_model::{Activation, Model, Plan, RopePairing, RouterScoring, WeightMatrix};
 
 use crate::error::VulkanError;
 use crate::gpu::{Gpu, WaitError};
 use crate::ops;
-use crate::quant::{BoundEmbed, BoundMatmul, DeviceMatrix, QuantKernels, StepParams};
+use crate::quant::{
+    BoundEmbed, BoundMatmul, BoundMatmulId, DeviceExperts, DeviceMatrix, QuantKernels, StepParams,
+};
 
 /// Layers per runlist by default: a bounded submission, so that no single command buffer
 /// holds the whole model (what a desktop driver's watchdog or an NPU's command timeout
@@ -61,6 +76,8 @@ enum Cmd {
         heads: u32,
     },
     Matmul(BoundMatmul, Over),
+    /// An expert matmul over the batch's (token, slot) pairs.
+    MatmulId(BoundMatmulId),
     Embed(BoundEmbed),
 }
 
@@ -75,6 +92,9 @@ const P_RESIDUAL: usize = 6;
 const P_BIAS: usize = 7;
 const P_GATHER: usize = 8;
 const P_SCALE_LOGITS: usize = 9;
+const P_MOE_ROUTE: usize = 10;
+const P_MOE_COMBINE: usize = 11;
+const P_MOE_BIAS: usize = 12;
 
 struct Pending {
     index: wgpu::SubmissionIndex,
@@ -118,6 +138,27 @@ pub struct VulkanBackend {
     /// Kept alive for the bind groups (weights, caches, activations, tables, uniforms).
     _keep: Vec<wgpu::Buffer>,
     _mats: Vec<DeviceMatrix>,
+    _experts: Vec<DeviceExperts>,
+}
+
+/// A sparse layer's router and experts on the device.
+struct LayerExperts {
+    router: DeviceMatrix,
+    gate_bias: Option<wgpu::Buffer>,
+    up_bias: Option<wgpu::Buffer>,
+    down_bias: Option<wgpu::Buffer>,
+    gate: DeviceExperts,
+    up: DeviceExperts,
+    down: DeviceExperts,
+}
+
+/// A mixture of experts' per-step scratch (see `VulkanBackend::new`).
+struct MoeBufs {
+    ids: wgpu::Buffer,
+    wts: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    up: wgpu::Buffer,
+    out: wgpu::Buffer,
 }
 
 /// Activation buffers, indexed by `Buf as usize`, plus the gathered logit rows.
@@ -138,33 +179,8 @@ impl VulkanBackend {
             .check_options("vulkan", &[])
             .map_err(VulkanError::Unsupported)?;
         let c = &model.config;
-        if c.moe.is_some() {
-            return Err(VulkanError::MixtureOfExperts {
-                family: c.arch.name.to_string(),
-            });
-        }
-        if let Some(sc) = &c.short_conv {
-            return Err(VulkanError::ShortConvolution {
-                family: c.arch.name.to_string(),
-                layers: sc.conv_layers.iter().filter(|&&x| x).count(),
-            });
-        }
-        let missing = lacks(c);
-        if !missing.is_empty() {
-            return Err(VulkanError::Unsupported(format!(
-                "the Vulkan backend cannot run the `{}` family: it has no {} (use --backend cpu)",
-                c.arch.name,
-                missing.join(", ")
-            )));
-        }
-        if c.head_dim > ops::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
-            return Err(VulkanError::Unsupported(format!(
-                "head_dim {} (the Vulkan attention kernel takes even head sizes up to {})",
-                c.head_dim,
-                ops::MAX_HEAD_DIM
-            )));
-        }
-        // Every matrix type first: a clear error before anything is uploaded.
+        // Every matrix type first: a clear error before anything is uploaded (MXFP4 experts
+        // are refused here, by tensor and type).
         let mut mats: Vec<&WeightMatrix> = vec![&model.token_embd];
         mats.extend(&model.output);
         for l in &model.layers {
@@ -178,6 +194,34 @@ impl VulkanBackend {
                 });
             }
         }
+        if let Some(sc) = &c.short_conv {
+            return Err(VulkanError::ShortConvolution {
+                family: c.arch.name.to_string(),
+                layers: sc.conv_layers.iter().filter(|&&x| x).count(),
+            });
+        }
+        let missing = lacks(c);
+        if !missing.is_empty() {
+            return Err(VulkanError::Family {
+                family: c.arch.name.to_string(),
+                missing,
+            });
+        }
+        if let Some(m) = &c.moe {
+            if m.num_experts_per_tok == 0 || m.num_experts_per_tok > m.num_experts {
+                return Err(VulkanError::Unsupported(format!(
+                    "num_experts_per_tok {} of {} experts (the router picks 1 to num_experts)",
+                    m.num_experts_per_tok, m.num_experts
+                )));
+            }
+        }
+        if c.head_dim > ops::MAX_HEAD_DIM || !c.head_dim.is_multiple_of(2) {
+            return Err(VulkanError::Unsupported(format!(
+                "head_dim {} (the Vulkan attention kernel takes even head sizes up to {})",
+                c.head_dim,
+                ops::MAX_HEAD_DIM
+            )));
+        }
         let gpu = Gpu::open(settings.device)?;
         let max_binding = gpu.limits.max_storage_buffer_binding_size;
         let n_ctx = settings.n_ctx.max(1);
@@ -185,7 +229,22 @@ impl VulkanBackend {
         // Logits of every token of a batch must fit one binding.
         let logit_row_bytes = (c.vocab_size * 4) as u64;
         let max_logit_rows = (max_binding / logit_row_bytes).max(1) as usize;
-        let max_batch = settings.max_batch.clamp(1, max_logit_rows);
+        let mut max_batch = settings.max_batch.clamp(1, max_logit_rows);
+        // A mixture of experts: (token, slot) pairs are one workgroup dimension, and each
+        // pair's gate/up/down rows must fit one binding.
+        let moe_dims = c.moe.as_ref().map(|m| {
+            (
+                m.num_experts_per_tok,
+                m.moe_intermediate_size,
+                m.num_experts,
+            )
+        });
+        if let Some((k, ff, _)) = moe_dims {
+            let pair_bytes = (k * ff.max(c.hidden_size) * 4) as u64;
+            let by_binding = (max_binding / pair_bytes.max(1)).max(1) as usize;
+            let by_dim = (gpu.limits.max_compute_workgroups_per_dimension as usize / k).max(1);
+            max_batch = max_batch.min(by_binding).min(by_dim);
+        }
         let f16_kv = settings.kv == KvPrecision::F16;
         let mut keep: Vec<wgpu::Buffer> = Vec::new();
 
@@ -201,6 +260,9 @@ impl VulkanBackend {
             gpu.kernel("add_bias", &ops::add_bias(), "main")?,
             gpu.kernel("gather_rows", &ops::gather_rows(), "main")?,
             gpu.kernel("scale_logits", &ops::scale_logits(), "main")?,
+            gpu.kernel("moe_route", &ops::moe_route(), "main")?,
+            gpu.kernel("moe_combine", &ops::moe_combine(), "main")?,
+            gpu.kernel("moe_bias", &ops::moe_bias(), "main")?,
         ];
         let mut qk = QuantKernels::new();
 
@@ -231,6 +293,21 @@ impl VulkanBackend {
                 "logit rows of the residual stream",
                 (max_batch * c.hidden_size * 4) as u64,
             )?,
+        };
+        // A mixture of experts' scratch, shared by its layers: per (token, slot) pair the
+        // chosen expert and its weight, the expert's gate and up rows and its output row.
+        let moe_bufs = match moe_dims {
+            Some((k, ff, _)) => {
+                let pairs = (max_batch * k) as u64;
+                Some(MoeBufs {
+                    ids: gpu.storage("expert ids", pairs * 4)?,
+                    wts: gpu.storage("expert weights", pairs * 4)?,
+                    gate: gpu.storage("expert gate rows", pairs * ff as u64 * 4)?,
+                    up: gpu.storage("expert up rows", pairs * ff as u64 * 4)?,
+                    out: gpu.storage("expert output rows", pairs * c.hidden_size as u64 * 4)?,
+                })
+            }
+            None => None,
         };
         let logits_buf = acts.bufs[Buf::Logits as usize].clone();
         let readback = gpu.readback("logits readback", (max_batch * c.vocab_size * 4) as u64)?;
@@ -294,23 +371,61 @@ impl VulkanBackend {
                 .ok_or_else(|| absent("output projection"))?)?)
         };
         let mut layer_mats = Vec::with_capacity(model.layers.len());
+        let mut layer_experts: Vec<Option<LayerExperts>> = Vec::with_capacity(model.layers.len());
+        let mut expert_bytes = 0u64;
         for lw in &model.layers {
-            layer_mats.push([
+            let mut m = vec![
                 up(lw.wq.as_ref().ok_or_else(|| absent("query projection"))?)?,
                 up(lw.wk.as_ref().ok_or_else(|| absent("key projection"))?)?,
                 up(lw.wv.as_ref().ok_or_else(|| absent("value projection"))?)?,
                 up(lw.wo.as_ref().ok_or_else(|| absent("attention output"))?)?,
-                up(lw
-                    .w_gate
-                    .as_ref()
-                    .ok_or_else(|| absent("feed-forward gate"))?)?,
-                up(lw.w_up.as_ref().ok_or_else(|| absent("feed-forward up"))?)?,
-                up(lw
-                    .w_down
-                    .as_ref()
-                    .ok_or_else(|| absent("feed-forward down"))?)?,
-            ]);
+            ];
+            match &lw.moe {
+                Some(moe) => {
+                    let router = up(&moe.router)?;
+                    let stack = |which: &str, ms: &[WeightMatrix]| {
+                        let parts: Vec<_> = ms
+                            .iter()
+                            .map(|w| (w.name.as_str(), w.dtype, w.rows, w.cols, w.bytes()))
+                            .collect();
+                        DeviceExperts::upload(&gpu, which, &parts, max_binding)
+                    };
+                    let bias = |what: &str, v: &Option<Vec<f32>>| {
+                        v.as_ref()
+                            .map(|v| gpu.upload(what, f32_bytes(v)))
+                            .transpose()
+                    };
+                    let ex = LayerExperts {
+                        gate_bias: bias("expert gate biases", &moe.gate_bias)?,
+                        up_bias: bias("expert up biases", &moe.up_bias)?,
+                        down_bias: bias("expert down biases", &moe.down_bias)?,
+                        router,
+                        gate: stack("gate", &moe.gate)?,
+                        up: stack("up", &moe.up)?,
+                        down: stack("down", &moe.down)?,
+                    };
+                    expert_bytes += ex.gate.bytes() + ex.up.bytes() + ex.down.bytes();
+                    layer_experts.push(Some(ex));
+                }
+                None => {
+                    m.push(up(lw
+                        .w_gate
+                        .as_ref()
+                        .ok_or_else(|| absent("feed-forward gate"))?)?);
+                    m.push(up(lw
+                        .w_up
+                        .as_ref()
+                        .ok_or_else(|| absent("feed-forward up"))?)?);
+                    m.push(up(lw
+                        .w_down
+                        .as_ref()
+                        .ok_or_else(|| absent("feed-forward down"))?)?);
+                    layer_experts.push(None);
+                }
+            }
+            layer_mats.push(m);
         }
+        weight_bytes += expert_bytes;
         let vec_buf = |what: &str, v: &[f32]| gpu.upload(what, f32_bytes(v));
         let mut norms = Vec::with_capacity(model.layers.len());
         for (l, lw) in model.layers.iter().enumerate() {
@@ -327,9 +442,6 @@ impl VulkanBackend {
                 ffn_post: opt(&lw.ffn_post_norm, "feed-forward output norm")?,
                 q_norm: opt(&lw.q_norm, "Q norm")?,
                 k_norm: opt(&lw.k_norm, "K norm")?,
-                bq: opt(&lw.bq, "Q bias")?,
-                bk: opt(&lw.bk, "K bias")?,
-                bv: opt(&lw.bv, "V bias")?,
             });
         }
         let output_norm = vec_buf(
@@ -340,6 +452,9 @@ impl VulkanBackend {
                 .ok_or_else(|| absent("final norm"))?,
         )?;
 
+        // Bound where a layer has no attention sinks (not read).
+        let no_sinks = gpu.storage("no attention sinks", 4)?;
+        keep.push(no_sinks.clone());
         // Every op of the plan, bound once.
         let plan = Plan::new(c);
         let mut b = Binder {
@@ -407,8 +522,16 @@ impl VulkanBackend {
                         });
                     }
                     Op::MatMul { src, dst, weight } => {
+                        let no_mat = || {
+                            VulkanError::Unsupported(format!(
+                                "the plan asks for a {weight:?} matrix layer {layer:?} lacks"
+                            ))
+                        };
                         let mat = match (weight, layer) {
                             (MatRole::Output, _) => output.as_ref().unwrap_or(&embd),
+                            (MatRole::Router, Some(l)) => {
+                                &layer_experts[l].as_ref().ok_or_else(no_mat)?.router
+                            }
                             (r, Some(l)) => {
                                 let i = match r {
                                     MatRole::Q => 0,
@@ -417,9 +540,10 @@ impl VulkanBackend {
                                     MatRole::O => 3,
                                     MatRole::Gate => 4,
                                     MatRole::Up => 5,
-                                    _ => 6,
+                                    MatRole::Down => 6,
+                                    _ => return Err(no_mat()),
                                 };
-                                &layer_mats[l][i]
+                                layer_mats[l].get(i).ok_or_else(no_mat)?
                             }
                             _ => {
                                 return Err(VulkanError::Unsupported(
@@ -470,17 +594,17 @@ impl VulkanBackend {
                                 )?,
                                 Over::Tokens,
                             ));
-                            let bias = match (weight, layer) {
-                                (MatRole::Q, Some(l)) => norms[l].bq.as_ref(),
-                                (MatRole::K, Some(l)) => norms[l].bk.as_ref(),
-                                (MatRole::V, Some(l)) => norms[l].bv.as_ref(),
-                                _ => None,
-                            };
-                            if let Some(bias) = bias {
+                            // Q/K/V, O, feed-forward and router biases of the families with them.
+                            if let Some(v) = model.bias(layer, weight) {
+                                let bias = gpu.upload(
+                                    &format!("{weight:?} bias of layer {layer:?}"),
+                                    f32_bytes(v),
+                                )?;
+                                b.uniforms.push(bias.clone());
                                 let p = b.uniform(&[w_out, 0, 0, 0])?;
                                 out.push(Cmd::Ew {
                                     pipe: P_BIAS,
-                                    bind: b.bind(P_BIAS, &[&acts.bufs[dst as usize], bias, &p]),
+                                    bind: b.bind(P_BIAS, &[&acts.bufs[dst as usize], &bias, &p]),
                                     per: w_out,
                                     over: Over::Tokens,
                                 });
@@ -593,12 +717,18 @@ impl VulkanBackend {
                         let l = layer.ok_or_else(|| {
                             VulkanError::Unsupported("attention outside a layer".into())
                         })?;
-                        if sinks {
-                            return Err(VulkanError::Unsupported(format!(
-                                "the `{}` family's attention sinks have no Vulkan kernel (use --backend cpu)",
-                                c.arch.name
-                            )));
-                        }
+                        let sink_buf = if sinks {
+                            let v = model.layers[l].sinks.as_ref().ok_or_else(|| {
+                                VulkanError::Unsupported(format!(
+                                    "the plan asks for attention sinks layer {l} lacks"
+                                ))
+                            })?;
+                            let buf = gpu.upload(&format!("sinks of layer {l}"), f32_bytes(v))?;
+                            b.uniforms.push(buf.clone());
+                            buf
+                        } else {
+                            no_sinks.clone()
+                        };
                         if !causal {
                             return Err(VulkanError::Unsupported(
                                 "bidirectional attention has no Vulkan kernel".into(),
@@ -611,7 +741,7 @@ impl VulkanBackend {
                             n_ctx as u32,
                             window.unwrap_or(0) as u32,
                             c.attn_scale.to_bits(),
-                            0,
+                            sinks as u32,
                             0,
                         ])?;
                         out.push(Cmd::Attention {
@@ -624,6 +754,7 @@ impl VulkanBackend {
                                     &vcache[l],
                                     &acts.bufs[Buf::Attn as usize],
                                     &rows_buf,
+                                    &sink_buf,
                                     &p,
                                 ],
                             ),
@@ -631,21 +762,8 @@ impl VulkanBackend {
                         });
                     }
                     Op::GatedAct(act) => {
-                        let a = match act {
-                            Activation::Silu => 0,
-                            Activation::GeluTanh => 1,
-                            Activation::Gelu => {
-                                return Err(VulkanError::Unsupported(
-                                    "exact (erf) GELU has no Vulkan kernel".into(),
-                                ))
-                            }
-                            Activation::ClampedSwiglu { .. } => {
-                                return Err(VulkanError::Unsupported(
-                                    "the clamped SwiGLU has no Vulkan kernel".into(),
-                                ))
-                            }
-                        };
-                        let p = b.uniform(&[c.intermediate_size as u32, a, 0, 0])?;
+                        let [a, alpha, limit] = gated_words(act)?;
+                        let p = b.uniform(&[c.intermediate_size as u32, a, alpha, limit])?;
                         out.push(Cmd::Ew {
                             pipe: P_GATED,
                             bind: b.bind(
@@ -672,10 +790,85 @@ impl VulkanBackend {
                             over: Over::Tokens,
                         });
                     }
+                    Op::Moe {
+                        src,
+                        logits,
+                        dst,
+                        top_k,
+                        router,
+                        activation,
+                    } => {
+                        let (Some(l), Some(mb)) = (layer, moe_bufs.as_ref()) else {
+                            return Err(VulkanError::Unsupported(
+                                "experts outside a layer, or in a model without experts".into(),
+                            ));
+                        };
+                        let ex = layer_experts[l].as_ref().ok_or_else(|| {
+                            VulkanError::Unsupported(format!(
+                                "the plan asks for experts in layer {l}, which has none"
+                            ))
+                        })?;
+                        let (ne, ff, h) = (ex.gate.experts, ex.gate.rows, c.hidden_size);
+                        let k = top_k as u32;
+                        let scoring = match router.scoring {
+                            RouterScoring::Softmax => 0,
+                            RouterScoring::TopKSoftmax => 1,
+                        };
+                        let [a, alpha, limit] = gated_words(activation)?;
+                        let p = b.uniform(&[ne as u32, k, scoring, router.renormalize as u32])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_MOE_ROUTE,
+                            bind: b.bind(
+                                P_MOE_ROUTE,
+                                &[&acts.bufs[logits as usize], &mb.ids, &mb.wts, &p],
+                            ),
+                            per: 1,
+                            over: Over::Tokens,
+                        });
+                        let x = &acts.bufs[src as usize];
+                        // Per-expert biases (gpt-oss) after each expert matmul.
+                        for (m, y, bias) in [
+                            (&ex.gate, &mb.gate, &ex.gate_bias),
+                            (&ex.up, &mb.up, &ex.up_bias),
+                        ] {
+                            out.push(Cmd::MatmulId(m.bind_matmul_id(
+                                &gpu, &mut qk, x, h as u32, k, y, ff as u32, &mb.ids, k, &step_buf,
+                            )?));
+                            out.extend(expert_bias(&mut b, y, bias.as_ref(), &mb.ids, ff, k)?);
+                        }
+                        let p = b.uniform(&[k * ff as u32, a, alpha, limit])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_GATED,
+                            bind: b.bind(P_GATED, &[&mb.gate, &mb.up, &p]),
+                            per: k * ff as u32,
+                            over: Over::Tokens,
+                        });
+                        out.push(Cmd::MatmulId(ex.down.bind_matmul_id(
+                            &gpu, &mut qk, &mb.gate, ff as u32, 1, &mb.out, h as u32, &mb.ids, k,
+                            &step_buf,
+                        )?));
+                        out.extend(expert_bias(
+                            &mut b,
+                            &mb.out,
+                            ex.down_bias.as_ref(),
+                            &mb.ids,
+                            h,
+                            k,
+                        )?);
+                        let p = b.uniform(&[h as u32, k, 0, 0])?;
+                        out.push(Cmd::Ew {
+                            pipe: P_MOE_COMBINE,
+                            bind: b.bind(
+                                P_MOE_COMBINE,
+                                &[&mb.out, &mb.ids, &mb.wts, &acts.bufs[dst as usize], &p],
+                            ),
+                            per: h as u32,
+                            over: Over::Tokens,
+                        });
+                    }
                     Op::AddPositions { .. }
                     | Op::LayerNorm { .. }
                     | Op::Act(_)
-                    | Op::Moe { .. }
                     | Op::ShortConv { .. }
                     | Op::Pool { .. } => {
                         return Err(VulkanError::Unsupported(format!(
@@ -714,23 +907,28 @@ impl VulkanBackend {
         for n in norms {
             keep.extend([n.attn_norm, n.ffn_norm]);
             keep.extend(
-                [
-                    n.attn_post,
-                    n.ffn_post,
-                    n.q_norm,
-                    n.k_norm,
-                    n.bq,
-                    n.bk,
-                    n.bv,
-                ]
-                .into_iter()
-                .flatten(),
+                [n.attn_post, n.ffn_post, n.q_norm, n.k_norm]
+                    .into_iter()
+                    .flatten(),
             );
         }
         let mut mats = vec![embd];
         mats.extend(output);
         for l in layer_mats {
             mats.extend(l);
+        }
+        let mut experts = Vec::new();
+        for ex in layer_experts.into_iter().flatten() {
+            mats.push(ex.router);
+            keep.extend(
+                [ex.gate_bias, ex.up_bias, ex.down_bias]
+                    .into_iter()
+                    .flatten(),
+            );
+            experts.extend([ex.gate, ex.up, ex.down]);
+        }
+        if let Some(mb) = moe_bufs {
+            keep.extend([mb.ids, mb.wts, mb.gate, mb.up, mb.out]);
         }
         let n_groups = plan.groups.len();
         Ok(VulkanBackend {
@@ -758,6 +956,7 @@ impl VulkanBackend {
             acts: act_bufs,
             _keep: keep,
             _mats: mats,
+            _experts: experts,
             gpu,
             model,
         })
@@ -809,6 +1008,7 @@ impl VulkanBackend {
                             m.record(&mut pass, n);
                         }
                     }
+                    Cmd::MatmulId(m) => m.record(&mut pass, n_tok),
                     Cmd::Embed(e) => e.record(&mut pass, n_tok),
                 }
             }
@@ -838,6 +1038,39 @@ impl VulkanBackend {
     }
 }
 
+/// The `gated_act` kernel's `act`, `alpha` and `limit` words for `act`.
+fn gated_words(act: Activation) -> Result<[u32; 3], VulkanError> {
+    Ok(match act {
+        Activation::Silu => [0, 0, 0],
+        Activation::GeluTanh => [1, 0, 0],
+        Activation::ClampedSwiglu { alpha, limit } => [2, alpha.to_bits(), limit.to_bits()],
+        Activation::Gelu => {
+            return Err(VulkanError::Unsupported(
+                "exact (erf) GELU has no Vulkan kernel".into(),
+            ))
+        }
+    })
+}
+
+/// Per-expert biases (`width` per expert) added to the (token, slot) rows of `y`.
+fn expert_bias(
+    b: &mut Binder,
+    y: &wgpu::Buffer,
+    bias: Option<&wgpu::Buffer>,
+    ids: &wgpu::Buffer,
+    width: usize,
+    k: u32,
+) -> Result<Option<Cmd>, VulkanError> {
+    let Some(bias) = bias else { return Ok(None) };
+    let p = b.uniform(&[width as u32, k, 0, 0])?;
+    Ok(Some(Cmd::Ew {
+        pipe: P_MOE_BIAS,
+        bind: b.bind(P_MOE_BIAS, &[y, bias, ids, &p]),
+        per: k * width as u32,
+        over: Over::Tokens,
+    }))
+}
+
 /// Per-layer vectors on the device.
 struct LayerVecs {
     attn_norm: wgpu::Buffer,
@@ -846,9 +1079,6 @@ struct LayerVecs {
     ffn_post: Option<wgpu::Buffer>,
     q_norm: Option<wgpu::Buffer>,
     k_norm: Option<wgpu::Buffer>,
-    bq: Option<wgpu::Buffer>,
-    bk: Option<wgpu::Buffer>,
-    bv: Option<wgpu::Buffer>,
 }
 
 /// Makes the uniforms and bind groups of ops at creation.
@@ -1178,15 +1408,6 @@ fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
     }
     if c.activation == flowrt_model::Activation::Gelu {
         missing.push("exact (erf) GELU");
-    }
-    if matches!(c.activation, flowrt_model::Activation::ClampedSwiglu { .. }) {
-        missing.push("clamped SwiGLU");
-    }
-    if a.attn_sinks {
-        missing.push("attention sinks");
-    }
-    if a.dense_bias {
-        missing.push("biases on the output and feed-forward projections");
     }
     if !a.lm_head {
         missing.push("embedding-only models (no output projection; pooling)");

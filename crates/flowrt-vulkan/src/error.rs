@@ -28,9 +28,13 @@ pub enum VulkanError {
     /// A kernel that did not compile or validate (a bug in flowrt).
     #[error("kernel `{name}` failed to build: {reason}")]
     Kernel { name: String, reason: String },
-    /// A mixture-of-experts model: the Vulkan backend has no expert kernels yet.
-    #[error("the `{family}` model is a mixture of experts, which the Vulkan backend does not implement yet (use --backend cpu)")]
-    MixtureOfExperts { family: String },
+    /// A family that needs kernels this backend does not have (attention sinks, clamped
+    /// SwiGLU, biased experts, LayerNorm, ...), refused by name before anything is uploaded.
+    #[error("the Vulkan backend cannot run the `{family}` family: it has no {} (use --backend cpu)", missing.join(", "))]
+    Family {
+        family: String,
+        missing: Vec<&'static str>,
+    },
     /// A hybrid model with short convolution layers (LFM2): the Vulkan backend has no
     /// convolution kernel or cache yet.
     #[error("the `{family}` model has {layers} short convolution layers, which the Vulkan backend does not implement yet (use --backend cpu)")]

@@ -190,7 +190,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 /// Causal GQA attention over a layer's cache, one workgroup per (query head, token): keys in
 /// chunks of 64 with a running max and sum (each of the 64 threads scores one key of a chunk,
 /// then accumulates its 4 output dimensions over the chunk). With `window > 0`, a query at
-/// position `p` sees positions `p - window + 1 ..= p`.
+/// position `p` sees positions `p - window + 1 ..= p`. With `sinks` 1, head `h`'s sink logit
+/// `sink[h]` joins each softmax's denominator (`exp(s_j) / (Σ exp(s_i) + exp(sink))`).
 pub fn attention(f16: bool) -> String {
     let (ty, kdot, vget) = if f16 {
         (
@@ -223,14 +224,15 @@ fn v_at(i: u32) -> f32 { return vc[i]; }
     };
     with_common(&format!(
         r#"
-struct P {{ heads: u32, kv_heads: u32, head_dim: u32, n_ctx: u32, window: u32, scale: f32, p0: u32, p1: u32 }}
+struct P {{ heads: u32, kv_heads: u32, head_dim: u32, n_ctx: u32, window: u32, scale: f32, sinks: u32, p1: u32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<{ty}>;
 @group(0) @binding(2) var<storage, read> vc: array<{ty}>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read> rows: array<u32>;
-@group(0) @binding(5) var<uniform> p: P;
-@group(0) @binding(6) var<uniform> step: Step;
+@group(0) @binding(5) var<storage, read> sink: array<f32>;
+@group(0) @binding(6) var<uniform> p: P;
+@group(0) @binding(7) var<uniform> step: Step;
 var<workgroup> qs: array<f32, 256>;
 var<workgroup> sc: array<f32, 64>;
 var<workgroup> red: array<f32, 64>;
@@ -296,6 +298,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
         m = m_new;
         workgroupBarrier();
     }}
+    // A sink logit (`sinks` 1: one per head) joins the denominator, with no value.
+    if (p.sinks == 1u) {{ lsum += exp(sink[head] - m); }}
     for (var e = 0u; e < 4u; e++) {{
         let d = l + 64u * e;
         if (d < p.head_dim) {{ out[qbase + d] = acc[e] / lsum; }}
@@ -333,20 +337,151 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     ))
 }
 
-/// `gate = act(gate) * up` over `width` values per token; `act` 0: SiLU, 1: GELU (tanh).
+/// `gate = act(gate) * up` over `width` values per token; `act` 0: SiLU, 1: GELU (tanh),
+/// 2: the clamped SwiGLU (`alpha`, `limit`): `min(g, limit) σ(α min(g, limit)) (clamp(u, ±limit) + 1)`.
 pub fn gated_act() -> String {
     elementwise(
-        "width: u32, act: u32, p0: u32, p1: u32",
+        "width: u32, act: u32, alpha: f32, limit: f32",
         &[("gate", "read_write"), ("up", "read")],
         "step.n_tok * p.width",
         r#"    let g = gate[i];
     var a: f32;
     if (p.act == 0u) {
         a = g / (1.0 + exp(-g));
+    } else if (p.act == 2u) {
+        let x = min(g, p.limit);
+        gate[i] = x / (1.0 + exp(-p.alpha * x)) * (clamp(up[i], -p.limit, p.limit) + 1.0);
+        return;
     } else {
         a = 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g)));
     }
     gate[i] = a * up[i];"#,
+    )
+}
+
+/// A mixture of experts' routing, one thread per token: from its router logits (`experts`
+/// per token) the `top_k` experts with the highest scores (ties to the lower index, as the
+/// CPU's `route`) into `ids[t * top_k + s]` (best first) and their weights into
+/// `wts[t * top_k + s]`. `scoring` 0: softmax scores over all experts, divided by the chosen
+/// ones' sum when `renorm` is 1; 1: chosen by raw logit, weighted by a softmax over the chosen.
+pub fn moe_route() -> String {
+    with_common(
+        r#"
+struct P { experts: u32, top_k: u32, scoring: u32, renorm: u32 }
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(2) var<storage, read_write> wts: array<f32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let t = gid_of(wg, nwg, li.x);
+    if (t >= step.n_tok) { return; }
+    let base = t * p.experts;
+    let ob = t * p.top_k;
+    var mx = logits[base];
+    for (var e = 1u; e < p.experts; e++) { mx = max(mx, logits[base + e]); }
+    var sum = 0.0;
+    if (p.scoring == 0u) {
+        for (var e = 0u; e < p.experts; e++) { sum += exp(logits[base + e] - mx); }
+    }
+    let k = min(p.top_k, p.experts);
+    for (var s = 0u; s < k; s++) {
+        var best = 0xffffffffu;
+        var bs = 0.0;
+        for (var e = 0u; e < p.experts; e++) {
+            var taken = false;
+            for (var q = 0u; q < s; q++) { if (ids[ob + q] == e) { taken = true; } }
+            if (taken) { continue; }
+            var v = logits[base + e];
+            if (p.scoring == 0u) { v = exp(v - mx) / sum; }
+            if (best == 0xffffffffu || v > bs) { best = e; bs = v; }
+        }
+        ids[ob + s] = best;
+        wts[ob + s] = bs;
+    }
+    if (p.scoring == 1u) {
+        let top = wts[ob];
+        var z = 0.0;
+        for (var s = 0u; s < k; s++) { let w = exp(wts[ob + s] - top); wts[ob + s] = w; z += w; }
+        for (var s = 0u; s < k; s++) { wts[ob + s] = wts[ob + s] / z; }
+    } else if (p.renorm == 1u) {
+        var z = 0.0;
+        for (var s = 0u; s < k; s++) { z += wts[ob + s]; }
+        if (z > 0.0) {
+            for (var s = 0u; s < k; s++) { wts[ob + s] = wts[ob + s] / z; }
+        }
+    }
+}
+"#,
+    )
+}
+
+/// Per-expert biases: `y[p, j] += b[ids[p] * width + j]` over the step's `n_tok * top_k`
+/// (token, slot) pairs of `width` values.
+pub fn moe_bias() -> String {
+    with_common(
+        r#"
+struct P { width: u32, top_k: u32, p0: u32, p1: u32 }
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_tok * p.top_k * p.width) { return; }
+    y[i] += b[ids[i / p.width] * p.width + i % p.width];
+}
+"#,
+    )
+}
+
+/// A mixture of experts' weighted sum: `dst[t, j] = sum_s wts[t, s] * out[t * top_k + s, j]`
+/// over `width` values per token, the slots taken in ascending expert id (the CPU adds its
+/// experts' outputs in expert order).
+pub fn moe_combine() -> String {
+    with_common(
+        r#"
+struct P { width: u32, top_k: u32, p0: u32, p1: u32 }
+@group(0) @binding(0) var<storage, read> out: array<f32>;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> wts: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+@group(0) @binding(5) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {
+    let i = gid_of(wg, nwg, li.x);
+    if (i >= step.n_tok * p.width) { return; }
+    let t = i / p.width;
+    let j = i % p.width;
+    let ob = t * p.top_k;
+    var acc = 0.0;
+    var prev = 0u;
+    var first = true;
+    for (var q = 0u; q < p.top_k; q++) {
+        // The slot with the next larger expert id.
+        var s = 0xffffffffu;
+        for (var c = 0u; c < p.top_k; c++) {
+            let e = ids[ob + c];
+            if ((first || e > prev) && (s == 0xffffffffu || e < ids[ob + s])) { s = c; }
+        }
+        if (s == 0xffffffffu) { break; }
+        prev = ids[ob + s];
+        first = false;
+        acc += wts[ob + s] * out[(ob + s) * p.width + j];
+    }
+    dst[i] = acc;
+}
+"#,
     )
 }
 

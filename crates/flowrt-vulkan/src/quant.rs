@@ -2,7 +2,7 @@
 //! a register-blocked shape for batches) and the embedding lookup.
 //!
 //! Weights stay in ggml's block layouts on the device (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
-//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), a matrix split into row chunks that each fit one storage
+//! Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4), a matrix split into row chunks that each fit one storage
 //! binding. Each type's dequantisation is written once in WGSL (`quant/wgsl.rs`: `deq`
 //! returns 32 consecutive values of a row as 8 vec4s, reading bytes through u32 words) and
 //! shared by every kernel; the matmul body is the same for all types and accumulates in f32.
@@ -43,7 +43,7 @@ use crate::error::VulkanError;
 use crate::gpu::Gpu;
 
 /// The weight types these kernels read.
-pub const TYPES: [GgmlType; 11] = [
+pub const TYPES: [GgmlType; 12] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -55,6 +55,7 @@ pub const TYPES: [GgmlType; 11] = [
     GgmlType::Q4K,
     GgmlType::Q5K,
     GgmlType::Q6K,
+    GgmlType::Mxfp4,
 ];
 
 /// Whether `ty` is one of [`TYPES`].
@@ -168,6 +169,19 @@ pub struct StepParams {
     pub _pad: [u32; 2],
 }
 
+/// Uniform of one expert-matmul binding (one per chunk of whole experts): [`MatParams`]
+/// (`rows`: one expert's rows, `y_col0` 0) and then: `k` pairs per token (the router's top-k),
+/// activation row `p / x_div` for pair `p`, and the chunk's experts `e0..e0 + ne`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatIdParams {
+    mat: MatParams,
+    k: u32,
+    x_div: u32,
+    e0: u32,
+    ne: u32,
+}
+
 /// Uniform of one embedding binding (one per chunk).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
@@ -194,6 +208,8 @@ pub enum Form {
 enum Kind {
     /// A matmul in this shape; whether activations are read as vec4s.
     Mat(Shape, bool),
+    /// The expert matmul (`matmul_id`) in this shape; whether activations are vec4s.
+    MatId(Shape, bool),
     Embed,
 }
 
@@ -264,7 +280,16 @@ impl QuantKernels {
                     sh.nt,
                     if xvec4 { "_x4" } else { "" }
                 ),
-                wgsl::matmul(&info, aligned, xvec4, sh),
+                wgsl::matmul(&info, aligned, xvec4, sh, false),
+            ),
+            Kind::MatId(sh, xvec4) => (
+                format!(
+                    "matmul_id_{ty}_t{}r{}{}",
+                    sh.tpr,
+                    sh.rpt,
+                    if xvec4 { "_x4" } else { "" }
+                ),
+                wgsl::matmul(&info, aligned, xvec4, sh, true),
             ),
             Kind::Embed => (format!("embed_{ty}"), wgsl::embed(&info, aligned)),
         };
@@ -284,7 +309,7 @@ impl QuantKernels {
 pub fn source(ty: GgmlType, shape: Option<Shape>, aligned: bool, xvec4: bool) -> Option<String> {
     let info = wgsl::info(ty)?;
     Some(match shape {
-        Some(sh) => wgsl::matmul(&info, aligned, xvec4, sh),
+        Some(sh) => wgsl::matmul(&info, aligned, xvec4, sh, false),
         None => wgsl::embed(&info, aligned),
     })
 }
@@ -512,6 +537,208 @@ impl DeviceMatrix {
             _uniforms: uniforms,
             max_groups: gpu.limits.max_compute_workgroups_per_dimension,
         })
+    }
+}
+
+/// One matrix role (gate, up or down) of every expert of a layer on the device: the experts'
+/// matrices stacked in expert order, each chunk holding whole experts, so that a kernel
+/// addresses expert `e`'s matrix from an id it reads on the device ([`bind_matmul_id`]).
+///
+/// [`bind_matmul_id`]: DeviceExperts::bind_matmul_id
+pub struct DeviceExperts {
+    pub ty: GgmlType,
+    /// Experts in the stack.
+    pub experts: usize,
+    /// Rows and columns of one expert's matrix.
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    /// Each chunk's first expert and its buffer (rows `0..experts_in_chunk * rows`).
+    pub chunks: Vec<(usize, usize, wgpu::Buffer)>,
+}
+
+impl DeviceExperts {
+    /// Upload the matrices `mats` (one per expert: the same type and shape, bytes in ggml
+    /// layout) as one stack, chunked by whole experts within `max_binding` bytes.
+    pub fn upload(
+        gpu: &Gpu,
+        name: &str,
+        mats: &[(&str, GgmlType, usize, usize, &[u8])],
+        max_binding: u64,
+    ) -> Result<DeviceExperts, VulkanError> {
+        let &(first, ty, rows, cols, _) = mats.first().ok_or_else(|| {
+            VulkanError::Unsupported(format!("`{name}`: a mixture of experts without experts"))
+        })?;
+        let bad = |t: &str, why: String| VulkanError::Unsupported(format!("tensor `{t}`: {why}"));
+        if !supported(ty) {
+            return Err(VulkanError::UnsupportedType {
+                tensor: first.to_string(),
+                ty,
+            });
+        }
+        let row_bytes = ty
+            .row_size(cols as u64)
+            .map_err(|e| bad(first, e.to_string()))
+            .and_then(|b| usize::try_from(b).map_err(|e| bad(first, e.to_string())))?;
+        let per_expert = rows
+            .checked_mul(row_bytes)
+            .ok_or_else(|| bad(first, format!("{rows} rows of {row_bytes} bytes overflow")))?;
+        for &(t, ty2, r2, c2, bytes) in mats {
+            if (ty2, r2, c2) != (ty, rows, cols) {
+                return Err(bad(
+                    t,
+                    format!(
+                        "a {r2}x{c2} {ty2} expert next to `{first}`, {rows}x{cols} {ty}: the \
+                         Vulkan backend stacks a layer's experts and needs one type and shape"
+                    ),
+                ));
+            }
+            if bytes.len() != per_expert {
+                return Err(bad(
+                    t,
+                    format!(
+                        "{} bytes for {rows} rows of {cols} {ty} values ({per_expert} bytes)",
+                        bytes.len()
+                    ),
+                ));
+            }
+        }
+        u32_of("columns", cols)?;
+        u32_of("row bytes", row_bytes)?;
+        u32_of("rows", rows)?;
+        let limit = max_binding
+            .min(gpu.limits.max_storage_buffer_binding_size)
+            .min(gpu.limits.max_buffer_size)
+            .min(u32::MAX as u64) as usize;
+        let per_chunk = limit.saturating_sub(PAD + 3) / per_expert.max(1);
+        if per_chunk == 0 {
+            return Err(bad(
+                first,
+                format!(
+                    "one expert's matrix of {per_expert} bytes does not fit the device's largest \
+                     storage binding ({limit} bytes)"
+                ),
+            ));
+        }
+        let mut chunks = Vec::new();
+        let mut e0 = 0;
+        while e0 < mats.len() {
+            let n = per_chunk.min(mats.len() - e0);
+            let size = n * per_expert;
+            let what = format!("experts {name} {e0}..{}", e0 + n);
+            let buffer = gpu.storage(&what, (size + PAD).next_multiple_of(4) as u64)?;
+            let mut part = Vec::with_capacity(size.next_multiple_of(4));
+            for m in &mats[e0..e0 + n] {
+                part.extend_from_slice(m.4);
+            }
+            part.resize(size.next_multiple_of(4), 0);
+            gpu.queue.write_buffer(&buffer, 0, &part);
+            chunks.push((e0, n, buffer));
+            e0 += n;
+        }
+        Ok(DeviceExperts {
+            ty,
+            experts: mats.len(),
+            rows,
+            cols,
+            row_bytes,
+            chunks,
+        })
+    }
+
+    /// Device bytes held by the chunks' buffers.
+    pub fn bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.2.size()).sum()
+    }
+
+    /// Bind once: for the step's `n_tok * k` (token, slot) pairs `p`, `y[p * y_stride + r] =
+    /// sum_c W_ids[p][r, c] * x[(p / x_div) * x_stride + c]`, `ids` holding each pair's
+    /// expert (below `experts`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_matmul_id(
+        &self,
+        gpu: &Gpu,
+        q: &mut QuantKernels,
+        x: &wgpu::Buffer,
+        x_stride: u32,
+        x_div: u32,
+        y: &wgpu::Buffer,
+        y_stride: u32,
+        ids: &wgpu::Buffer,
+        k: u32,
+        step: &wgpu::Buffer,
+    ) -> Result<BoundMatmulId, VulkanError> {
+        let aligned = wgsl::info(self.ty).is_some_and(|i| i.aligned(self.row_bytes as u32));
+        let tuning = q.tuning_for(gpu);
+        let xvec4 = x_stride.is_multiple_of(4);
+        // One pair per thread (each pair has its own expert): the decode shape.
+        let shape = Shape {
+            nt: 1,
+            ..tuning.decode
+        }
+        .spread(self.rows as u32, tuning.min_groups);
+        let pipeline = q.get(gpu, self.ty, Kind::MatId(shape, xvec4), aligned)?;
+        let mut chunks = Vec::with_capacity(self.chunks.len());
+        for (e0, ne, buffer) in &self.chunks {
+            let params = MatIdParams {
+                mat: MatParams {
+                    rows: self.rows as u32,
+                    cols: self.cols as u32,
+                    row_bytes: self.row_bytes as u32,
+                    x_stride,
+                    y_stride,
+                    y_col0: 0,
+                    n_sel: 0,
+                    _pad: 0,
+                },
+                k,
+                x_div,
+                e0: *e0 as u32,
+                ne: *ne as u32,
+            };
+            let uniform = gpu.uniform("expert matmul params", bytemuck::bytes_of(&params))?;
+            let group = gpu.bind(&pipeline, &[buffer, x, y, &uniform, step, ids]);
+            chunks.push((group, uniform));
+        }
+        Ok(BoundMatmulId {
+            shape,
+            rows: self.rows as u32,
+            k,
+            pipeline,
+            chunks,
+            max_groups: gpu.limits.max_compute_workgroups_per_dimension,
+        })
+    }
+}
+
+/// An expert matmul bound to its buffers; see [`DeviceExperts::bind_matmul_id`].
+pub struct BoundMatmulId {
+    shape: Shape,
+    rows: u32,
+    k: u32,
+    pipeline: wgpu::ComputePipeline,
+    chunks: Vec<(wgpu::BindGroup, wgpu::Buffer)>,
+    max_groups: u32,
+}
+
+impl BoundMatmulId {
+    /// Records the dispatches for `n_tok` tokens (the step uniform's `n_tok`): one workgroup
+    /// layer per (token, slot) pair and chunk; a pair whose expert another chunk holds
+    /// returns at once.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
+        let pairs = n_tok * self.k;
+        if pairs == 0 {
+            return;
+        }
+        let (gx, gy) = grid(
+            self.rows.div_ceil(self.shape.rows_per_group()),
+            self.max_groups,
+        );
+        pass.set_pipeline(&self.pipeline);
+        for (g, _) in &self.chunks {
+            pass.set_bind_group(0, g, &[]);
+            pass.dispatch_workgroups(gx, gy, pairs);
+        }
     }
 }
 

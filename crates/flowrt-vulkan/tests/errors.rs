@@ -72,21 +72,32 @@ fn bad_settings_and_sizes_are_named() {
     coverage::ran("vulkan errors", "bad settings and sizes");
 }
 
-/// A mixture-of-experts model is refused at load, before any device is opened, by a typed
-/// error that says so (no panic, no dense substitute).
-#[test]
-fn mixture_of_experts_is_refused_by_name() {
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/qwen3-moe");
+fn load_hf(name: &str) -> Arc<Model> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families")
+        .join(name);
     let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let cfg = flowrt_model::ModelConfig::from_hf_json(&dir.join("config.json"), &json).unwrap();
-    let m = Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap());
-    let e = VulkanBackend::new(m, &BackendSettings::default())
+    Arc::new(Model::from_hf_dir(&dir, cfg, Default::default()).unwrap())
+}
+
+/// A family needing kernels the backend lacks (BERT: LayerNorm, bidirectional attention,
+/// ...) is refused at load, before any device is opened, by a typed error naming the family
+/// and what it lacks (no panic, no substitute).
+#[test]
+fn families_without_kernels_are_refused_by_name() {
+    let e = VulkanBackend::new(load_hf("../embed/tiny-bert"), &BackendSettings::default())
         .err()
-        .expect("a mixture of experts is refused");
-    assert!(matches!(e, VulkanError::MixtureOfExperts { .. }), "{e}");
-    assert!(e.to_string().contains("mixture of experts"), "{e}");
+        .expect("BERT is refused");
+    let VulkanError::Family { family, missing } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!(family, "bert");
+    for m in ["LayerNorm", "bidirectional attention"] {
+        assert!(missing.contains(&m), "{e}");
+    }
+    assert!(e.to_string().contains("`bert`"), "{e}");
 }
 
 /// A hybrid model with short convolution layers (LFM2) is refused at load by a typed error

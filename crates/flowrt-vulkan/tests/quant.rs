@@ -66,6 +66,10 @@ fn random_matrix(rng: &mut ChaCha8Rng, ty: GgmlType, rows: usize, cols: usize) -
         if r % 2 == 1 && !is_float(ty) {
             rng.fill(row);
             for blk in row.chunks_exact_mut(bs) {
+                if ty == GgmlType::Mxfp4 {
+                    // The E8M0 exponent: scales 2^-8..2^8 (random bytes overflow to inf).
+                    blk[0] = rng.random_range(119u8..=135);
+                }
                 for &f in scale_fields(ty) {
                     let mag = rng.random_range(-8.0f32..0.0).exp2();
                     let s = if rng.random_bool(0.5) { -mag } else { mag };
@@ -341,6 +345,12 @@ fn matmul_float_types() {
 fn matmul_32_block_types() {
     use GgmlType::*;
     matmul_types(&[Q4_0, Q4_1, Q5_0, Q5_1, Q8_0], 200);
+}
+
+/// MXFP4 (gpt-oss's expert type): E8M0 scales and E2M1 codes against the scalar reference.
+#[test]
+fn matmul_mxfp4() {
+    matmul_types(&[GgmlType::Mxfp4], 400);
 }
 
 #[test]

@@ -232,6 +232,23 @@ pub(crate) fn info(ty: GgmlType) -> Option<TypeInfo> {
                 },
             ),
         ),
+        // e (E8M0) | qs[16] as Q4_0's: value l < 16 the low nibble of qs[l], l + 16 its high
+        // one; value = 2^(e - 128) (exact, subnormal for e < 2, as ggml) times the doubled E2M1
+        // code.
+        Mxfp4 => (
+            32,
+            17,
+            false,
+            deq_fn(
+                "    let e = ld(o) & 255u;
+    let d = bitcast<f32>(select(0x00200000u << e, (e - 1u) << 23u, e >= 2u));
+    let q = ld4(o + 1u);",
+                |k| {
+                    let sh = if k < 4 { "" } else { " >> 4u" };
+                    format!("d * fp4(q.{}{sh})", C[k % 4])
+                },
+            ),
+        ),
         _ => return None,
     };
     Some(TypeInfo {
@@ -331,6 +348,16 @@ fn b4(a: u32, b: u32) -> vec4<f32> {{
     return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
 }}
 
+// The low nibbles of the four bytes of `v` as E2M1 codes, doubled (0, 1, 2, 3, 4, 6, 8, 12
+// and their negatives for codes 8..16): 0 and 1 for exponent 0, else (2 + m) << (e - 1).
+fn fp4(v: u32) -> vec4<f32> {{
+    let c = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    let e = (c >> vec4<u32>(1u)) & vec4<u32>(3u);
+    let m = c & vec4<u32>(1u);
+    let mag = vec4<f32>(select((vec4<u32>(2u) + m) << (max(e, vec4<u32>(1u)) - vec4<u32>(1u)), m, e == vec4<u32>(0u)));
+    return select(mag, -mag, (c & vec4<u32>(8u)) != vec4<u32>(0u));
+}}
+
 // Bits 0..4 of `v` moved to bit 0 of bytes 0..4.
 fn spread4(v: u32) -> u32 {{
     return (v & 1u) | ((v & 2u) << 7u) | ((v & 4u) << 14u) | ((v & 8u) << 21u);
@@ -411,9 +438,20 @@ impl Shape {
 
 /// `y[t * y_stride + y_col0 + r] = sum_k W[r, k] x[t * x_stride + k]`, in `shape`. `xvec4`:
 /// the activations are read as vec4s (`x_stride` a multiple of 4).
-pub(crate) fn matmul(ty: &TypeInfo, aligned: bool, xvec4: bool, shape: Shape) -> String {
+///
+/// `id`: the expert form (`matmul_id`). The weight buffer holds `ne` experts' matrices of
+/// `rows` rows each, experts `e0..e0 + ne` of a stack; the kernel runs over `n_tok * k`
+/// (token, slot) pairs `p`, each reading its expert `ids[p]` (a pair whose expert lies in
+/// another chunk does nothing) and the activation row `p / x_div`, and writing row `p` of `y`:
+/// `y[p * y_stride + r] = sum_k W_ids[p][r, k] x[(p / x_div) * x_stride + k]`. Only the
+/// chosen experts' rows are read. Needs `nt == 1` (each pair has its own expert).
+pub(crate) fn matmul(ty: &TypeInfo, aligned: bool, xvec4: bool, shape: Shape, id: bool) -> String {
     let Shape { tpr, rpt, nt } = shape;
     assert!(shape.valid(), "{shape:?}");
+    assert!(
+        !id || nt == 1,
+        "the expert matmul takes one pair per thread: {shape:?}"
+    );
     let rg = WG / tpr;
     let mut s = common(ty, aligned);
     let (xtype, xv) = if xvec4 {
@@ -429,6 +467,19 @@ pub(crate) fn matmul(ty: &TypeInfo, aligned: bool, xvec4: bool, shape: Shape) ->
     } else {
         "v"
     };
+    let (id_fields, id_binding) = if id {
+        (
+            "
+    k: u32,
+    x_div: u32,
+    e0: u32,
+    ne: u32,",
+            "
+@group(0) @binding(5) var<storage, read> ids: array<u32>;",
+        )
+    } else {
+        ("", "")
+    };
     s.push_str(&format!(
         "
 struct Mat {{
@@ -439,7 +490,7 @@ struct Mat {{
     y_stride: u32,
     y_col0: u32,
     n_sel: u32,
-    pad: u32,
+    pad: u32,{id_fields}
 }}
 struct Step {{
     n_tok: u32,
@@ -450,7 +501,7 @@ struct Step {{
 @group(0) @binding(1) var<storage, read> x: {xtype};
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> mp: Mat;
-@group(0) @binding(4) var<uniform> sp: Step;
+@group(0) @binding(4) var<uniform> sp: Step;{id_binding}
 
 // Four activations from float `o` (a multiple of 4 when read as vec4s).
 fn xv(o: u32) -> vec4<f32> {{
@@ -479,29 +530,48 @@ fn main(@builtin(local_invocation_index) lid: u32,
     let lane = lid % {tpr}u;
     let grp = lid / {tpr}u;
     let r0 = ((wid.y * nwg.x + wid.x) * {rg}u + grp) * {rpt}u;
-    let n = select(sp.n_out, sp.n_tok, mp.n_sel == 0u);
+    let n = {n};
     let t0 = wid.z * {nt}u;
     // Rows and tokens past the end are computed on the last ones and not written.
     let rl = max(mp.rows, 1u) - 1u;
     let tl = max(n, 1u) - 1u;
-"
+",
+        n = if id {
+            "sp.n_tok * mp.k"
+        } else {
+            "select(sp.n_out, sp.n_tok, mp.n_sel == 0u)"
+        }
     ));
+    if id {
+        // The pair's expert, and whether this chunk holds it (the same for the whole
+        // workgroup: one pair per workgroup z).
+        b.push_str(
+            "    let e = ids[min(t0, tl)];
+    let ok = e >= mp.e0 && e < mp.e0 + mp.ne;
+    let eb = select(0u, e - mp.e0, ok) * mp.rows;
+",
+        );
+    }
+    let (eb, ok) = if id { ("eb + ", " && ok") } else { ("", "") };
     for r in 0..rpt {
         b.push_str(&format!(
-            "    let rb{r} = min(r0 + {r}u, rl) * mp.row_bytes;\n"
+            "    let rb{r} = ({eb}min(r0 + {r}u, rl)) * mp.row_bytes;\n"
         ));
     }
     for t in 0..nt {
-        b.push_str(&format!(
-            "    let xo{t} = min(t0 + {t}u, tl) * mp.x_stride;\n"
-        ));
+        let xrow = if id {
+            format!("(min(t0 + {t}u, tl) / mp.x_div)")
+        } else {
+            format!("min(t0 + {t}u, tl)")
+        };
+        b.push_str(&format!("    let xo{t} = {xrow} * mp.x_stride;\n"));
         for r in 0..rpt {
             b.push_str(&format!("    var a{r}_{t} = 0.0;\n"));
         }
     }
     // A thread whose rows all lie past the end does no work (it still meets the barrier).
     b.push_str(&format!(
-        "    let steps = select(0u, (mp.cols + 31u) / 32u, r0 < mp.rows);
+        "    let steps = select(0u, (mp.cols + 31u) / 32u, r0 < mp.rows{ok});
     for (var st = lane; st < steps; st += {tpr}u) {{
         let bo = (st / SPB) * BSIZE;
         let j = st % SPB;
@@ -544,7 +614,7 @@ fn main(@builtin(local_invocation_index) lid: u32,
     b.push_str("    }\n");
     let write = |r: u32, t: u32, v: &str| {
         format!(
-            "        if (r0 + {r}u < mp.rows && t0 + {t}u < n) {{
+            "        if (r0 + {r}u < mp.rows && t0 + {t}u < n{ok}) {{
             y[(t0 + {t}u) * mp.y_stride + mp.y_col0 + r0 + {r}u] = {v};
         }}
 "
@@ -578,7 +648,7 @@ fn main(@builtin(local_invocation_index) lid: u32,
         }}
         let r = e / {nt}u;
         let t = e % {nt}u;
-        if (r0 + r < mp.rows && t0 + t < n) {{
+        if (r0 + r < mp.rows && t0 + t < n{ok}) {{
             y[(t0 + t) * mp.y_stride + mp.y_col0 + r0 + r] = sum;
         }}
     }}
