@@ -865,7 +865,11 @@ impl CpuBackend {
         let selection_bias = match (router.selection_bias, &w.selection_bias) {
             (false, _) => None,
             (true, Some(b)) if b.len() == ne => Some(&b[..]),
-            (true, _) => return Err("the layer's router has no selection bias of one value per expert".into()),
+            (true, _) => {
+                return Err(
+                    "the layer's router has no selection bias of one value per expert".into(),
+                )
+            }
         };
         let lg = &self.bufs[logits as usize];
         for t in 0..n {

@@ -348,12 +348,7 @@ impl TensorRole {
     /// checkpoint of `arch`: [`TensorRole::hf_expert_name`], or with LFM2's names
     /// (`layers.{i}.feed_forward.experts.{j}.w1.weight`: w1 gate, w3 up, w2 down, as
     /// transformers 5 saves LFM2-MoE).
-    pub fn hf_expert_name_in(
-        self,
-        arch: &ArchSpec,
-        layer: usize,
-        expert: usize,
-    ) -> Option<String> {
+    pub fn hf_expert_name_in(self, arch: &ArchSpec, layer: usize, expert: usize) -> Option<String> {
         if arch.tensor_names != TensorNames::Lfm2 {
             return self.hf_expert_name(layer, expert);
         }

@@ -1143,9 +1143,8 @@ impl Binder<'_> {
                 .source
                 .name(self.arch, role, layer)
                 .unwrap_or_else(|| format!("{role:?}"));
-            self.problems.push(format!(
-                "missing tensor `{name}`, which {field} calls for"
-            ));
+            self.problems
+                .push(format!("missing tensor `{name}`, which {field} calls for"));
             self.used.insert(name);
             return None;
         }

@@ -555,9 +555,7 @@ fn read_moe(
             if dense > n_layers {
                 return Err(bad(
                     c.file,
-                    format!(
-                        "num_dense_layers = {dense} exceeds num_hidden_layers = {n_layers}"
-                    ),
+                    format!("num_dense_layers = {dense} exceeds num_hidden_layers = {n_layers}"),
                 ));
             }
             (0..n_layers).map(|l| l >= dense).collect()
