@@ -404,8 +404,8 @@ impl ModelConfig {
         // lfm2moe's), times `expert_weights_scale` (1 when absent). The first
         // `leading_dense_block_count` layers (0 when absent) are dense, and those
         // `{arch}.mlp_only_layers` (HF's list, as `flowrt pack` writes it; llama.cpp reads no
-        // such key) names. `expert_gating_func` (1 softmax, 2 sigmoid), when given, must be
-        // the family's. A selection bias (`exp_probs_b`) is used when the first sparse layer
+        // such key) names. `expert_gating_func` (2: sigmoid), when given, must agree with
+        // the family's router. A selection bias (`exp_probs_b`) is used when the first sparse layer
         // carries one; every sparse layer must then.
         let moe = match arch.router_scoring {
             None => None,
@@ -422,14 +422,19 @@ impl ModelConfig {
                 };
                 if let Some(g) = f.get_u64(&key("expert_gating_func"))? {
                     let sigmoid = scoring == arch::RouterScoring::Sigmoid;
-                    if (g == 2) != sigmoid || !(1..=2).contains(&g) {
+                    // 2 is llama.cpp's sigmoid; softmax families may say 1 (softmax) or
+                    // another softmax variant.
+                    if (g == 2) != sigmoid {
                         return Err(bad(
                             &file,
                             format!(
-                                "`{}` = {g}: the `{arch_name}` family's router is {} ({})",
+                                "`{}` = {g}: the `{arch_name}` family's router is {}",
                                 key("expert_gating_func"),
-                                if sigmoid { "sigmoid" } else { "softmax" },
-                                if sigmoid { 2 } else { 1 },
+                                if sigmoid {
+                                    "sigmoid (2)"
+                                } else {
+                                    "a softmax, not sigmoid (2)"
+                                },
                             ),
                         ));
                     }
