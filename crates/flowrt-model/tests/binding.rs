@@ -916,11 +916,14 @@ fn gpt_oss_mxfp4_wrong_dtype_or_missing_scales_is_named() {
     );
 }
 
+/// A tensor's (dims, bytes) from its name, dims and bytes; `None` leaves it out.
+type TensorEdit = dyn Fn(&str, Vec<u64>, Vec<u8>) -> Option<(Vec<u64>, Vec<u8>)>;
+
 /// The LFM2-MoE fixture's q8_0 GGUF rebuilt with `edit` applied to its metadata and
 /// `tensor` to each tensor (name, dims, bytes; `None` leaves it out).
 fn lfm2_moe_gguf_rebuilt(
     edit: &dyn Fn(&str, &flowrt_gguf::Value) -> Option<flowrt_gguf::Value>,
-    tensor: &dyn Fn(&str, Vec<u64>, Vec<u8>) -> Option<(Vec<u64>, Vec<u8>)>,
+    tensor: &TensorEdit,
 ) -> Result<Model, ModelError> {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/families/lfm2-moe");
