@@ -16,7 +16,15 @@ default RoPE otherwise (no other rope scaling),
 Lfm2ForCausalLM ("lfm2", as llama.cpp writes it: lfm2.shortconv.l_cache, a per-layer
 attention.head_count_kv list with 0 on convolution layers, feed_forward_length the
 real (auto-adjusted) FFN width, blk.N.shortconv.{in_proj,conv,out_proj} with the
-conv taps kept f32 [L, hidden], the final norm as token_embd_norm), with default RoPE (no rope scaling). Weights come
+conv taps kept f32 [L, hidden], the final norm as token_embd_norm; with conv_bias, flowrt's
+blk.N.shortconv.{in_proj,conv,out_proj}.bias, which llama.cpp has no names for),
+Lfm2MoeForCausalLM ("lfm2moe", llama.cpp's keys: LFM2's, feed_forward_length the dense
+layers' intermediate_size as it is, leading_dense_block_count (num_dense_layers),
+expert_count, expert_used_count, expert_feed_forward_length, expert_gating_func 2
+(sigmoid), expert_weights_norm (norm_topk_prob), expert_weights_scale
+(routed_scaling_factor); blk.N.ffn_gate_inp, the 3-D blk.N.ffn_{gate,up,down}_exps from
+feed_forward.experts.{j}.w1/w3/w2, blk.N.exp_probs_b.bias (expert_bias, f32)), with
+default RoPE (no rope scaling). Weights come
 from model.safetensors or sharded model-*.safetensors + model.safetensors.index.json,
 read tensor by tensor (memory stays about one tensor).
 
@@ -73,7 +81,7 @@ import numpy as np  # noqa: E402
 
 ARCHES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
           "Qwen3MoeForCausalLM": "qwen3moe", "GptOssForCausalLM": "gpt-oss",
-          "Lfm2ForCausalLM": "lfm2"}
+          "Lfm2ForCausalLM": "lfm2", "Lfm2MoeForCausalLM": "lfm2moe"}
 # LFM2's own HF names (inside model.layers.{i}.) -> GGUF names (inside blk.{i}.)
 LFM2_LAYER_TENSORS = {
     "operator_norm.weight": "attn_norm.weight",
@@ -90,6 +98,19 @@ LFM2_LAYER_TENSORS = {
     "conv.in_proj.weight": "shortconv.in_proj.weight",
     "conv.conv.weight": "shortconv.conv.weight",
     "conv.out_proj.weight": "shortconv.out_proj.weight",
+    # conv_bias (flowrt's names; llama.cpp's lfm2 has none)
+    "conv.in_proj.bias": "shortconv.in_proj.bias",
+    "conv.conv.bias": "shortconv.conv.bias",
+    "conv.out_proj.bias": "shortconv.out_proj.bias",
+    # lfm2moe: the router and its selection bias
+    "feed_forward.gate.weight": "ffn_gate_inp.weight",
+    "feed_forward.expert_bias": "exp_probs_b.bias",
+}
+# lfm2moe's per-expert tensors inside model.layers.{i}.feed_forward.experts.{j}.
+LFM2_EXPERT_TENSORS = {
+    "w1.weight": "ffn_gate_exps.weight",
+    "w3.weight": "ffn_up_exps.weight",
+    "w2.weight": "ffn_down_exps.weight",
 }
 
 
@@ -349,14 +370,13 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
     w.add_context_length(int(cfg.get("max_position_embeddings", 2048)))
     w.add_embedding_length(hidden)
     w.add_block_count(n_layer)
-    lfm2 = arch == "lfm2"
+    lfm2 = arch in ("lfm2", "lfm2moe")
     if lfm2:
-        if cfg.get("conv_bias"):
-            raise ConvertError("lfm2 with conv_bias is not supported")
         kinds = cfg.get("layer_types") or [
             "full_attention" if i in (cfg.get("full_attn_idxs") or range(n_layer)) else "conv"
             for i in range(n_layer)]
-        w.add_feed_forward_length(lfm2_ff_dim(cfg))
+        # LFM2-MoE's dense layers use intermediate_size as it is.
+        w.add_feed_forward_length(lfm2_ff_dim(cfg) if arch == "lfm2" else int(cfg["intermediate_size"]))
         w.add_head_count(n_head)
         w.add_head_count_kv([0 if k == "conv" else n_kv for k in kinds])
         w.add_uint32(f"{arch}.shortconv.l_cache", int(cfg.get("conv_L_cache", 3)))
@@ -384,6 +404,14 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
         if dense:
             # flowrt's key (HF's mlp_only_layers); llama.cpp has none.
             w.add_array(f"{arch}.mlp_only_layers", dense)
+    if arch == "lfm2moe":
+        w.add_expert_count(int(n_experts))
+        w.add_expert_used_count(int(cfg["num_experts_per_tok"]))
+        w.add_expert_feed_forward_length(int(cfg["moe_intermediate_size"]))
+        w.add_leading_dense_block_count(int(cfg.get("num_dense_layers", 2)))
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(bool(cfg.get("norm_topk_prob", True)))
+        w.add_expert_weights_scale(float(cfg.get("routed_scaling_factor", 1.0)))
     if arch == "gpt-oss":
         w.add_expert_count(int(n_experts))
         w.add_expert_used_count(int(cfg["num_experts_per_tok"]))
@@ -434,8 +462,10 @@ def convert(model_dir: Path, out: Path, outtype: str, pre: str = "gpt-2", name: 
                 g = "post_attention_norm.weight"  # llama.cpp's gpt-oss name for the FFN's input norm
             if hn in names:
                 plan.append((hn, f"blk.{i}.{g}"))
-        for h, g in EXPERT_TENSORS.items():
-            hns = tuple(f"model.layers.{i}.mlp.experts.{j}.{h}" for j in range(int(n_experts or 0)))
+        experts_at, expert_tensors = (("feed_forward", LFM2_EXPERT_TENSORS) if lfm2
+                                      else ("mlp", EXPERT_TENSORS))
+        for h, g in expert_tensors.items():
+            hns = tuple(f"model.layers.{i}.{experts_at}.experts.{j}.{h}" for j in range(int(n_experts or 0)))
             if hns and hns[0] in names:
                 plan.append((hns, f"blk.{i}.{g}"))
         # gpt-oss: fused, transposed experts (E, in, out), gate/up interleaved on the last dim.

@@ -95,6 +95,18 @@ Cases:
                 150 with block_auto_adjust_ff_dim (int(2/3 x 150) = 100, rounded up to
                 block_multiple_of 32: the real FFN width is 128); tied embeddings;
                 convolution taps with std 0.5 so that the convolution path matters
+  lfm2-moe      Lfm2MoeForCausalLM: 4 layers, layer_types conv, full_attention, conv,
+                full_attention; num_dense_layers 1 (layer 0 a dense SwiGLU of
+                intermediate_size 96, no LFM2 width adjustment), layers 1-3 mixtures of 8
+                experts, top-k 2, expert FFN 32; sigmoid router (std 0.5) whose choice adds a
+                per-layer expert_bias buffer drawn N(0, 0.3^2) (transformers leaves it 0; a
+                nonzero one makes the biased choice differ from plain top-k: the script
+                measures and prints how often, and fails below 10 %), norm_topk_prob true
+                (sum + 1e-6), routed_scaling_factor 1.7; experts saved as transformers 5
+                writes them (feed_forward.experts.{j}.w1/w3/w2); tied embeddings
+  lfm2-conv-bias Lfm2ForCausalLM with conv_bias true: biases (std 0.3) on every
+                convolution layer's in_proj, depthwise convolution and out_proj; 3 layers
+                conv, full_attention, conv; hidden 32
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -313,6 +325,30 @@ CASES: dict[str, dict] = {
                     layer_types=["conv", "full_attention", "conv", "full_attention"]),
         init=dict(linear=0.08, embed=0.5, head=0.35, conv=0.5),
     ),
+    "lfm2-moe": dict(
+        arch="Lfm2MoeForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                    num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=128, norm_eps=1e-5,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                    tie_word_embeddings=True, conv_bias=False, conv_L_cache=3,
+                    num_dense_layers=1, num_experts=8, num_experts_per_tok=2,
+                    use_expert_bias=True, norm_topk_prob=True, routed_scaling_factor=1.7,
+                    layer_types=["conv", "full_attention", "conv", "full_attention"]),
+        init=dict(linear=0.08, embed=0.5, head=0.35, conv=0.5, router=0.5, expert_bias=0.3),
+    ),
+    "lfm2-conv-bias": dict(
+        arch="Lfm2ForCausalLM",
+        config=dict(hidden_size=32, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=128, norm_eps=1e-5,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                    tie_word_embeddings=True, conv_bias=True, conv_L_cache=3,
+                    block_multiple_of=32, block_ffn_dim_multiplier=1.0,
+                    block_auto_adjust_ff_dim=True,
+                    layer_types=["conv", "full_attention", "conv"]),
+        init=dict(linear=0.1, embed=0.5, head=0.35, conv=0.5, bias=0.3),
+    ),
 }
 
 
@@ -385,7 +421,7 @@ def make_config(case: dict):
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
     if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
-                "GptOssForCausalLM", "Lfm2ForCausalLM"):
+                "GptOssForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -405,7 +441,8 @@ def init_weights(model, init: dict, seed: int) -> None:
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if name.endswith("conv.conv.weight") and "conv" in init:
                 val = init["conv"] * z  # LFM2 convolution taps
-            elif name.endswith(("mlp.gate.weight", "mlp.router.weight")) and "router" in init:
+            elif (name.endswith(("mlp.gate.weight", "mlp.router.weight", "feed_forward.gate.weight"))
+                  and "router" in init):
                 val = init["router"] * z  # MoE router: a clear top-k margin
             elif name.endswith("self_attn.sinks") and "sinks" in init:
                 val = init["sinks"] * z  # gpt-oss: sinks that matter
@@ -420,6 +457,39 @@ def init_weights(model, init: dict, seed: int) -> None:
             else:
                 val = init["linear"] * z
             p.copy_(val)
+        # Buffers that are weights too (LFM2-MoE's expert_bias), after every parameter so
+        # that the parameters' draws do not depend on them.
+        for name, buf in model.named_buffers():
+            if name.endswith("expert_bias") and "expert_bias" in init:
+                buf.copy_(init["expert_bias"] * torch.randn(buf.shape, generator=g, dtype=torch.float32))
+
+
+def lfm2_moe_biased_choice_share(lm, prompts) -> float:
+    """Share of (token, sparse layer) pairs whose top-k experts chosen with the
+    expert_bias differ from a plain top-k of the sigmoid scores."""
+    import torch
+
+    differ, total, hooks = 0, 0, []
+
+    def hook(block, args):
+        nonlocal differ, total
+        x = args[0].reshape(-1, args[0].shape[-1])
+        scores = torch.nn.functional.linear(x, block.gate.weight).sigmoid()
+        k = block.gate.top_k
+        plain = torch.topk(scores, k, dim=-1).indices.sort(dim=-1).values
+        biased = torch.topk(scores + block.expert_bias, k, dim=-1).indices.sort(dim=-1).values
+        differ += int((plain != biased).any(dim=-1).sum())
+        total += x.shape[0]
+
+    for layer in lm.model.layers:
+        if hasattr(layer.feed_forward, "expert_bias"):
+            hooks.append(layer.feed_forward.register_forward_pre_hook(hook))
+    with torch.no_grad():
+        for ids in prompts:
+            lm(input_ids=torch.tensor([ids]), use_cache=False)
+    for h in hooks:
+        h.remove()
+    return differ / max(total, 1)
 
 
 def n_params(model) -> int:
@@ -584,6 +654,15 @@ def build_case(name: str, case: dict, tok, out_root: Path, prompts: list[list[in
         lm = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
                                                   attn_implementation="eager").eval()
         wrapper_err = None
+        if "expert_bias" in case["init"]:
+            # The bias must survive the save/load round trip and change the choice.
+            for (na, a), (nb, b) in zip(model.named_buffers(), lm.named_buffers()):
+                if na.endswith("expert_bias") and not torch.equal(a, b):
+                    raise SystemExit(f"{name}: {na} did not load as saved")
+            share = lfm2_moe_biased_choice_share(lm, prompts)
+            log(f"{name}: expert_bias changes the top-k choice of {100 * share:.1f} % of (token, sparse layer) pairs")
+            if share < 0.10:
+                raise SystemExit(f"{name}: expert_bias changes only {100 * share:.1f} % of choices")
 
         def run(ids):
             with torch.no_grad():

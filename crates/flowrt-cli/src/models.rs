@@ -122,12 +122,16 @@ pub fn describe(m: &LoadedModel) -> Described {
         vectors += opt(&l.attn_post_norm) + opt(&l.ffn_post_norm);
         vectors += opt(&l.attn_norm_bias) + opt(&l.ffn_norm_bias);
         vectors += opt(&l.bo) + opt(&l.b_up) + opt(&l.b_down) + opt(&l.sinks);
+        if let Some(c) = &l.conv {
+            vectors += c.kernel.len() as u64;
+            vectors += opt(&c.in_bias) + opt(&c.kernel_bias) + opt(&c.out_bias);
+        }
     }
     // Experts a token does not run: all but top-k of each sparse layer's, biases included.
     let mut inactive = 0u64;
     for m in model.layers.iter().filter_map(|l| l.moe.as_ref()) {
         let biases = opt(&m.gate_bias) + opt(&m.up_bias) + opt(&m.down_bias);
-        vectors += opt(&m.router_bias) + biases;
+        vectors += opt(&m.router_bias) + opt(&m.selection_bias) + biases;
         let experts = m.gate.len() as u64;
         let top_k = cfg.moe.as_ref().map_or(0, |c| c.num_experts_per_tok) as u64;
         let all: u64 = m.experts().map(|w| (w.rows * w.cols) as u64).sum::<u64>() + biases;

@@ -520,11 +520,15 @@ fn safetensors_numel(path: &Path) -> Vec<(String, u64)> {
 fn show_counts_the_active_parameters_of_a_mixture_of_experts() {
     let home = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families");
-    for family in ["qwen3-moe", "gpt-oss"] {
+    for family in ["qwen3-moe", "gpt-oss", "lfm2-moe"] {
         let dir = root.join(family);
         let cfg: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-        let experts = cfg["num_local_experts"].as_u64().unwrap();
+        let experts = cfg
+            .get("num_local_experts")
+            .unwrap_or(&cfg["num_experts"])
+            .as_u64()
+            .unwrap();
         let top_k = cfg["num_experts_per_tok"].as_u64().unwrap();
         let tensors = safetensors_numel(&dir.join("model.safetensors"));
         let total: u64 = tensors.iter().map(|t| t.1).sum();
@@ -554,4 +558,14 @@ fn show_counts_the_active_parameters_of_a_mixture_of_experts() {
         &["show", root.join("qwen3").to_str().unwrap(), "--json"],
     ));
     assert!(s["active_parameters"].is_null(), "{s}");
+    // Hybrid models count their convolution taps (and biases) with the rest.
+    for family in ["lfm2", "lfm2-conv-bias"] {
+        let dir = root.join(family);
+        let total: u64 = safetensors_numel(&dir.join("model.safetensors"))
+            .iter()
+            .map(|t| t.1)
+            .sum();
+        let s = json(&ok(home.path(), &["show", dir.to_str().unwrap(), "--json"]));
+        assert_eq!(s["parameters"], total, "{family}");
+    }
 }

@@ -690,13 +690,16 @@ impl CpuBackend {
             Op::ShortConv { src, dst, kernel } => {
                 let l = layer.ok_or("short_conv outside a layer")?;
                 let lw = &self.model.layers[l];
-                let w = &lw
+                let cw = lw
                     .conv
                     .as_ref()
-                    .ok_or("the layer has no short convolution weights")?
-                    .kernel;
+                    .ok_or("the layer has no short convolution weights")?;
+                let (w, conv_bias) = (&cw.kernel, cw.kernel_bias.as_deref());
                 let kv = &mut self.kv;
-                if kv.conv_width[l] != h || w.len() != h * kernel {
+                if kv.conv_width[l] != h
+                    || w.len() != h * kernel
+                    || conv_bias.is_some_and(|b| b.len() != h)
+                {
                     return Err("the layer's convolution cache or kernel has the wrong size".into());
                 }
                 let (s, d) = two_bufs(&mut self.bufs, src, dst);
@@ -738,6 +741,10 @@ impl CpuBackend {
                                 }
                             }
                         }
+                    }
+                    // The convolution's bias (LFM2 `conv_bias`), before the C gate.
+                    if let Some(b) = conv_bias {
+                        k.add(out, b);
                     }
                     let cg = &s[t * 3 * h + h..t * 3 * h + 2 * h];
                     for (acc, c) in out.iter_mut().zip(cg) {
@@ -845,6 +852,15 @@ impl CpuBackend {
         if lg.len() < n * ne || self.bufs[src as usize].len() < n * h {
             return Err(format!("buffers too small for {n} rows of {ne} experts"));
         }
+        let selection_bias = match (router.selection_bias, &w.selection_bias) {
+            (false, _) => None,
+            (true, Some(b)) if b.len() == ne => Some(&b[..]),
+            (true, _) => {
+                return Err(
+                    "the layer's router has no selection bias of one value per expert".into(),
+                )
+            }
+        };
         let act_quant = self.act_quant;
         let fmt = |ty: GgmlType| {
             if act_quant == ActQuant::Q16 && Kernels::supports_q16(ty) {
@@ -864,6 +880,7 @@ impl CpuBackend {
             act,
             top_k,
             router,
+            selection_bias,
         };
         let [x, lg, d] = self
             .bufs

@@ -23,13 +23,16 @@ pub(crate) enum RowFormat {
 }
 
 /// The experts token `logits` (one per expert) chooses and their weights, into `chosen`
-/// (best first): scores by `router.scoring`, the `top_k` highest (ties to the lower index),
-/// divided by their sum when `router.renormalize`. `scores`: scratch, one per expert (kept
-/// between tokens, so routing allocates nothing once it has grown).
+/// (best first): scores by `router.scoring`; the `top_k` highest scores (plus
+/// `selection_bias`, one per expert, when given: it moves the choice, not the weights; ties
+/// to the lower index); their scores divided by their sum + `router.renorm_eps` when
+/// `router.renormalize`, then multiplied by `router.scale`. `scores`: scratch, one per
+/// expert (kept between tokens, so routing allocates nothing once it has grown).
 pub(crate) fn route(
     logits: &[f32],
     top_k: usize,
     router: Router,
+    selection_bias: Option<&[f32]>,
     scores: &mut Vec<f32>,
     chosen: &mut Vec<(usize, f32)>,
 ) {
@@ -44,15 +47,21 @@ pub(crate) fn route(
         }
         // Chosen by raw logit; weighted by a softmax over the chosen ones below.
         RouterScoring::TopKSoftmax => scores.extend_from_slice(logits),
+        RouterScoring::Sigmoid => scores.extend(logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp()))),
     }
     let scores = &scores[..];
+    // What the choice ranks by: the score, plus the expert's selection bias when given.
+    let key = |i: usize| match selection_bias {
+        Some(b) => scores[i] + b[i],
+        None => scores[i],
+    };
     for _ in 0..top_k.min(scores.len()) {
         let mut best: Option<usize> = None;
-        for (i, &s) in scores.iter().enumerate() {
+        for i in 0..scores.len() {
             if chosen.iter().any(|&(c, _)| c == i) {
                 continue;
             }
-            if best.is_none_or(|b| s > scores[b]) {
+            if best.is_none_or(|b| key(i) > key(b)) {
                 best = Some(i);
             }
         }
@@ -67,10 +76,13 @@ pub(crate) fn route(
         let sum: f32 = chosen.iter().map(|c| c.1).sum();
         chosen.iter_mut().for_each(|c| c.1 /= sum);
     } else if router.renormalize {
-        let sum: f32 = chosen.iter().map(|c| c.1).sum();
+        let sum = chosen.iter().map(|c| c.1).sum::<f32>() + router.renorm_eps;
         if sum > 0.0 {
             chosen.iter_mut().for_each(|c| c.1 /= sum);
         }
+    }
+    if router.scale != 1.0 {
+        chosen.iter_mut().for_each(|c| c.1 *= router.scale);
     }
 }
 
@@ -119,6 +131,8 @@ pub(crate) struct MoeLayer<'a> {
     pub act: Activation,
     pub top_k: usize,
     pub router: Router,
+    /// The router's selection bias, one per expert, where it has one.
+    pub selection_bias: Option<&'a [f32]>,
 }
 
 impl MoeBatch {
@@ -154,7 +168,14 @@ impl MoeBatch {
         self.span.resize(ne, (0, 0));
         for t in 0..n {
             let lg = &logits[t * ne..(t + 1) * ne];
-            route(lg, k, l.router, &mut self.scores, &mut self.one);
+            route(
+                lg,
+                k,
+                l.router,
+                l.selection_bias,
+                &mut self.scores,
+                &mut self.one,
+            );
             for (j, &(e, wt)) in self.one.iter().enumerate() {
                 self.chosen[t * k + j] = (e, wt);
                 self.span[e].1 += 1;
@@ -399,6 +420,14 @@ mod tests {
 
     const SOFTMAX: RouterScoring = RouterScoring::Softmax;
 
+    fn experts(c: &[(usize, f32)]) -> Vec<usize> {
+        c.iter().map(|x| x.0).collect()
+    }
+
+    fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
     #[test]
     fn route_picks_the_top_k_and_renormalises() {
         let (mut c, mut s) = (Vec::new(), Vec::new());
@@ -406,24 +435,20 @@ mod tests {
         route(
             &logits,
             2,
-            Router {
-                scoring: SOFTMAX,
-                renormalize: true,
-            },
+            Router::plain(SOFTMAX, true),
+            None,
             &mut s,
             &mut c,
         );
-        assert_eq!(c.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3]);
+        assert_eq!(experts(&c), [1, 3]);
         let (a, b) = (2f32.exp(), 1f32.exp());
         assert!((c[0].1 - a / (a + b)).abs() < 1e-6);
         assert!((c[0].1 + c[1].1 - 1.0).abs() < 1e-6);
         route(
             &logits,
             2,
-            Router {
-                scoring: SOFTMAX,
-                renormalize: false,
-            },
+            Router::plain(SOFTMAX, false),
+            None,
             &mut s,
             &mut c,
         );
@@ -506,10 +531,7 @@ mod tests {
         let with_x8 = |e: usize, which: usize| Some(&packed[e][which][..]);
         let rows_only = |_: usize, _: usize| None;
         let fmt = |_: GgmlType| RowFormat::Q16;
-        let router = Router {
-            scoring: SOFTMAX,
-            renormalize: true,
-        };
+        let router = Router::plain(SOFTMAX, true);
         for n in [1usize, 2, 19] {
             let mut x = vec![0f32; n * h];
             let mut logits = vec![0f32; n * ne];
@@ -563,6 +585,7 @@ mod tests {
                         act: Activation::Silu,
                         top_k,
                         router,
+                        selection_bias: None,
                     };
                     let mut got = vec![f32::NAN; n * h];
                     let mut batch = MoeBatch::default();
@@ -577,5 +600,62 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// LFM2-MoE's router: sigmoid scores; the top-k chosen by score + selection bias (here
+    /// the bias sinks expert 1, the best score, and lifts expert 2), weighted by the unbiased
+    /// scores, divided by their sum + eps, times the scale.
+    #[test]
+    fn sigmoid_route_chooses_by_biased_score_and_weights_by_the_unbiased_one() {
+        let (mut c, mut s) = (Vec::new(), Vec::new());
+        let logits = [0.0, 2.0, -1.0, 1.0, -3.0];
+        let bias = [0.0, -0.9, 0.6, 0.0, 0.1];
+        let router = Router {
+            scoring: RouterScoring::Sigmoid,
+            renormalize: true,
+            renorm_eps: 1e-6,
+            scale: 2.5,
+            selection_bias: true,
+        };
+        route(&logits, 2, router, Some(&bias), &mut s, &mut c);
+        // Scores 0.5, 0.881, 0.269, 0.731, 0.047; biased 0.5, -0.019, 0.869, 0.731, 0.147:
+        // experts 2 then 3 (unbiased, 1 and 3).
+        assert_eq!(experts(&c), [2, 3]);
+        let (p2, p3) = (sigmoid(-1.0), sigmoid(1.0));
+        let d = p2 + p3 + 1e-6;
+        assert!((c[0].1 - 2.5 * p2 / d).abs() < 1e-6, "{c:?}");
+        assert!((c[1].1 - 2.5 * p3 / d).abs() < 1e-6, "{c:?}");
+
+        // Without the bias: plain top-k by score (experts 1 and 3).
+        route(&logits, 2, router, None, &mut s, &mut c);
+        assert_eq!(experts(&c), [1, 3]);
+
+        // A bias that reorders the whole choice: expert 4 (score 0.047) first.
+        let lift = [0.0, 0.0, 0.0, 0.0, 1.0];
+        route(&logits, 3, router, Some(&lift), &mut s, &mut c);
+        assert_eq!(experts(&c), [4, 1, 3]);
+        let sum: f32 = [-3.0f32, 2.0, 1.0].iter().map(|&l| sigmoid(l)).sum();
+        assert!((c[0].1 - 2.5 * sigmoid(-3.0) / (sum + 1e-6)).abs() < 1e-6);
+
+        // eps counts: with tiny scores the weights sum to sum / (sum + eps), not 1.
+        let tiny = [-20.0f32, -20.0, -20.0];
+        let r = Router {
+            scale: 1.0,
+            ..router
+        };
+        route(&tiny, 2, r, None, &mut s, &mut c);
+        let p = sigmoid(-20.0);
+        let want = p / (2.0 * p + 1e-6);
+        assert!((c[0].1 - want).abs() < 1e-3 * want, "{} vs {want}", c[0].1);
+        assert!(c[0].1 + c[1].1 < 0.99);
+
+        // Not renormalised: the raw sigmoid scores, scaled.
+        let r = Router {
+            renormalize: false,
+            ..router
+        };
+        route(&logits, 2, r, Some(&bias), &mut s, &mut c);
+        assert!((c[0].1 - 2.5 * p2).abs() < 1e-6);
+        assert!((c[1].1 - 2.5 * p3).abs() < 1e-6);
     }
 }

@@ -45,7 +45,7 @@ static GLOBAL: Counting = Counting;
 #[test]
 fn decode_steps_do_not_allocate() {
     decode_allocs(&common::smollm2());
-    for case in ["qwen3-moe", "gpt-oss", "lfm2"] {
+    for case in ["qwen3-moe", "gpt-oss", "lfm2", "lfm2-moe"] {
         decode_allocs(&common::fixture(&format!("families/{case}")));
     }
 }

@@ -212,3 +212,19 @@ fn prefix_reuse_equals_fresh_prefill_gpt_oss() {
 fn prefix_reuse_equals_fresh_prefill_lfm2() {
     prefix_reuse_equals_fresh("lfm2", 11, 8);
 }
+
+/// LFM2-MoE (convolution and attention layers, a dense layer, then sigmoid-routed experts
+/// with a selection bias): batched rows equal solo runs.
+#[test]
+fn batched_sequences_equal_solo_runs_lfm2_moe() {
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/lfm2-moe")).unwrap(),
+        1e-5,
+    );
+}
+
+/// Prefix reuse on LFM2-MoE equals a fresh prefill.
+#[test]
+fn prefix_reuse_equals_fresh_prefill_lfm2_moe() {
+    prefix_reuse_equals_fresh("lfm2-moe", 11, 8);
+}

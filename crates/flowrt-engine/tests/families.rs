@@ -184,6 +184,96 @@ fn lfm2_gguf_q8_0_within_quantisation_bounds() {
     within_bounds(&m, &dir, "lfm2 q8_0 GGUF", Some(7), 0.97, 1e-3);
 }
 
+/// LFM2-MoE: LFM2's convolution and attention layers, layer 0 a dense SwiGLU
+/// (`num_dense_layers` 1), layers 1-3 mixtures of 8 experts (top-2) behind a sigmoid router
+/// whose choice adds a nonzero random `expert_bias` (it changes 65 % of the choices in this
+/// fixture) while the weights stay unbiased, renormalised (sum + 1e-6) and × 1.7
+/// (`routed_scaling_factor`). 7-token batches split prompts across batches (convolution
+/// cache and experts grouped per batch).
+#[test]
+fn lfm2_moe_sigmoid_router_with_expert_bias() {
+    check("lfm2-moe");
+}
+
+/// The LFM2-MoE fixture as a q8_0 GGUF (scripts/hf_to_gguf.py, llama.cpp's `lfm2moe` keys:
+/// `leading_dense_block_count`, `expert_gating_func` 2, `expert_weights_norm`,
+/// `expert_weights_scale`; `exp_probs_b.bias` f32) against transformers' f32 logits: within
+/// q8_0's bounds.
+#[test]
+fn lfm2_moe_gguf_q8_0_within_quantisation_bounds() {
+    let dir = common::fixture("families/lfm2-moe");
+    let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
+    let c = &m.model.config;
+    let moe = c.moe.as_ref().expect("lfm2moe has experts");
+    assert_eq!(moe.sparse_layers, [false, true, true, true]);
+    assert_eq!(moe.router.scoring, flowrt_model::RouterScoring::Sigmoid);
+    assert!(moe.router.selection_bias && moe.router.renormalize);
+    assert_eq!((moe.router.scale, moe.router.renorm_eps), (1.7, 1e-6));
+    assert_eq!(c.intermediate_size, 96, "no LFM2 width adjustment");
+    assert!(m.model.layers[0].moe.is_none(), "layer 0 is dense");
+    let x = m.model.layers[1].moe.as_ref().expect("layer 1 is sparse");
+    assert_eq!(x.gate[7].dtype, flowrt_dtype::GgmlType::Q8_0);
+    assert_eq!(x.selection_bias.as_ref().map(Vec::len), Some(8));
+    within_bounds(&m, &dir, "lfm2-moe q8_0 GGUF", Some(7), 0.97, 1e-3);
+}
+
+/// LFM2 with `conv_bias: true`: biases on each convolution layer's input projection,
+/// depthwise convolution (added before the C gate) and output projection.
+#[test]
+fn lfm2_conv_bias() {
+    check("lfm2-conv-bias");
+}
+
+/// The conv-bias fixture as a q8_0 GGUF (flowrt's `shortconv.*.bias` names; llama.cpp's
+/// lfm2 has none): within q8_0's bounds.
+#[test]
+fn lfm2_conv_bias_gguf_q8_0_within_quantisation_bounds() {
+    let dir = common::fixture("families/lfm2-conv-bias");
+    let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
+    assert!(m.model.config.short_conv.as_ref().unwrap().bias);
+    let conv = m.model.layers[0].conv.as_ref().unwrap();
+    assert!(conv.in_bias.is_some() && conv.kernel_bias.is_some() && conv.out_bias.is_some());
+    within_bounds(&m, &dir, "lfm2-conv-bias q8_0 GGUF", Some(7), 0.97, 1e-3);
+}
+
+/// LFM2-MoE configs the checkpoint or the model contradict: errors naming the field.
+#[test]
+fn lfm2_moe_bad_config_names_the_field() {
+    let dir = edited_copy("lfm2-moe", |c| c["num_experts_per_tok"] = 9.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("num_experts_per_tok (top-k) = 9 exceeds num_experts = 8"),
+        "{e}"
+    );
+    let dir = edited_copy("lfm2-moe", |c| c["num_dense_layers"] = 5.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("num_dense_layers = 5 exceeds num_hidden_layers = 4"),
+        "{e}"
+    );
+    // One dense layer too many: layer 1's experts are left unused and its dense FFN missing.
+    let dir = edited_copy("lfm2-moe", |c| c["num_dense_layers"] = 2.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("missing tensor `model.layers.1.feed_forward.w1.weight`"),
+        "{e}"
+    );
+    let dir = edited_copy("lfm2-moe", |c| c["num_experts"] = 6.into());
+    let e = load_error(dir.path());
+    assert!(
+        e.contains("layer 1 has 8 experts") && e.contains("the expert count (num_experts) is 6"),
+        "{e}"
+    );
+    // Without the selection bias the checkpoint's `expert_bias` is a tensor the model
+    // does not use.
+    let dir = edited_copy("lfm2-moe", |c| c["use_expert_bias"] = false.into());
+    let e = load_error(dir.path());
+    assert!(e.contains("feed_forward.expert_bias"), "{e}");
+    let dir = edited_copy("lfm2-moe", |c| c["routed_scaling_factor"] = 0.0.into());
+    let e = load_error(dir.path());
+    assert!(e.contains("routed_scaling_factor"), "{e}");
+}
+
 /// Teacher-forced `m` (a quantised file of the fixture in `dir`) against the fixture's
 /// transformers logits with an f32 KV cache (batches of `max_batch` tokens when given):
 /// prints the figures and asserts top-1 ≥ `min_top1` and mean KL ≤ `max_kl`.

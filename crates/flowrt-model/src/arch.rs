@@ -126,6 +126,10 @@ pub enum RouterScoring {
     /// (gpt-oss). The same weights as [`RouterScoring::Softmax`] renormalised over the chosen
     /// k, up to rounding; `renormalize` changes nothing (they already sum to 1).
     TopKSoftmax,
+    /// `sigmoid` of each logit on its own (LFM2-MoE): scores in (0, 1) that need not sum to
+    /// 1; the top-k chosen by score (plus the layer's selection bias when
+    /// [`Router::selection_bias`]), weighted by their unbiased scores.
+    Sigmoid,
 }
 
 /// How an HF checkpoint stores a mixture of experts' matrices.
@@ -143,12 +147,37 @@ pub enum HfExperts {
     FusedTransposed,
 }
 
-/// A mixture-of-experts router: how experts are scored, and whether the chosen top-k weights
-/// are divided by their sum (HF `norm_topk_prob`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A mixture-of-experts router: how experts are scored, which k are chosen, and how their
+/// weights are finished: divided by their sum (HF `norm_topk_prob`) plus `renorm_eps`, then
+/// multiplied by `scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Router {
     pub scoring: RouterScoring,
     pub renormalize: bool,
+    /// Added to the chosen weights' sum before they are divided by it (when `renormalize`):
+    /// LFM2-MoE's 1e-6 ([`ArchSpec::router_renorm_eps`]); 0 divides by the plain sum.
+    pub renorm_eps: f32,
+    /// The chosen weights are multiplied by this last (HF `routed_scaling_factor`, GGUF
+    /// `expert_weights_scale`); 1: not scaled.
+    pub scale: f32,
+    /// Experts are chosen by score plus the layer's selection bias, one value per expert
+    /// (HF `expert_bias` with `use_expert_bias`, GGUF `exp_probs_b`), but weighted by the
+    /// unbiased score.
+    pub selection_bias: bool,
+}
+
+impl Router {
+    /// A router that weights the chosen experts by their scores alone (renormalised when
+    /// `renormalize`): no epsilon, no scale, no selection bias.
+    pub const fn plain(scoring: RouterScoring, renormalize: bool) -> Router {
+        Router {
+            scoring,
+            renormalize,
+            renorm_eps: 0.0,
+            scale: 1.0,
+            selection_bias: false,
+        }
+    }
 }
 
 /// Defaults a family documents for config values its files may omit.
@@ -167,6 +196,16 @@ pub struct ArchDefaults {
     /// RoPE (layers n-1, 2n-1, ...), `n` from `no_rope_layer_interval` or this default
     /// (SmolLM3: 4, as transformers and llama.cpp). `None`: every layer is rotated.
     pub no_rope_layer_interval: Option<usize>,
+    /// HF `norm_topk_prob` when a config of a family with a router omits it (Qwen3-MoE:
+    /// false; LFM2-MoE: true).
+    pub norm_topk_prob: bool,
+    /// HF `use_expert_bias` (a per-layer selection bias of the router) when a config omits
+    /// it (LFM2-MoE: true; false for families without one).
+    pub use_expert_bias: bool,
+    /// The family's HF configs count leading dense layers in `num_dense_layers` (this many
+    /// when omitted; LFM2-MoE: 2), the rest sparse; `None`: Qwen's `decoder_sparse_step` and
+    /// `mlp_only_layers` say which layers are dense.
+    pub num_dense_layers: Option<usize>,
 }
 
 /// The rules of one architecture family.
@@ -262,6 +301,13 @@ pub struct ArchSpec {
     /// GGUF files name the feed-forward's input norm `blk.N.post_attention_norm` instead of
     /// `ffn_norm` (llama.cpp's gpt-oss; its loader refuses a file without that name).
     pub gguf_ffn_norm_post_attention: bool,
+    /// The router's renormalisation epsilon ([`Router::renorm_eps`]): LFM2-MoE divides by
+    /// the chosen weights' sum + 1e-6; 0 for the others.
+    pub router_renorm_eps: f32,
+    /// HF configs give the dense feed-forward width as LFM2's `intermediate_size` (or
+    /// `block_ff_dim`) adjusted by `block_auto_adjust_ff_dim`, `block_ffn_dim_multiplier`
+    /// and `block_multiple_of`; `false`: `intermediate_size` as it is.
+    pub hf_block_ff_dim: bool,
 }
 
 const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
@@ -269,6 +315,9 @@ const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
     local_rope_theta: None,
     sliding_window_pattern: None,
     no_rope_layer_interval: None,
+    norm_topk_prob: false,
+    use_expert_bias: false,
+    num_dense_layers: None,
 };
 
 /// Llama family: Llama 2/3, SmolLM2, MiniCPM5 (a plain `LlamaForCausalLM`), ...
@@ -307,6 +356,8 @@ pub const LLAMA: ArchSpec = ArchSpec {
     hf_expert_width_key: "moe_intermediate_size",
     attn_sinks: false,
     gguf_ffn_norm_post_attention: false,
+    router_renorm_eps: 0.0,
+    hf_block_ff_dim: false,
 };
 
 /// Mistral: Llama with a sliding attention window on every layer. GGUF files of Mistral
@@ -377,7 +428,7 @@ pub const GEMMA3: ArchSpec = ArchSpec {
         rope_theta: 1_000_000.0,
         local_rope_theta: Some(10_000.0),
         sliding_window_pattern: Some(6),
-        no_rope_layer_interval: None,
+        ..PLAIN_DEFAULTS
     },
     ..LLAMA
 };
@@ -466,7 +517,36 @@ pub const LFM2: ArchSpec = ArchSpec {
         rope_theta: 1_000_000.0,
         ..PLAIN_DEFAULTS
     },
+    hf_block_ff_dim: true,
     ..LLAMA
+};
+
+/// LFM2-MoE (`Lfm2MoeForCausalLM`): LFM2's hybrid of short convolution and attention layers
+/// whose feed-forward blocks are dense SwiGLU (`intermediate_size` as it is, no LFM2 width
+/// adjustment) on the first `num_dense_layers` layers and mixtures of experts on the rest: a
+/// sigmoid router whose top-k are chosen by score + a per-layer `expert_bias` buffer
+/// (`use_expert_bias`) but weighted by the unbiased score, divided by their sum + 1e-6
+/// (`norm_topk_prob`), times `routed_scaling_factor`. HF checkpoints store one tensor per
+/// expert (`feed_forward.experts.{j}.w1/w3/w2`, the router `feed_forward.gate`). GGUF
+/// (llama.cpp's `lfm2moe`): `lfm2moe.leading_dense_block_count`, `expert_count`,
+/// `expert_used_count`, `expert_feed_forward_length`, `expert_gating_func` (2: sigmoid),
+/// `expert_weights_norm`, `expert_weights_scale`; tensors `ffn_gate_inp`,
+/// `ffn_{gate,up,down}_exps`, `exp_probs_b.bias`, and LFM2's for the rest.
+pub const LFM2_MOE: ArchSpec = ArchSpec {
+    name: "lfm2moe",
+    gguf_archs: &["lfm2moe"],
+    hf_model_types: &["lfm2_moe"],
+    defaults: ArchDefaults {
+        rope_theta: 1_000_000.0,
+        norm_topk_prob: true,
+        use_expert_bias: true,
+        num_dense_layers: Some(2),
+        ..PLAIN_DEFAULTS
+    },
+    router_scoring: Some(RouterScoring::Sigmoid),
+    router_renorm_eps: 1e-6,
+    hf_block_ff_dim: false,
+    ..LFM2
 };
 
 /// BERT (`BertModel`, what sentence-transformers models such as all-MiniLM-L6-v2 are): a
@@ -539,7 +619,7 @@ pub const GPT_OSS: ArchSpec = ArchSpec {
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
     &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
-    &QWEN3_MOE, &GPT_OSS, &LFM2,
+    &QWEN3_MOE, &GPT_OSS, &LFM2, &LFM2_MOE,
 ];
 
 /// The family whose GGUF `general.architecture` is `arch`.

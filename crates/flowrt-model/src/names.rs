@@ -85,6 +85,14 @@ pub enum TensorRole {
     ShortConvIn,
     ShortConvKernel,
     ShortConvOut,
+    /// Mixture of experts with a selection bias ([`crate::Router::selection_bias`]): one
+    /// value per expert, `(num_experts)`, added to the scores only to choose the top-k.
+    FfnExpProbsB,
+    /// Short convolution layers with biases (LFM2 `conv_bias`): the input projection's
+    /// `(3 × hidden)`, the convolution's `(hidden)`, the output projection's `(hidden)`.
+    ShortConvInBias,
+    ShortConvKernelBias,
+    ShortConvOutBias,
 }
 
 impl TensorRole {
@@ -175,6 +183,10 @@ impl TensorRole {
             ShortConvIn => per_layer("shortconv.in_proj.weight"),
             ShortConvKernel => per_layer("shortconv.conv.weight"),
             ShortConvOut => per_layer("shortconv.out_proj.weight"),
+            FfnExpProbsB => per_layer("exp_probs_b.bias"),
+            ShortConvInBias => per_layer("shortconv.in_proj.bias"),
+            ShortConvKernelBias => per_layer("shortconv.conv.bias"),
+            ShortConvOutBias => per_layer("shortconv.out_proj.bias"),
         }
     }
 
@@ -248,6 +260,7 @@ impl TensorRole {
             FfnGateExps | FfnUpExps | FfnDownExps => None,
             FfnGateExpsBias | FfnUpExpsBias => None,
             ShortConvIn | ShortConvKernel | ShortConvOut => None,
+            FfnExpProbsB | ShortConvInBias | ShortConvKernelBias | ShortConvOutBias => None,
             PosEmbd | TokenTypes | EmbdNorm | EmbdNormBias | AttnOutNorm | AttnOutNormBias
             | LayerOutNorm | LayerOutNormBias => None,
         }
@@ -283,13 +296,12 @@ impl TensorRole {
             | AttnQNorm | AttnKNorm | AttnPostNorm | FfnNorm | FfnGate | FfnPostNorm | AttnQkv
             | FfnGateUp | FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps | AttnSinks
             | FfnGateInpBias | FfnGateExpsBias | FfnUpExpsBias | FfnDownExpsBias
-            | FfnGateUpExps | FfnGateUpExpsBias | ShortConvIn | ShortConvKernel | ShortConvOut => {
-                None
-            }
+            | FfnGateUpExps | FfnGateUpExpsBias | ShortConvIn | ShortConvKernel | ShortConvOut
+            | FfnExpProbsB | ShortConvInBias | ShortConvKernelBias | ShortConvOutBias => None,
         }
     }
 
-    /// HF `Lfm2ForCausalLM` names (after `model.`).
+    /// HF `Lfm2ForCausalLM` and `Lfm2MoeForCausalLM` names (after `model.`).
     fn hf_lfm2_name(self, layer: usize) -> Option<String> {
         use TensorRole::*;
         let per_layer = |s: &str| Some(format!("layers.{layer}.{s}"));
@@ -311,6 +323,11 @@ impl TensorRole {
             ShortConvIn => per_layer("conv.in_proj.weight"),
             ShortConvKernel => per_layer("conv.conv.weight"),
             ShortConvOut => per_layer("conv.out_proj.weight"),
+            ShortConvInBias => per_layer("conv.in_proj.bias"),
+            ShortConvKernelBias => per_layer("conv.conv.bias"),
+            ShortConvOutBias => per_layer("conv.out_proj.bias"),
+            FfnGateInp => per_layer("feed_forward.gate.weight"),
+            FfnExpProbsB => per_layer("feed_forward.expert_bias"),
             _ => None,
         }
     }
@@ -325,6 +342,25 @@ impl TensorRole {
             _ => return None,
         };
         Some(format!("layers.{layer}.mlp.experts.{expert}.{m}.weight"))
+    }
+
+    /// HF name (after the model prefix) of expert `expert`'s matrix of an experts role in a
+    /// checkpoint of `arch`: [`TensorRole::hf_expert_name`], or with LFM2's names
+    /// (`layers.{i}.feed_forward.experts.{j}.w1.weight`: w1 gate, w3 up, w2 down, as
+    /// transformers 5 saves LFM2-MoE).
+    pub fn hf_expert_name_in(self, arch: &ArchSpec, layer: usize, expert: usize) -> Option<String> {
+        if arch.tensor_names != TensorNames::Lfm2 {
+            return self.hf_expert_name(layer, expert);
+        }
+        let m = match self {
+            TensorRole::FfnGateExps => "w1",
+            TensorRole::FfnUpExps => "w3",
+            TensorRole::FfnDownExps => "w2",
+            _ => return None,
+        };
+        Some(format!(
+            "layers.{layer}.feed_forward.experts.{expert}.{m}.weight"
+        ))
     }
 
     /// Whether the HF name sits under the decoder's prefix (`model.`); the output projection

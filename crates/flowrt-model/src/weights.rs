@@ -181,6 +181,12 @@ pub struct ShortConvWeights {
     pub kernel: Vec<f32>,
     /// `(hidden, hidden)`.
     pub out_proj: WeightMatrix,
+    /// Biases of a convolution layer with them ([`crate::ShortConvConfig::bias`], LFM2
+    /// `conv_bias`): `in_proj`'s `(3 × hidden)`, the convolution's `(hidden)`, added to each
+    /// channel's sum before the C gate, `out_proj`'s `(hidden)`.
+    pub in_bias: Option<Vec<f32>>,
+    pub kernel_bias: Option<Vec<f32>>,
+    pub out_bias: Option<Vec<f32>>,
 }
 
 /// The router and experts of one mixture-of-experts layer. Each expert's matrix is its own
@@ -198,6 +204,9 @@ pub struct MoeWeights {
     pub gate_bias: Option<Vec<f32>>,
     pub up_bias: Option<Vec<f32>>,
     pub down_bias: Option<Vec<f32>>,
+    /// The router's selection bias ([`crate::Router::selection_bias`]), `(num_experts)`:
+    /// added to the scores to choose the top-k, not to weight them.
+    pub selection_bias: Option<Vec<f32>>,
 }
 
 impl MoeWeights {
@@ -495,7 +504,7 @@ impl Binder<'_> {
             }
             Source::Hf { prefix, .. } => {
                 let name = |e: usize| {
-                    role.hf_expert_name(layer, e)
+                    role.hf_expert_name_in(self.arch, layer, e)
                         .map(|n| format!("{prefix}{n}"))
                 };
                 let present = |e: usize| name(e).is_some_and(|n| self.source.find(&n).is_some());
@@ -1114,6 +1123,34 @@ impl Binder<'_> {
         }
     }
 
+    /// A per-layer vector of `len` values that the config asks for when `present` (`field`
+    /// says how, e.g. "`conv_bias: true`"): a missing tensor is a problem naming the field;
+    /// `what` names the config value that sizes it.
+    fn called_for(
+        &mut self,
+        present: bool,
+        field: &str,
+        role: TensorRole,
+        layer: usize,
+        len: usize,
+        what: Option<&str>,
+    ) -> Option<Option<Vec<f32>>> {
+        if !present {
+            return Some(None);
+        }
+        if !self.exists(role, layer) {
+            let name = self
+                .source
+                .name(self.arch, role, layer)
+                .unwrap_or_else(|| format!("{role:?}"));
+            self.problems
+                .push(format!("missing tensor `{name}`, which {field} calls for"));
+            self.used.insert(name);
+            return None;
+        }
+        self.sized_vector(role, layer, len, what).map(Some)
+    }
+
     /// A per-layer vector that exists only when `present`.
     fn optional(
         &mut self,
@@ -1350,19 +1387,26 @@ impl Model {
                 .short_conv
                 .as_ref()
                 .filter(|s| s.conv_layers[l])
-                .map(|s| s.kernel);
+                .map(|s| (s.kernel, s.bias));
             let attends = conv_kernel.is_none();
             let conv = match conv_kernel {
                 None => Some(None),
-                Some(k) => {
+                Some((k, bias)) => {
                     let in_proj = b.matrix(ShortConvIn, l, 3 * h, h);
                     let kernel = b.conv_kernel(l, h, k);
                     let out_proj = b.matrix(ShortConvOut, l, h, h);
+                    let field = "`conv_bias: true`";
+                    let in_bias = b.called_for(bias, field, ShortConvInBias, l, 3 * h, None);
+                    let kernel_bias = b.called_for(bias, field, ShortConvKernelBias, l, h, None);
+                    let out_bias = b.called_for(bias, field, ShortConvOutBias, l, h, None);
                     (|| {
                         Some(Some(ShortConvWeights {
                             in_proj: in_proj?,
                             kernel: kernel?,
                             out_proj: out_proj?,
+                            in_bias: in_bias?,
+                            kernel_bias: kernel_bias?,
+                            out_bias: out_bias?,
                         }))
                     })()
                 }
@@ -1427,6 +1471,14 @@ impl Model {
                     let bias = arch.moe_bias;
                     let router = b.matrix(FfnGateInp, l, n, h);
                     let router_bias = b.optional(bias, FfnGateInpBias, l, n);
+                    let selection_bias = b.called_for(
+                        m.router.selection_bias,
+                        "the router's selection bias (`use_expert_bias`)",
+                        FfnExpProbsB,
+                        l,
+                        n,
+                        Some("num_experts"),
+                    );
                     let fused = format == ModelFormat::HfDir
                         && arch.hf_experts == HfExperts::FusedTransposed;
                     let experts = if fused {
@@ -1461,6 +1513,7 @@ impl Model {
                             gate_bias,
                             up_bias,
                             down_bias: down_bias?,
+                            selection_bias: selection_bias?,
                         }))
                     })()
                 }
@@ -1587,7 +1640,9 @@ impl Model {
             MatRole::Up => lw.b_up.as_ref(),
             MatRole::Down => lw.b_down.as_ref(),
             MatRole::Router => lw.moe.as_ref()?.router_bias.as_ref(),
-            MatRole::Gate | MatRole::Output | MatRole::ConvIn | MatRole::ConvOut => None,
+            MatRole::ConvIn => lw.conv.as_ref()?.in_bias.as_ref(),
+            MatRole::ConvOut => lw.conv.as_ref()?.out_bias.as_ref(),
+            MatRole::Gate | MatRole::Output => None,
         }
     }
 

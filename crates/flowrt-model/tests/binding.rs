@@ -626,8 +626,8 @@ fn lfm2_binds_its_convolution_layers_and_plans_a_short_conv_op() {
     );
 }
 
-/// A kernel size the convolution tensors contradict, and a layer-kind list of the wrong length
-/// or with an unknown kind: errors naming the field.
+/// A kernel size the convolution tensors contradict, a layer-kind list of the wrong length
+/// or with an unknown kind, convolution biases the checkpoint lacks: errors naming the field.
 #[test]
 fn lfm2_bad_conv_kernel_or_layer_kinds_are_named() {
     let e = lfm2_hf(|c| c["conv_L_cache"] = 4.into())
@@ -676,10 +676,16 @@ fn lfm2_bad_conv_kernel_or_layer_kinds_are_named() {
             && e.contains("missing tensor `model.layers.1.conv.in_proj.weight`"),
         "{e}"
     );
+    // `conv_bias: true` on a checkpoint without convolution biases.
     let e = lfm2_hf(|c| c["conv_bias"] = true.into())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("conv_bias"), "{e}");
+    assert!(
+        e.contains(
+            "missing tensor `model.layers.0.conv.conv.bias`, which `conv_bias: true` calls for"
+        ),
+        "{e}"
+    );
 }
 
 /// The GGUF's per-layer KV-head list (0 on convolution layers) of the wrong length, and a
@@ -908,4 +914,117 @@ fn gpt_oss_mxfp4_wrong_dtype_or_missing_scales_is_named() {
             && e.contains("missing tensor `model.layers.1.mlp.experts.down_proj_scales` (MXFP4 experts)"),
         "{e}"
     );
+}
+
+/// A tensor's (dims, bytes) from its name, dims and bytes; `None` leaves it out.
+type TensorEdit = dyn Fn(&str, Vec<u64>, Vec<u8>) -> Option<(Vec<u64>, Vec<u8>)>;
+
+/// The LFM2-MoE fixture's q8_0 GGUF rebuilt with `edit` applied to its metadata and
+/// `tensor` to each tensor (name, dims, bytes; `None` leaves it out).
+fn lfm2_moe_gguf_rebuilt(
+    edit: &dyn Fn(&str, &flowrt_gguf::Value) -> Option<flowrt_gguf::Value>,
+    tensor: &TensorEdit,
+) -> Result<Model, ModelError> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/families/lfm2-moe");
+    let f = GgufFile::open(dir.join("model-q8_0.gguf")).unwrap();
+    let mut b = GgufBuilder::new();
+    for (k, v) in f.metadata() {
+        if let Some(v) = edit(k, v) {
+            b.kv(k.as_str(), v);
+        }
+    }
+    for t in f.tensors() {
+        if let Some((dims, data)) = tensor(&t.name, t.dims.clone(), f.tensor_data(t).to_vec()) {
+            b.tensor(t.name.clone(), &dims, t.ggml_type, data);
+        }
+    }
+    Model::from_gguf(Arc::new(GgufFile::from_bytes(b.to_bytes()).unwrap()))
+}
+
+/// llama.cpp's `lfm2moe` keys: leading dense layers, the sigmoid gating function, the
+/// selection bias `exp_probs_b`; a file they contradict is refused naming the key or tensor.
+#[test]
+fn lfm2moe_gguf_reads_its_router_keys_and_names_bad_ones() {
+    use flowrt_gguf::Value;
+    let same = |_: &str, v: &Value| Some(v.clone());
+    let keep = |_: &str, d: Vec<u64>, b: Vec<u8>| Some((d, b));
+    let m = lfm2_moe_gguf_rebuilt(&same, &keep).unwrap();
+    let moe = m.config.moe.as_ref().unwrap();
+    assert_eq!(moe.sparse_layers, [false, true, true, true]);
+    assert_eq!(moe.router.scoring, flowrt_model::RouterScoring::Sigmoid);
+    assert_eq!(moe.router.scale, 1.7);
+    assert!(moe.router.selection_bias);
+    let plan = Plan::new(&m.config);
+    assert!(plan.groups.iter().any(|g| g
+        .ops
+        .iter()
+        .any(|o| matches!(o, flowrt_model::Op::Moe { router, .. } if router.selection_bias))));
+
+    let e = lfm2_moe_gguf_rebuilt(
+        &|k, v| match k {
+            "lfm2moe.expert_gating_func" => Some(Value::U32(1)),
+            _ => Some(v.clone()),
+        },
+        &keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`lfm2moe.expert_gating_func` = 1") && e.contains("sigmoid"),
+        "{e}"
+    );
+    let e = lfm2_moe_gguf_rebuilt(
+        &|k, v| match k {
+            "lfm2moe.leading_dense_block_count" => Some(Value::U32(5)),
+            _ => Some(v.clone()),
+        },
+        &keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`lfm2moe.leading_dense_block_count` = 5 exceeds `lfm2moe.block_count` = 4"),
+        "{e}"
+    );
+    let e = lfm2_moe_gguf_rebuilt(
+        &|k, v| match k {
+            "lfm2moe.expert_weights_scale" => Some(Value::F32(-1.0)),
+            _ => Some(v.clone()),
+        },
+        &keep,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("`lfm2moe.expert_weights_scale` = -1"), "{e}");
+    // A selection bias of 6 values for 8 experts.
+    let e = lfm2_moe_gguf_rebuilt(&same, &|n, d, b| {
+        Some(if n == "blk.2.exp_probs_b.bias" {
+            (vec![6], b[..24].to_vec())
+        } else {
+            (d, b)
+        })
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("tensor `blk.2.exp_probs_b.bias` has shape [6], expected [8] (num_experts = 8)"),
+        "{e}"
+    );
+    // The first sparse layer has a selection bias, a later one none.
+    let e = lfm2_moe_gguf_rebuilt(&same, &|n, d, b| {
+        (n != "blk.3.exp_probs_b.bias").then_some((d, b))
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("missing tensor `blk.3.exp_probs_b.bias`, which the router's selection bias (`use_expert_bias`) calls for"),
+        "{e}"
+    );
+    // None at all: experts chosen by score alone (what the file says).
+    let m = lfm2_moe_gguf_rebuilt(&same, &|n, d, b| {
+        (!n.ends_with("exp_probs_b.bias")).then_some((d, b))
+    })
+    .unwrap();
+    assert!(!m.config.moe.unwrap().router.selection_bias);
 }

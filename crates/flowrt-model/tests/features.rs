@@ -108,3 +108,25 @@ fn gpt_oss_names_sinks_windows_experts_and_clamped_swiglu() {
         "{f:?}"
     );
 }
+
+#[test]
+fn lfm2_moe_names_its_sigmoid_router_selection_bias_and_active_parameters() {
+    let f = features("lfm2-moe");
+    // 3 sparse layers × 8 experts × 3 · 64 · 32 parameters; top-2 of them per token.
+    assert!(
+        f.contains(
+            &"mixture of experts: 8 experts, 2 active (sigmoid, chosen with a per-expert \
+              selection bias, renormalised, weights ×1.7), expert FFN 32, on 3 of 4 layers; \
+              36.9K of 147K expert parameters active per token"
+                .to_string()
+        ),
+        "{f:?}"
+    );
+    assert!(
+        f.iter()
+            .any(|s| s.starts_with("hybrid: 2 short-convolution layers")),
+        "{f:?}"
+    );
+    assert!(!f.contains(&"convolution biases".to_string()), "{f:?}");
+    assert!(features("lfm2-conv-bias").contains(&"convolution biases".to_string()));
+}

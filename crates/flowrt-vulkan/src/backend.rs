@@ -813,6 +813,12 @@ impl VulkanBackend {
                         let scoring = match router.scoring {
                             RouterScoring::Softmax => 0,
                             RouterScoring::TopKSoftmax => 1,
+                            // Refused at load (`lacks`).
+                            RouterScoring::Sigmoid => {
+                                return Err(VulkanError::Unsupported(
+                                    "sigmoid expert routers".into(),
+                                ))
+                            }
                         };
                         let [a, alpha, limit] = gated_words(activation)?;
                         let p = b.uniform(&[ne as u32, k, scoring, router.renormalize as u32])?;
@@ -1411,6 +1417,18 @@ fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
     }
     if !a.lm_head {
         missing.push("embedding-only models (no output projection; pooling)");
+    }
+    if let Some(m) = &c.moe {
+        let r = m.router;
+        if r.scoring == flowrt_model::RouterScoring::Sigmoid {
+            missing.push("sigmoid expert routers");
+        }
+        if r.selection_bias {
+            missing.push("expert selection biases");
+        }
+        if r.scale != 1.0 || r.renorm_eps != 0.0 {
+            missing.push("scaled expert routing weights");
+        }
     }
     missing
 }

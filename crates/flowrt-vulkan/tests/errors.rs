@@ -118,3 +118,35 @@ fn short_convolution_is_refused_by_name() {
     );
     assert!(e.to_string().contains("2 short convolution layers"), "{e}");
 }
+
+/// Routers the routing kernel does not implement (sigmoid scores, a selection bias, scaled
+/// weights: LFM2-MoE's) are refused at load by name, before any device is opened. Made from
+/// the Qwen3-MoE fixture with its router changed (LFM2-MoE itself is refused earlier, for its
+/// convolution layers).
+#[test]
+fn routers_without_kernels_are_refused_by_name() {
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/families/qwen3-moe");
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cfg = flowrt_model::ModelConfig::from_hf_json(&dir.join("config.json"), &json).unwrap();
+    let mut m = Model::from_hf_dir(&dir, cfg, Default::default()).unwrap();
+    let r = &mut m.config.moe.as_mut().expect("experts").router;
+    r.scoring = flowrt_model::RouterScoring::Sigmoid;
+    r.selection_bias = true;
+    r.scale = 1.7;
+    let e = VulkanBackend::new(Arc::new(m), &BackendSettings::default())
+        .err()
+        .expect("a sigmoid router is refused");
+    let VulkanError::Family { family, missing } = &e else {
+        panic!("{e}");
+    };
+    assert_eq!(family, "qwen3moe");
+    for want in [
+        "sigmoid expert routers",
+        "expert selection biases",
+        "scaled expert routing weights",
+    ] {
+        assert!(missing.contains(&want), "{e}");
+    }
+}

@@ -73,6 +73,7 @@ impl ModelConfig {
                 Some(ShortConvConfig {
                     kernel: req_u("shortconv.l_cache")?,
                     conv_layers: vec![false; num_hidden_layers],
+                    bias: false,
                 }),
             ),
             None => (
@@ -98,11 +99,18 @@ impl ModelConfig {
                         format!("`{k}` = {list:?}: attention layers must share one KV head count"),
                     ));
                 }
+                // Convolution biases (HF `conv_bias`; llama.cpp has none) when the first
+                // convolution layer carries them; every convolution layer must then.
+                let bias = list.iter().position(|&h| h == 0).is_some_and(|l| {
+                    let name = TensorRole::ShortConvKernelBias.gguf_name_in(arch, l);
+                    f.tensors().iter().any(|t| t.name == name)
+                });
                 (
                     first as usize,
                     Some(ShortConvConfig {
                         kernel: req_u("shortconv.l_cache")?,
                         conv_layers: list.iter().map(|&h| h == 0).collect(),
+                        bias,
                     }),
                 )
             }
@@ -392,9 +400,13 @@ impl ModelConfig {
 
         // Mixtures of experts: llama.cpp's `expert_count`, `expert_used_count` and
         // `expert_feed_forward_length`; top-k weights renormalised unless
-        // `expert_weights_norm` says otherwise (llama.cpp always renormalises qwen3moe's).
-        // Every layer is sparse unless `{arch}.mlp_only_layers` (HF's list, as `flowrt pack`
-        // writes it; llama.cpp reads no such key) names dense ones.
+        // `expert_weights_norm` says otherwise (llama.cpp always renormalises qwen3moe's and
+        // lfm2moe's), times `expert_weights_scale` (1 when absent). The first
+        // `leading_dense_block_count` layers (0 when absent) are dense, and those
+        // `{arch}.mlp_only_layers` (HF's list, as `flowrt pack` writes it; llama.cpp reads no
+        // such key) names. `expert_gating_func` (2: sigmoid), when given, must agree with
+        // the family's router. A selection bias (`exp_probs_b`) is used when the first sparse layer
+        // carries one; every sparse layer must then.
         let moe = match arch.router_scoring {
             None => None,
             Some(scoring) => {
@@ -408,6 +420,49 @@ impl ModelConfig {
                         ))
                     }
                 };
+                if let Some(g) = f.get_u64(&key("expert_gating_func"))? {
+                    let sigmoid = scoring == arch::RouterScoring::Sigmoid;
+                    // 2 is llama.cpp's sigmoid; softmax families may say 1 (softmax) or
+                    // another softmax variant.
+                    if (g == 2) != sigmoid {
+                        return Err(bad(
+                            &file,
+                            format!(
+                                "`{}` = {g}: the `{arch_name}` family's router is {}",
+                                key("expert_gating_func"),
+                                if sigmoid {
+                                    "sigmoid (2)"
+                                } else {
+                                    "a softmax, not sigmoid (2)"
+                                },
+                            ),
+                        ));
+                    }
+                }
+                let scale = match f.get_f32(&key("expert_weights_scale"))? {
+                    None => 1.0,
+                    Some(s) if s.is_finite() && s > 0.0 => s,
+                    Some(s) => {
+                        return Err(bad(
+                            &file,
+                            format!(
+                                "`{}` = {s} must be a positive, finite number",
+                                key("expert_weights_scale")
+                            ),
+                        ))
+                    }
+                };
+                let lead = opt_u("leading_dense_block_count")?.unwrap_or(0);
+                if lead > num_hidden_layers {
+                    return Err(bad(
+                        &file,
+                        format!(
+                            "`{}` = {lead} exceeds `{}` = {num_hidden_layers}",
+                            key("leading_dense_block_count"),
+                            key("block_count")
+                        ),
+                    ));
+                }
                 let only = match f.get(&key("mlp_only_layers")) {
                     None => Vec::new(),
                     Some(Value::Array(a)) => integers(a)
@@ -432,6 +487,12 @@ impl ModelConfig {
                         ))
                     }
                 };
+                let mut sparse_layers = MoeConfig::hf_sparse_layers(num_hidden_layers, 1, &only);
+                sparse_layers[..lead].fill(false);
+                let selection_bias = sparse_layers.iter().position(|&s| s).is_some_and(|l| {
+                    let name = TensorRole::FfnExpProbsB.gguf_name_in(arch, l);
+                    f.tensors().iter().any(|t| t.name == name)
+                });
                 Some(MoeConfig {
                     num_experts: req_u("expert_count")?,
                     num_experts_per_tok: req_u("expert_used_count")?,
@@ -439,8 +500,11 @@ impl ModelConfig {
                     router: arch::Router {
                         scoring,
                         renormalize,
+                        renorm_eps: arch.router_renorm_eps,
+                        scale,
+                        selection_bias,
                     },
-                    sparse_layers: MoeConfig::hf_sparse_layers(num_hidden_layers, 1, &only),
+                    sparse_layers,
                 })
             }
         };

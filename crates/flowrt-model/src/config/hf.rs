@@ -177,7 +177,7 @@ impl ModelConfig {
         let num_hidden_layers =
             super::check_layer_count("num_hidden_layers", c.req_usize("num_hidden_layers")?)
                 .map_err(|m| bad(file, m))?;
-        let intermediate_size = if arch.short_conv {
+        let intermediate_size = if arch.hf_block_ff_dim {
             lfm2_intermediate_size(&c)?
         } else {
             c.req_usize("intermediate_size")?
@@ -463,14 +463,10 @@ fn lfm2_intermediate_size(c: &Obj) -> Result<usize, ModelError> {
 
 /// A hybrid family's convolution layers: `layer_types` (`conv` or `full_attention` per layer)
 /// when given, else `full_attn_idxs` (the attention layers; every layer when absent), and the
-/// kernel size `conv_L_cache` (default 3). Convolution biases (`conv_bias`) are refused.
+/// kernel size `conv_L_cache` (default 3), and `conv_bias` (default false: biases on the
+/// convolution and both its projections).
 fn read_short_conv(c: &Obj, n_layers: usize) -> Result<ShortConvConfig, ModelError> {
-    if c.bool("conv_bias")? == Some(true) {
-        return Err(bad(
-            c.file,
-            "`conv_bias: true` (biases on the convolution layers) is not supported".into(),
-        ));
-    }
+    let bias = c.bool("conv_bias")?.unwrap_or(false);
     let kernel = c.usize("conv_L_cache")?.unwrap_or(3);
     let conv_layers = match c.present("layer_types") {
         Some(Value::Array(a)) => a
@@ -520,14 +516,18 @@ fn read_short_conv(c: &Obj, n_layers: usize) -> Result<ShortConvConfig, ModelErr
     Ok(ShortConvConfig {
         kernel,
         conv_layers,
+        bias,
     })
 }
 
 /// The mixture of experts of a family with a router. The expert width is under the family's
 /// [`arch::ArchSpec::hf_expert_width_key`]. The expert count is `num_experts`
 /// (transformers 5 writes `num_local_experts`; both must agree when both are given); the
-/// top-k, expert width and expert count are required. `decoder_sparse_step` (1),
-/// `mlp_only_layers` (none) and `norm_topk_prob` (false) take transformers' defaults.
+/// top-k, expert width and expert count are required. Dense layers: the first
+/// `num_dense_layers` in a family that counts them ([`arch::ArchDefaults::num_dense_layers`]),
+/// else those of `mlp_only_layers` (none) and off `decoder_sparse_step` (1).
+/// `norm_topk_prob` and `use_expert_bias` take the family's defaults,
+/// `routed_scaling_factor` 1.
 fn read_moe(
     c: &Obj,
     arch: &arch::ArchSpec,
@@ -549,39 +549,71 @@ fn read_moe(
             })
         }
     };
-    let step = c.usize("decoder_sparse_step")?.unwrap_or(1);
-    if step == 0 {
-        return Err(bad(c.file, "decoder_sparse_step is 0".into()));
-    }
-    let only = match c.present("mlp_only_layers") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| v.as_u64().map(|x| x as usize))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| bad(c.file, "`mlp_only_layers` holds a non-integer".into()))?,
-        Some(v) => {
+    let sparse_layers = match arch.defaults.num_dense_layers {
+        Some(default) => {
+            let dense = c.usize("num_dense_layers")?.unwrap_or(default);
+            if dense > n_layers {
+                return Err(bad(
+                    c.file,
+                    format!("num_dense_layers = {dense} exceeds num_hidden_layers = {n_layers}"),
+                ));
+            }
+            (0..n_layers).map(|l| l >= dense).collect()
+        }
+        None => {
+            let step = c.usize("decoder_sparse_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(bad(c.file, "decoder_sparse_step is 0".into()));
+            }
+            let only = match c.present("mlp_only_layers") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_u64().map(|x| x as usize))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad(c.file, "`mlp_only_layers` holds a non-integer".into()))?,
+                Some(v) => {
+                    return Err(bad(
+                        c.file,
+                        format!("`mlp_only_layers` = {v} is not a list"),
+                    ))
+                }
+            };
+            if let Some(&l) = only.iter().find(|&&l| l >= n_layers) {
+                return Err(bad(
+                    c.file,
+                    format!("`mlp_only_layers` names layer {l} of {n_layers}"),
+                ));
+            }
+            MoeConfig::hf_sparse_layers(n_layers, step, &only)
+        }
+    };
+    let scale = match c.f64("routed_scaling_factor")? {
+        None => 1.0,
+        Some(s) if s.is_finite() && s > 0.0 => s as f32,
+        Some(s) => {
             return Err(bad(
                 c.file,
-                format!("`mlp_only_layers` = {v} is not a list"),
+                format!("`routed_scaling_factor` = {s} must be a positive, finite number"),
             ))
         }
     };
-    if let Some(&l) = only.iter().find(|&&l| l >= n_layers) {
-        return Err(bad(
-            c.file,
-            format!("`mlp_only_layers` names layer {l} of {n_layers}"),
-        ));
-    }
     Ok(MoeConfig {
         num_experts,
         num_experts_per_tok: c.req_usize("num_experts_per_tok")?,
         moe_intermediate_size: c.req_usize(arch.hf_expert_width_key)?,
         router: arch::Router {
             scoring,
-            renormalize: c.bool("norm_topk_prob")?.unwrap_or(false),
+            renormalize: c
+                .bool("norm_topk_prob")?
+                .unwrap_or(arch.defaults.norm_topk_prob),
+            renorm_eps: arch.router_renorm_eps,
+            scale,
+            selection_bias: c
+                .bool("use_expert_bias")?
+                .unwrap_or(arch.defaults.use_expert_bias),
         },
-        sparse_layers: MoeConfig::hf_sparse_layers(n_layers, step, &only),
+        sparse_layers,
     })
 }
 

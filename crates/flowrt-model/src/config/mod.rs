@@ -84,6 +84,9 @@ pub struct ShortConvConfig {
     /// Whether each layer is a convolution layer (`num_hidden_layers` entries; the others
     /// attend).
     pub conv_layers: Vec<bool>,
+    /// The input projection, the convolution and the output projection carry biases (HF
+    /// `conv_bias`); the convolution's is added to each channel's sum before the C gate.
+    pub bias: bool,
 }
 
 /// Everything the decoder needs to know about a model's shape and numerics.
@@ -288,6 +291,19 @@ impl ModelConfig {
                     1 << 18
                 ));
             }
+            let r = m.router;
+            if !(r.scale.is_finite() && r.scale > 0.0) {
+                return err(format!(
+                    "routed_scaling_factor (expert_weights_scale) = {} must be positive",
+                    r.scale
+                ));
+            }
+            if !(r.renorm_eps.is_finite() && r.renorm_eps >= 0.0) {
+                return err(format!(
+                    "router renormalisation epsilon {} must be finite and not negative",
+                    r.renorm_eps
+                ));
+            }
             if m.sparse_layers.len() != self.num_hidden_layers {
                 return err(format!(
                     "{} sparse-layer flags for {} layers",
@@ -378,6 +394,9 @@ impl ModelConfig {
                 self.hidden_size,
                 2 * self.kv_dim(),
             ));
+            if sc.bias {
+                f.push("convolution biases".into());
+            }
         }
         if arch.qk_norm {
             f.push("QK-norm".into());
@@ -483,12 +502,18 @@ impl ModelConfig {
             let scoring = match m.router.scoring {
                 RouterScoring::Softmax => "softmax",
                 RouterScoring::TopKSoftmax => "softmax over the top-k logits",
+                RouterScoring::Sigmoid => "sigmoid",
             };
-            let renorm = if m.router.renormalize && m.router.scoring == RouterScoring::Softmax {
-                ", renormalised"
-            } else {
-                ""
-            };
+            let mut renorm = String::new();
+            if m.router.selection_bias {
+                renorm += ", chosen with a per-expert selection bias";
+            }
+            if m.router.renormalize && m.router.scoring != RouterScoring::TopKSoftmax {
+                renorm += ", renormalised";
+            }
+            if m.router.scale != 1.0 {
+                renorm += &format!(", weights ×{}", m.router.scale);
+            }
             let sparse = m.sparse_layers.iter().filter(|s| **s).count();
             let biased = if arch.moe_bias {
                 ", router and experts with biases"
