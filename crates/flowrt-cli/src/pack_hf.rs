@@ -455,6 +455,12 @@ impl HfSource {
             let Some(e) = self.st.tensors.get(&hn) else {
                 continue; // reported as missing by `plan`
             };
+            if e.shape.len() == 2 && e.shape[1] == 2 * ff && e.shape[0] != n {
+                bail!(
+                    "tensor `{hn}` holds {} experts but the expert count (num_local_experts) is {n}",
+                    e.shape[0]
+                );
+            }
             if e.shape != [n, 2 * ff] {
                 bail!(
                     "tensor `{hn}` has shape {:?}, expected [{n}, {}] (num_local_experts, 2 × intermediate_size)",
@@ -1025,7 +1031,9 @@ impl HfSource {
                         role.hf_expert_name(l, e).context("an experts role")?
                     );
                     let Some(t) = self.st.tensors.get(&hn) else {
-                        missing.push(format!("{hn} (expert {e} of num_experts = {n})"));
+                        missing.push(format!(
+                            "{hn} (expert {e} of {n}: num_experts / num_local_experts)"
+                        ));
                         continue;
                     };
                     used.insert(hn.clone());

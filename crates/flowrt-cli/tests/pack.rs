@@ -897,3 +897,46 @@ fn packs_gpt_oss_with_float_and_mxfp4_experts() {
     }
     assert_eq!(packed_tensor(&m, "output.weight").0, Q8_0);
 }
+
+/// An expert count in config.json that the checkpoint contradicts is an error naming the
+/// field, and leaves nothing.
+#[test]
+fn an_expert_count_the_tensors_contradict_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.gguf");
+    for (case, key, n, want) in [
+        (
+            "qwen3-moe",
+            "num_local_experts",
+            16,
+            "expert 8 of 16: num_experts / num_local_experts",
+        ),
+        (
+            "qwen3-moe",
+            "num_local_experts",
+            4,
+            "does not use (is model_type right?): [\"model.layers.0.mlp.experts.4.",
+        ),
+        (
+            "gpt-oss",
+            "num_local_experts",
+            4,
+            "holds 8 experts but the expert count (num_local_experts) is 4",
+        ),
+    ] {
+        let src = dir.path().join(format!("{case}-{n}"));
+        copy_dir(&fixture(&format!("families/{case}")), &src);
+        let cfg_path = src.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg[key] = n.into();
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let o = pack(&src, &out, "Q8_0", &[]);
+        let (stdout, stderr) = text(&o);
+        assert!(
+            !o.status.success() && stderr.contains(want),
+            "{case} {key} = {n}: {stdout}\n{stderr}"
+        );
+        assert!(!out.exists() && !partial(&out).exists());
+    }
+}
