@@ -572,7 +572,7 @@ fn write_pack(
         let mut buf = vec![0u8; rows * out_row];
         let mut f = vec![0f32; n];
         for r in 0..rows {
-            reader.row(&k, r, &mut f);
+            reader.row(k, r, &mut f);
             k.quantize_row(spec.ty, &f, &mut buf[r * out_row..(r + 1) * out_row]);
         }
         w.write_tensor(&t.name, &buf)

@@ -243,7 +243,7 @@ fn uses(c: &ModelConfig, role: TensorRole, l: usize) -> bool {
         ShortConvIn | ShortConvKernel | ShortConvOut => !attends,
         FfnGateUp => !sparse && arch.gated_ffn && arch.fused_gate_up,
         FfnGate => !sparse && arch.gated_ffn && !arch.fused_gate_up,
-        FfnUp => !sparse && !(arch.gated_ffn && arch.fused_gate_up),
+        FfnUp => !(sparse || arch.gated_ffn && arch.fused_gate_up),
         FfnDown => !sparse,
         FfnUpBias | FfnDownBias => !sparse && arch.dense_bias,
         FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps => sparse,

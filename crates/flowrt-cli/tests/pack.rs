@@ -877,7 +877,7 @@ fn packs_gpt_oss_with_float_and_mxfp4_experts() {
     // model-mxfp4.gguf (scripts/hf_to_gguf.py --outtype mxfp4_moe).
     let (m, _) = packed(dir.path(), "gpt-oss", "MXFP4_MOE");
     assert_eq!(m.get_u64("general.file_type").unwrap(), Some(38));
-    let want = flowrt_gguf::GgufFile::open(&fixture("families/gpt-oss/model-mxfp4.gguf")).unwrap();
+    let want = flowrt_gguf::GgufFile::open(fixture("families/gpt-oss/model-mxfp4.gguf")).unwrap();
     let bytes = |f: &flowrt_gguf::GgufFile, n: &str| {
         let t = f.tensors().iter().find(|t| t.name == n).unwrap();
         (t.ggml_type, f.tensor_data(t).to_vec())
