@@ -26,33 +26,46 @@ const MIX_HELP: &str = "\
 Per-tensor mix: 1-D tensors (norms, biases) stay F32. F32, F16, BF16, Q8_0: every matrix in \
 TYPE. Q4_0, Q4_1: token_embd and output Q8_0, the rest TYPE. Q4_K (Q4_K_M-like): token_embd, \
 output, attn_v and ffn_down Q6_K, the rest Q4_K. Q5_K (Q5_K_M-like): the same in Q6_K, the \
-rest Q5_K. Q6_K: every matrix Q6_K. A matrix whose row length is not a multiple of its \
+rest Q5_K. Q6_K: every matrix Q6_K. MXFP4_MOE (llama-quantize's name): the experts \
+(ffn_{gate,up,down}_exps) MXFP4, every other matrix Q8_0. In every type the MoE routers \
+(ffn_gate_inp), expert bias tables and LFM2's convolution taps stay F32, as llama.cpp's \
+converter and llama-quantize keep them; experts are 3-D tensors, quantised row by row, one \
+matrix per expert. A matrix whose row length is not a multiple of its \
 type's block (32, or 256 for K types) falls back to Q8_0 (rows a multiple of 32) or F16, \
 and the report lists it.
 
 Quantisers: Q4_K, Q5_K and Q6_K blocks are chosen by an error-minimising search over their \
 scales (weighted least squares; no importance matrix), with less RMS error than llama.cpp's \
 llama-quantize on the weights measured in docs/quantisation.md. Q4_0, Q4_1 and Q8_0 round as \
-ggml's reference does: the bytes llama-quantize writes without an importance matrix.
+ggml's reference does: the bytes llama-quantize writes without an importance matrix. MXFP4 \
+per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
+E2M1 code (ggml's and gguf-py's rule).
 
 Gate defaults (mean KL(source ‖ pack) at most / top-1 agreement at least): \
 F32 1e-6/0.99, F16 1e-3/0.95, BF16 1e-2/0.90, Q8_0 1e-2/0.90, Q6_K 2e-2/0.85, \
-Q5_K 5e-2/0.80, Q4_K 0.1/0.75, Q4_1 0.2/0.70, Q4_0 0.2/0.70.
+Q5_K 5e-2/0.80, Q4_K 0.1/0.75, Q4_1 0.2/0.70, Q4_0 0.2/0.70, MXFP4_MOE 0.2/0.70.
 
 Sources: a GGUF file (requantised; metadata, tokenizer and chat template copied), or a \
 Hugging Face checkpoint directory of any family flowrt runs (llama, mistral, qwen2, qwen3, \
-gemma3, minicpm; f32, f16 or bf16 safetensors; byte-level BPE tokenizer.json), written as \
-llama.cpp's converter writes the family: GGUF arch llama (also for Mistral), qwen2, qwen3, \
-gemma3 or minicpm; its hyperparameter keys and tensor names; attn_q / attn_k rows permuted \
+gemma3, minicpm, granite, smollm3, phi3, qwen3moe, lfm2, gpt-oss; f32, f16 or bf16 \
+safetensors; byte-level BPE tokenizer.json), written as llama.cpp's converter writes the \
+family: GGUF arch llama (also for Mistral), qwen2, qwen3, gemma3, minicpm, granite, smollm3, \
+phi3, qwen3moe (expert_count, expert_used_count, expert_feed_forward_length, \
+expert_weights_norm; HF's dense layers as flowrt's mlp_only_layers), lfm2 (per-layer \
+attention.head_count_kv, shortconv.l_cache, shortconv.* tensors) or gpt-oss (attn_sinks, \
+biases, HF's fused gate_up experts split into ffn_gate_exps and ffn_up_exps); its \
+hyperparameter keys and tensor names; attn_q / attn_k rows permuted \
 per head for llama and minicpm; Gemma norms stored as 1 + w; Llama 3 RoPE as \
 rope_freqs.weight, LongRoPE as rope_factors_long/short.weight; gpt2 tokenizer metadata and \
 chat template. Values llama.cpp's converter drops are written under llama.cpp's key names \
 (a Mistral window as llama.attention.sliding_window, Gemma 3's layer pattern as \
-attention.sliding_window_pattern, query_pre_attn_scalar as attention.scale), so flowrt runs \
-the file as the same model; where llama.cpp's loader would not honour one (it has no window \
-for llama; its gemma3 fixes every 6th layer global, the local RoPE base at 10000, the scale \
-at 1/sqrt(head_dim) and drops soft-capping with a window; it picks LongRoPE factors by its \
-context size) the report says so in a `llama.cpp:` line. The gate runs the source as stored \
+attention.sliding_window_pattern, query_pre_attn_scalar as attention.scale; flowrt's own \
+mlp_only_layers, swiglu_alpha / swiglu_limit and rope.scaling.yarn_truncate where llama.cpp \
+has no key), so flowrt runs the file as the same model; where llama.cpp's loader would not \
+honour one (it has no window for llama; its gemma3 fixes every 6th layer global, the local \
+RoPE base at 10000, the scale at 1/sqrt(head_dim) and drops soft-capping with a window; it \
+picks LongRoPE factors by its context size; its qwen3moe wants experts in every layer; its \
+gpt-oss fixes SwiGLU's alpha and limit and always truncates YaRN) the report says so in a `llama.cpp:` line. The gate runs the source as stored \
 (an HF directory at its own precision).";
 
 #[derive(Args, Debug)]
@@ -63,7 +76,7 @@ pub struct PackArgs {
     /// The GGUF file to write.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
-    /// Output type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K (see the mix below,
+    /// Output type: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, MXFP4_MOE (see the mix below,
     /// `--help`).
     #[arg(long)]
     pub quant: String,
@@ -94,7 +107,7 @@ pub struct PackArgs {
 }
 
 /// The types `--quant` takes, with the gate's default (max mean KL, min top-1).
-const QUANTS: [(&str, GgmlType, f64, f64); 9] = [
+const QUANTS: [(&str, GgmlType, f64, f64); 10] = [
     ("F32", GgmlType::F32, 1e-6, 0.99),
     ("F16", GgmlType::F16, 1e-3, 0.95),
     ("BF16", GgmlType::BF16, 1e-2, 0.90),
@@ -104,6 +117,7 @@ const QUANTS: [(&str, GgmlType, f64, f64); 9] = [
     ("Q4_K", GgmlType::Q4K, 0.1, 0.75),
     ("Q4_1", GgmlType::Q4_1, 0.2, 0.70),
     ("Q4_0", GgmlType::Q4_0, 0.2, 0.70),
+    ("MXFP4_MOE", GgmlType::Mxfp4, 0.2, 0.70),
 ];
 
 fn parse_quant(s: &str) -> Result<(GgmlType, f64, f64)> {
@@ -123,12 +137,21 @@ fn parse_quant(s: &str) -> Result<(GgmlType, f64, f64)> {
 /// (the row length does not fit the chosen type's block).
 pub fn target_type(quant: GgmlType, name: &str, dims: &[u64]) -> (GgmlType, bool) {
     use GgmlType::*;
-    if dims.len() <= 1 {
+    // Vectors and tables of biases, the routers (kept F32 as llama.cpp's converter and
+    // llama-quantize keep `ffn_gate_inp`) and the convolution taps (f32 in llama.cpp's lfm2).
+    if dims.len() <= 1
+        || name.ends_with(".bias")
+        || name.ends_with("ffn_gate_inp.weight")
+        || name.ends_with("shortconv.conv.weight")
+    {
         return (F32, false);
     }
     let base = name.rsplit('.').nth(1).unwrap_or("");
     let embd_or_out = matches!(name, "token_embd.weight" | "output.weight");
     let wanted = match quant {
+        // MXFP4_MOE: the experts MXFP4, every other matrix Q8_0.
+        Mxfp4 if base.ends_with("_exps") => Mxfp4,
+        Mxfp4 => Q8_0,
         Q4_0 | Q4_1 if embd_or_out => Q8_0,
         Q4K | Q5K if embd_or_out || base == "attn_v" || base == "ffn_down" => Q6K,
         q => q,
@@ -180,7 +203,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         let (meta, tensors) = hf.plan()?;
         llama_cpp_caveats = hf.llama_cpp_caveats();
         write_pack(&tensors, meta, quant, &args.output, &|t: &SrcTensor<'_>| {
-            hf.release(t.data)
+            t.slices().into_iter().for_each(|s| hf.release(s))
         })?
     } else {
         anyhow::ensure!(
@@ -200,6 +223,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
                 data: src.tensor_data(t),
                 permute_heads: None,
                 file_offset: (src.data_offset() + t.offset) as usize,
+                layout: Layout::Rows,
             })
             .collect();
         let meta = src.metadata().to_vec();
@@ -334,6 +358,150 @@ pub(crate) struct SrcTensor<'a> {
     pub permute_heads: Option<usize>,
     /// Where `data` starts in its file (for releasing pages once written).
     pub file_offset: usize,
+    /// How the GGUF tensor's rows are found in the source.
+    pub layout: Layout<'a>,
+}
+
+/// Where a GGUF tensor's rows come from.
+pub(crate) enum Layout<'a> {
+    /// `data`, row after row (with `permute_heads`).
+    Rows,
+    /// Equal parts one after the other (HF's one tensor per expert, stacked into one 3-D GGUF
+    /// tensor): `data` is unused.
+    Stacked(Vec<&'a [u8]>),
+    /// `data` holds `experts` matrices of `k` rows of `w` values each (HF's fused, transposed
+    /// experts); GGUF row `i` of expert `e` is column `step * i + offset` of expert `e`'s
+    /// matrix. One expert at a time is held in f32 while its rows are written.
+    Columns {
+        experts: usize,
+        k: usize,
+        w: usize,
+        step: usize,
+        offset: usize,
+    },
+}
+
+impl<'a> SrcTensor<'a> {
+    /// The stored byte ranges (for checking sizes and releasing pages).
+    pub(crate) fn slices(&self) -> Vec<&'a [u8]> {
+        match &self.layout {
+            Layout::Stacked(parts) => parts.clone(),
+            _ => vec![self.data],
+        }
+    }
+}
+
+/// Produces a tensor's f32 rows in GGUF order.
+struct RowReader<'t, 'a> {
+    t: &'t SrcTensor<'a>,
+    ty: GgmlType,
+    /// GGUF row length.
+    n: usize,
+    rows: usize,
+    /// `Columns`: the expert held in f32, and its values.
+    held: Option<(usize, Vec<f32>)>,
+}
+
+impl<'t, 'a> RowReader<'t, 'a> {
+    /// Checks the stored sizes against the shape.
+    fn new(t: &'t SrcTensor<'a>, ty: GgmlType) -> Result<Self> {
+        let n = t.dims.first().copied().unwrap_or(1) as usize;
+        let elements: u64 = t.dims.iter().product();
+        let rows = elements as usize / n.max(1);
+        let stored: usize = t.slices().iter().map(|s| s.len()).sum();
+        let needed = match t.layout {
+            Layout::Columns {
+                experts,
+                k,
+                w,
+                step,
+                offset,
+            } => {
+                anyhow::ensure!(
+                    (w as u64).is_multiple_of(ty.block_size()),
+                    "tensor `{}`: row of {w} values does not fit {ty}",
+                    t.name
+                );
+                anyhow::ensure!(
+                    k == n
+                        && experts > 0
+                        && rows.is_multiple_of(experts)
+                        && step * (rows / experts - 1) + offset < w,
+                    "tensor `{}`: shape {:?} does not fit {experts} experts of {k} x {w}",
+                    t.name,
+                    t.dims
+                );
+                experts * k * flowrt_kernels::row_size(ty, w)
+            }
+            _ => rows * flowrt_kernels::row_size(ty, n),
+        };
+        if let Layout::Stacked(parts) = &t.layout {
+            anyhow::ensure!(
+                !parts.is_empty() && parts.iter().all(|p| p.len() == stored / parts.len()),
+                "tensor `{}`: its {} parts differ in size",
+                t.name,
+                parts.len()
+            );
+        }
+        anyhow::ensure!(
+            stored == needed,
+            "tensor `{}`: {stored} bytes stored, its shape needs {needed}",
+            t.name
+        );
+        Ok(RowReader {
+            t,
+            ty,
+            n,
+            rows,
+            held: None,
+        })
+    }
+
+    /// GGUF row `r` into `f` (`n` values).
+    fn row(&mut self, k: &Kernels, r: usize, f: &mut [f32]) {
+        let (t, ty, n) = (self.t, self.ty, self.n);
+        match &t.layout {
+            Layout::Rows => {
+                let in_row = flowrt_kernels::row_size(ty, n);
+                let sr = match t.permute_heads {
+                    Some(h) => permuted_row(r, self.rows, h),
+                    None => r,
+                };
+                k.dequantize_row(ty, &t.data[sr * in_row..(sr + 1) * in_row], f);
+            }
+            Layout::Stacked(parts) => {
+                let in_row = flowrt_kernels::row_size(ty, n);
+                let per = parts[0].len() / in_row;
+                let p = parts[r / per];
+                let sr = r % per;
+                k.dequantize_row(ty, &p[sr * in_row..(sr + 1) * in_row], f);
+            }
+            &Layout::Columns {
+                experts,
+                k: kk,
+                w,
+                step,
+                offset,
+            } => {
+                let per = self.rows / experts;
+                let (e, i) = (r / per, r % per);
+                if self.held.as_ref().map(|h| h.0) != Some(e) {
+                    let in_row = flowrt_kernels::row_size(ty, w);
+                    let base = e * kk * in_row;
+                    let mut v = vec![0f32; kk * w];
+                    for (j, out) in v.chunks_exact_mut(w).enumerate() {
+                        let s = base + j * in_row;
+                        k.dequantize_row(ty, &t.data[s..s + in_row], out);
+                    }
+                    self.held = Some((e, v));
+                }
+                let v = &self.held.as_ref().expect("held above").1;
+                for (j, x) in f.iter_mut().enumerate() {
+                    *x = v[j * w + step * i + offset];
+                }
+            }
+        }
+    }
 }
 
 /// The source row that lands at row `r` after the per-head rotate-half -> pairs permutation.
@@ -361,7 +529,10 @@ fn write_pack(
             Ok(ty) => bail!("tensor `{}`: pack cannot read type {ty}", t.name),
             Err(name) => bail!("tensor `{}`: pack cannot read dtype {name}", t.name),
         };
-        let n = t.dims.first().copied().unwrap_or(1);
+        let n = match t.layout {
+            Layout::Columns { w, .. } => w as u64,
+            _ => t.dims.first().copied().unwrap_or(1),
+        };
         anyhow::ensure!(
             n.is_multiple_of(ty.block_size()),
             "tensor `{}`: row of {n} values does not fit {ty}",
@@ -395,26 +566,13 @@ fn write_pack(
     for (t, spec) in tensors.iter().zip(&specs) {
         bar.set_message(t.name.clone());
         let src_ty = *t.ty.as_ref().expect("checked above");
-        let n = t.dims.first().copied().unwrap_or(1) as usize;
-        let elements: u64 = t.dims.iter().product();
-        let rows = elements as usize / n.max(1);
-        let in_row = flowrt_kernels::row_size(src_ty, n);
+        let mut reader = RowReader::new(t, src_ty)?;
+        let (n, rows) = (reader.n, reader.rows);
         let out_row = flowrt_kernels::row_size(spec.ty, n);
-        anyhow::ensure!(
-            t.data.len() == rows * in_row,
-            "tensor `{}`: {} bytes stored, its shape needs {}",
-            t.name,
-            t.data.len(),
-            rows * in_row
-        );
         let mut buf = vec![0u8; rows * out_row];
         let mut f = vec![0f32; n];
         for r in 0..rows {
-            let sr = match t.permute_heads {
-                Some(h) => permuted_row(r, rows, h),
-                None => r,
-            };
-            k.dequantize_row(src_ty, &t.data[sr * in_row..(sr + 1) * in_row], &mut f);
+            reader.row(k, r, &mut f);
             k.quantize_row(spec.ty, &f, &mut buf[r * out_row..(r + 1) * out_row]);
         }
         w.write_tensor(&t.name, &buf)
@@ -446,6 +604,7 @@ fn file_type(quant: GgmlType) -> u32 {
         Q5K => 17, // Q5_K_M
         Q6K => 18,
         BF16 => 32,
+        Mxfp4 => 38, // MXFP4_MOE
         _ => 0,
     }
 }

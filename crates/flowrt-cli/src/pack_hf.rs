@@ -20,13 +20,15 @@ use anyhow::{bail, Context, Result};
 use flowrt_dtype::GgmlType;
 use flowrt_gguf::{Array, StringArray, Value};
 use flowrt_kernels::Kernels;
-use flowrt_model::arch::{self, ArchSpec, EmbedScale, Scalings};
+use flowrt_model::arch::{
+    self, Activation, ArchSpec, EmbedScale, HfExperts, RouterScoring, Scalings,
+};
 use flowrt_model::rope::yarn_attention_factor;
 use flowrt_model::safetensors_dir::SafetensorsDir;
 use flowrt_model::{LayerType, ModelConfig, RopeConfig, RopePairing, RopeScaling, TensorRole};
 use serde_json::Value as Json;
 
-use super::SrcTensor;
+use super::{Layout, SrcTensor};
 
 /// How llama.cpp's loader for a GGUF architecture treats sliding windows.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,7 +85,7 @@ const PLAIN: LlamaCpp = LlamaCpp {
 };
 
 /// One row per family flowrt runs.
-const TARGETS: [Target; 9] = [
+const TARGETS: [Target; 12] = [
     Target {
         family: "llama",
         gguf_arch: "llama",
@@ -150,6 +152,30 @@ const TARGETS: [Target; 9] = [
         gguf_arch: "phi3",
         llama_cpp: PLAIN,
     },
+    // llama.cpp's qwen3moe: every layer sparse (no key for HF's `mlp_only_layers`), top-k
+    // weights always renormalised.
+    Target {
+        family: "qwen3moe",
+        gguf_arch: "qwen3moe",
+        llama_cpp: PLAIN,
+    },
+    // llama.cpp's lfm2: per-layer `attention.head_count_kv` (0: a convolution layer),
+    // `shortconv.l_cache`, the final norm as `token_embd_norm`.
+    Target {
+        family: "lfm2",
+        gguf_arch: "lfm2",
+        llama_cpp: PLAIN,
+    },
+    // llama.cpp's gpt-oss: `set_swa_pattern(2)` (even layers slide), SwiGLU alpha 1.702 and
+    // limit 7.0 fixed, YaRN always truncated.
+    Target {
+        family: "gpt-oss",
+        gguf_arch: "gpt-oss",
+        llama_cpp: LlamaCpp {
+            swa: Swa::FixedEvery(2),
+            ..PLAIN
+        },
+    },
 ];
 
 fn target(family: &str) -> Option<&'static Target> {
@@ -157,7 +183,7 @@ fn target(family: &str) -> Option<&'static Target> {
 }
 
 /// Per-layer roles in the order they are written.
-const LAYER_ROLES: [TensorRole; 18] = {
+const LAYER_ROLES: [TensorRole; 34] = {
     use TensorRole::*;
     [
         AttnNorm,
@@ -171,28 +197,60 @@ const LAYER_ROLES: [TensorRole; 18] = {
         AttnQNorm,
         AttnKNorm,
         AttnOutput,
+        AttnOutputBias,
+        AttnSinks,
         AttnPostNorm,
+        ShortConvIn,
+        ShortConvKernel,
+        ShortConvOut,
         FfnNorm,
         FfnGateUp,
         FfnGate,
         FfnUp,
+        FfnUpBias,
         FfnDown,
+        FfnDownBias,
+        FfnGateInp,
+        FfnGateInpBias,
+        FfnGateExps,
+        FfnUpExps,
+        FfnDownExps,
+        FfnGateExpsBias,
+        FfnUpExpsBias,
+        FfnDownExpsBias,
         FfnPostNorm,
+        // Never written (HF-only roles); listed so every layer role is decided here.
+        FfnGateUpExps,
     ]
 };
 
-/// Whether `arch` has tensors of `role`.
-fn uses(arch: &ArchSpec, role: TensorRole) -> bool {
+/// Whether layer `l` of the model has a tensor of `role` in GGUF.
+fn uses(c: &ModelConfig, role: TensorRole, l: usize) -> bool {
     use TensorRole::*;
+    let arch = c.arch;
+    let attends = !c.layer_is_conv(l);
+    let sparse = c.layer_moe(l).is_some();
     match role {
-        AttnQBias | AttnKBias | AttnVBias => arch.qkv_bias,
-        AttnQNorm | AttnKNorm => arch.qk_norm,
-        AttnPostNorm | FfnPostNorm => arch.sandwich_norms,
         // Fused families are written fused, as llama.cpp's converter writes them.
-        AttnQkv => arch.fused_qkv,
-        AttnQ | AttnK | AttnV => !arch.fused_qkv,
-        FfnGateUp => arch.fused_gate_up,
-        FfnGate | FfnUp => !arch.fused_gate_up,
+        AttnQkv => attends && arch.fused_qkv,
+        AttnQ | AttnK | AttnV => attends && !arch.fused_qkv,
+        AttnQBias | AttnKBias | AttnVBias => attends && arch.qkv_bias,
+        AttnQNorm | AttnKNorm => attends && arch.qk_norm,
+        AttnOutput => attends,
+        AttnOutputBias => attends && arch.dense_bias,
+        AttnSinks => attends && arch.attn_sinks,
+        AttnPostNorm | FfnPostNorm => arch.sandwich_norms,
+        ShortConvIn | ShortConvKernel | ShortConvOut => !attends,
+        FfnGateUp => !sparse && arch.gated_ffn && arch.fused_gate_up,
+        FfnGate => !sparse && arch.gated_ffn && !arch.fused_gate_up,
+        FfnUp => !(sparse || arch.gated_ffn && arch.fused_gate_up),
+        FfnDown => !sparse,
+        FfnUpBias | FfnDownBias => !sparse && arch.dense_bias,
+        FfnGateInp | FfnGateExps | FfnUpExps | FfnDownExps => sparse,
+        FfnGateInpBias | FfnGateExpsBias | FfnUpExpsBias | FfnDownExpsBias => {
+            sparse && arch.moe_bias
+        }
+        FfnGateUpExps | FfnGateUpExpsBias => false,
         _ => true,
     }
 }
@@ -204,6 +262,8 @@ pub(crate) type Plan<'a> = (Vec<(String, Value)>, Vec<SrcTensor<'a>>);
 struct Made {
     /// GGUF name.
     name: String,
+    /// GGUF dims (`dims[0]` contiguous).
+    dims: Vec<u64>,
     values: Vec<u8>,
 }
 
@@ -287,13 +347,12 @@ impl HfSource {
 
     /// Every (role, layer) the GGUF holds, in writing order.
     fn roles(&self) -> Vec<(TensorRole, usize)> {
-        let arch = self.cfg.arch;
         let mut out = vec![(TensorRole::TokenEmbd, 0)];
         for l in 0..self.cfg.num_hidden_layers {
             out.extend(
                 LAYER_ROLES
                     .iter()
-                    .filter(|&&r| uses(arch, r))
+                    .filter(|&&r| uses(&self.cfg, r, l))
                     .map(|&r| (r, l)),
             );
         }
@@ -313,10 +372,14 @@ impl HfSource {
             // llama.cpp stores Llama 3's scaling as per-dimension divisors of the plain
             // frequencies (1, factor, or 1 / ((1 - smooth) / factor + smooth)); these are
             // the divisors of flowrt's own scaled frequencies.
-            RopeScaling::Llama3 { .. } => made.push(Made {
-                name: TensorRole::RopeFreqs.gguf_name(0),
-                values: f32_bytes(&freq_divisors(&c.rope, c.rope_dim)),
-            }),
+            RopeScaling::Llama3 { .. } => {
+                let v = freq_divisors(&c.rope, c.rope_dim);
+                made.push(Made {
+                    name: TensorRole::RopeFreqs.gguf_name(0),
+                    dims: vec![v.len() as u64],
+                    values: f32_bytes(&v),
+                })
+            }
             RopeScaling::LongRope { .. } => {
                 let (short, long) = self.longrope_factors()?;
                 for (role, v) in [
@@ -325,6 +388,7 @@ impl HfSource {
                 ] {
                     made.push(Made {
                         name: role.gguf_name(0),
+                        dims: vec![v.len() as u64],
                         values: f32_bytes(&v),
                     });
                 }
@@ -363,8 +427,75 @@ impl HfSource {
                 k.dequantize_row(ty, bytes, &mut v);
                 v.iter_mut().for_each(|x| *x += offset);
                 made.push(Made {
-                    name: role.gguf_name(l),
+                    name: role.gguf_name_in(self.gguf_spec(), l),
+                    dims: vec![n as u64],
                     values: f32_bytes(&v),
+                });
+            }
+        }
+        made.extend(self.split_expert_biases()?);
+        Ok(made)
+    }
+
+    /// HF's fused experts' gate/up biases `(experts, 2 × width)`, gate at even indices, split
+    /// into GGUF's `ffn_gate_exps.bias` and `ffn_up_exps.bias` (`[width, experts]` each).
+    fn split_expert_biases(&self) -> Result<Vec<Made>> {
+        let c = &self.cfg;
+        let mut made = Vec::new();
+        if c.arch.hf_experts != HfExperts::FusedTransposed || !c.arch.moe_bias {
+            return Ok(made);
+        }
+        let k = Kernels::detect();
+        for l in 0..c.num_hidden_layers {
+            let Some(m) = c.layer_moe(l) else { continue };
+            let (n, ff) = (m.num_experts, m.moe_intermediate_size);
+            let Some(hn) = self.hf_name(TensorRole::FfnGateUpExpsBias, l) else {
+                continue;
+            };
+            let Some(e) = self.st.tensors.get(&hn) else {
+                continue; // reported as missing by `plan`
+            };
+            if e.shape.len() == 2 && e.shape[1] == 2 * ff && e.shape[0] != n {
+                bail!(
+                    "tensor `{hn}` holds {} experts but the expert count (num_local_experts) is {n}",
+                    e.shape[0]
+                );
+            }
+            if e.shape != [n, 2 * ff] {
+                bail!(
+                    "tensor `{hn}` has shape {:?}, expected [{n}, {}] (num_local_experts, 2 × intermediate_size)",
+                    e.shape,
+                    2 * ff
+                );
+            }
+            let ty = match &e.dtype {
+                Ok(ty) if Kernels::supports_conversion(*ty) => *ty,
+                Ok(ty) => bail!("tensor `{hn}`: pack cannot read type {ty}"),
+                Err(name) => bail!("tensor `{hn}`: pack cannot read dtype {name}"),
+            };
+            let bytes = self.st.bytes(e);
+            let row = flowrt_kernels::row_size(ty, 2 * ff);
+            anyhow::ensure!(
+                bytes.len() == n * row,
+                "tensor `{hn}`: {} bytes stored, its shape needs {}",
+                bytes.len(),
+                n * row
+            );
+            let (mut gate, mut up) = (Vec::with_capacity(n * ff), Vec::with_capacity(n * ff));
+            let mut v = vec![0f32; 2 * ff];
+            for r in bytes.chunks_exact(row) {
+                k.dequantize_row(ty, r, &mut v);
+                gate.extend(v.iter().step_by(2));
+                up.extend(v.iter().skip(1).step_by(2));
+            }
+            for (role, vals) in [
+                (TensorRole::FfnGateExpsBias, gate),
+                (TensorRole::FfnUpExpsBias, up),
+            ] {
+                made.push(Made {
+                    name: role.gguf_name_in(self.gguf_spec(), l),
+                    dims: vec![ff as u64, n as u64],
+                    values: f32_bytes(&vals),
                 });
             }
         }
@@ -401,7 +532,17 @@ impl HfSource {
         let a = self.target.gguf_arch;
         let k = |key: &str| format!("{a}.{key}");
         let u = |v: usize| Value::U32(v as u32);
-        if c.activation != c.arch.activation {
+        let swiglu = match (c.activation, c.arch.activation) {
+            (
+                Activation::ClampedSwiglu { alpha, limit },
+                Activation::ClampedSwiglu {
+                    alpha: a0,
+                    limit: l0,
+                },
+            ) => Some((alpha, limit, a0, l0)),
+            _ => None,
+        };
+        if swiglu.is_none() && c.activation != c.arch.activation {
             bail!(
                 "config.json: activation {:?} is not the `{}` family's {:?}, and GGUF `{a}` has no key for it",
                 c.activation,
@@ -409,13 +550,29 @@ impl HfSource {
                 c.arch.activation
             );
         }
+        // Hybrid families: KV heads per layer, 0 on convolution layers (llama.cpp's lfm2).
+        let kv_heads = match &c.short_conv {
+            Some(sc) => Value::Array(Array::U32(
+                sc.conv_layers
+                    .iter()
+                    .map(|&conv| {
+                        if conv {
+                            0
+                        } else {
+                            c.num_key_value_heads as u32
+                        }
+                    })
+                    .collect(),
+            )),
+            None => u(c.num_key_value_heads),
+        };
         let mut meta: Vec<(String, Value)> = vec![
             (k("context_length"), u(c.max_position_embeddings)),
             (k("embedding_length"), u(c.hidden_size)),
             (k("block_count"), u(c.num_hidden_layers)),
             (k("feed_forward_length"), u(c.intermediate_size)),
             (k("attention.head_count"), u(c.num_attention_heads)),
-            (k("attention.head_count_kv"), u(c.num_key_value_heads)),
+            (k("attention.head_count_kv"), kv_heads),
             (
                 k("attention.layer_norm_rms_epsilon"),
                 Value::F32(c.rms_norm_eps),
@@ -426,6 +583,38 @@ impl HfSource {
             (k("rope.freq_base"), Value::F32(c.rope.theta)),
             (k("vocab_size"), u(c.vocab_size)),
         ];
+        if let Some(sc) = &c.short_conv {
+            meta.push((k("shortconv.l_cache"), u(sc.kernel)));
+        }
+        // Mixtures of experts: llama.cpp's keys; HF's dense layers (`mlp_only_layers`,
+        // `decoder_sparse_step`) under flowrt's `mlp_only_layers` (llama.cpp has no key).
+        if let Some(m) = &c.moe {
+            meta.push((k("expert_count"), u(m.num_experts)));
+            meta.push((k("expert_used_count"), u(m.num_experts_per_tok)));
+            meta.push((k("expert_feed_forward_length"), u(m.moe_intermediate_size)));
+            // Whether top-k weights are renormalised: a question for softmax routers only
+            // (gpt-oss's softmax over the top k needs none).
+            if m.router.scoring == RouterScoring::Softmax {
+                meta.push((k("expert_weights_norm"), Value::Bool(m.router.renormalize)));
+            }
+            let dense: Vec<u32> = (0..c.num_hidden_layers)
+                .filter(|&l| !m.sparse_layers[l])
+                .map(|l| l as u32)
+                .collect();
+            if !dense.is_empty() {
+                meta.push((k("mlp_only_layers"), Value::Array(Array::U32(dense))));
+            }
+        }
+        // gpt-oss's clamped SwiGLU: flowrt's keys where the model differs from the family's
+        // (llama.cpp's fixed) values.
+        if let Some((alpha, limit, a0, l0)) = swiglu {
+            if alpha != a0 {
+                meta.push((k("swiglu_alpha"), Value::F32(alpha)));
+            }
+            if limit != l0 {
+                meta.push((k("swiglu_limit"), Value::F32(limit)));
+            }
+        }
         match &c.rope.scaling {
             RopeScaling::Linear { factor } => {
                 meta.push((k("rope.scaling.type"), "linear".into()));
@@ -443,9 +632,9 @@ impl HfSource {
                 ));
                 meta.push((k("rope.scaling.attn_factor"), Value::F32(*attention_factor)));
             }
-            // llama.cpp's converter's keys. The ramp ends are always rounded outwards there (and
-            // in flowrt's GGUF reader), so `truncate: false` has no GGUF form. The cos/sin factor
-            // is written, as the converter does, only when it is not the default.
+            // llama.cpp's converter's keys. The ramp ends are always rounded outwards there;
+            // `truncate: false` (gpt-oss) goes under flowrt's `rope.scaling.yarn_truncate`. The
+            // cos/sin factor is written, as the converter does, only when it is not the default.
             RopeScaling::Yarn {
                 factor,
                 original_max_position_embeddings,
@@ -454,10 +643,12 @@ impl HfSource {
                 truncate,
                 attention_factor,
             } => {
-                if !truncate {
-                    bail!("config.json: YaRN with `truncate: false` has no GGUF key (llama.cpp always truncates)");
-                }
                 meta.push((k("rope.scaling.type"), "yarn".into()));
+                // flowrt's key for transformers' `truncate: false` (llama.cpp always
+                // truncates; the report says so).
+                if !truncate {
+                    meta.push((k("rope.scaling.yarn_truncate"), Value::Bool(false)));
+                }
                 meta.push((k("rope.scaling.factor"), Value::F32(*factor)));
                 meta.push((
                     k("rope.scaling.original_context_length"),
@@ -605,6 +796,48 @@ impl HfSource {
                 ));
             }
         }
+        if let RopeScaling::Yarn {
+            truncate: false, ..
+        } = c.rope.scaling
+        {
+            out.push(
+                "it always rounds YaRN's ramp ends outwards; this model does not \
+                 (`truncate: false`, written as rope.scaling.yarn_truncate)"
+                    .to_string(),
+            );
+        }
+        if let Some(m) = &c.moe {
+            let dense: Vec<usize> = (0..c.num_hidden_layers)
+                .filter(|&l| !m.sparse_layers[l])
+                .collect();
+            if !dense.is_empty() {
+                out.push(format!(
+                    "its `{a}` loader reads no mlp_only_layers: it expects experts in every \
+                     layer and would refuse dense layers {dense:?}"
+                ));
+            }
+            if a == "qwen3moe" && !m.router.renormalize {
+                out.push(format!(
+                    "its `{a}` graph always renormalises the top-k expert weights; this model \
+                     does not (norm_topk_prob false)"
+                ));
+            }
+        }
+        if let (
+            Activation::ClampedSwiglu { alpha, limit },
+            Activation::ClampedSwiglu {
+                alpha: a0,
+                limit: l0,
+            },
+        ) = (c.activation, c.arch.activation)
+        {
+            if (alpha, limit) != (a0, l0) {
+                out.push(format!(
+                    "its `{a}` graph fixes SwiGLU alpha {a0} and limit {l0}; this model has \
+                     alpha {alpha}, limit {limit} (written as swiglu_alpha / swiglu_limit)"
+                ));
+            }
+        }
         if let RopeScaling::LongRope {
             original_max_position_embeddings: orig,
             ..
@@ -627,7 +860,7 @@ impl HfSource {
     }
 
     /// The metadata and the tensors to write.
-    pub(crate) fn plan(&self) -> Result<Plan<'_>> {
+    pub(crate) fn plan<'a>(&'a self) -> Result<Plan<'a>> {
         let c = &self.cfg;
         let name = self
             .dir
@@ -644,54 +877,94 @@ impl HfSource {
         let adjacent = self.gguf_spec().gguf_rope_pairing == RopePairing::Adjacent;
         let mut tensors: Vec<SrcTensor<'_>> = Vec::new();
         let made: HashMap<&str, &Made> = self.made.iter().map(|m| (m.name.as_str(), m)).collect();
+        let made_tensor = |m: &'a Made| SrcTensor {
+            name: m.name.clone(),
+            dims: m.dims.clone(),
+            ty: Ok(GgmlType::F32),
+            data: &m.values,
+            permute_heads: None,
+            file_offset: 0,
+            layout: Layout::Rows,
+        };
         // Computed tensors that no role names (the RoPE divisors) go first.
         let roles = self.roles();
-        let role_names: HashSet<String> = roles.iter().map(|&(r, l)| r.gguf_name(l)).collect();
+        let gguf_spec = self.gguf_spec();
+        let role_names: HashSet<String> = roles
+            .iter()
+            .map(|&(r, l)| r.gguf_name_in(gguf_spec, l))
+            .collect();
         for m in self.made.iter().filter(|m| !role_names.contains(&m.name)) {
-            tensors.push(SrcTensor {
-                name: m.name.clone(),
-                dims: vec![m.values.len() as u64 / 4],
-                ty: Ok(GgmlType::F32),
-                data: &m.values,
-                permute_heads: None,
-                file_offset: 0,
-            });
+            tensors.push(made_tensor(m));
         }
         let mut used: HashSet<String> = HashSet::new();
         let mut missing = Vec::new();
         for (role, l) in roles {
-            let gn = role.gguf_name(l);
+            let gn = role.gguf_name_in(gguf_spec, l);
+            if let Some(m) = made.get(gn.as_str()) {
+                // Computed from a stored tensor (offset norms, split expert biases).
+                if let Some(hn) = self.hf_name(role, l) {
+                    if !self.st.tensors.contains_key(&hn) {
+                        missing.push(hn);
+                        continue;
+                    }
+                    used.insert(hn);
+                }
+                if matches!(
+                    role,
+                    TensorRole::FfnGateExpsBias | TensorRole::FfnUpExpsBias
+                ) {
+                    if let Some(hn) = self.hf_name(TensorRole::FfnGateUpExpsBias, l) {
+                        used.insert(hn);
+                    }
+                }
+                tensors.push(made_tensor(m));
+                continue;
+            }
+            if let Some(t) = self.expert_tensor(role, l, gn.clone(), &mut used, &mut missing)? {
+                tensors.push(t);
+                continue;
+            }
             let Some(hn) = self.hf_name(role, l) else {
+                if matches!(
+                    role,
+                    TensorRole::FfnGateExpsBias | TensorRole::FfnUpExpsBias
+                ) {
+                    // Split from the fused bias, which is missing (reported below).
+                    if let Some(hn) = self.hf_name(TensorRole::FfnGateUpExpsBias, l) {
+                        missing.push(hn);
+                    }
+                }
                 continue;
             };
             let Some(e) = self.st.tensors.get(&hn) else {
                 missing.push(hn);
                 continue;
             };
-            used.insert(hn);
-            let dims: Vec<u64> = e.shape.iter().rev().map(|&d| d as u64).collect();
+            used.insert(hn.clone());
+            let mut dims: Vec<u64> = e.shape.iter().rev().map(|&d| d as u64).collect();
+            if role == TensorRole::ShortConvKernel {
+                // HF (hidden, 1, kernel) -> GGUF [kernel, hidden], as llama.cpp's converter.
+                match e.shape[..] {
+                    [h, 1, k] | [h, k] => dims = vec![k as u64, h as u64],
+                    _ => bail!(
+                        "tensor `{hn}` has shape {:?}, expected (hidden_size, 1, conv_L_cache)",
+                        e.shape
+                    ),
+                }
+            }
             let permute_heads = match role {
                 TensorRole::AttnQ if adjacent => Some(c.num_attention_heads),
                 TensorRole::AttnK if adjacent => Some(c.num_key_value_heads),
                 _ => None,
             };
-            tensors.push(match made.get(gn.as_str()) {
-                Some(m) => SrcTensor {
-                    name: gn,
-                    dims,
-                    ty: Ok(GgmlType::F32),
-                    data: &m.values,
-                    permute_heads: None,
-                    file_offset: 0,
-                },
-                None => SrcTensor {
-                    name: gn,
-                    dims,
-                    ty: e.dtype.clone(),
-                    data: self.st.bytes(e),
-                    permute_heads,
-                    file_offset: e.start,
-                },
+            tensors.push(SrcTensor {
+                name: gn,
+                dims,
+                ty: e.dtype.clone(),
+                data: self.st.bytes(e),
+                permute_heads,
+                file_offset: e.start,
+                layout: Layout::Rows,
             });
         }
         if !missing.is_empty() {
@@ -718,6 +991,130 @@ impl HfSource {
             );
         }
         Ok((meta, tensors))
+    }
+
+    /// The 3-D GGUF tensor of an experts role (`ffn_{gate,up,down}_exps`: one matrix per
+    /// expert, `[in, out, experts]`), read from HF's per-expert tensors or from its fused,
+    /// transposed ones; `None` for other roles, or when a source tensor is missing (recorded
+    /// in `missing`).
+    fn expert_tensor<'a>(
+        &'a self,
+        role: TensorRole,
+        l: usize,
+        gn: String,
+        used: &mut HashSet<String>,
+        missing: &mut Vec<String>,
+    ) -> Result<Option<SrcTensor<'a>>> {
+        use TensorRole::*;
+        if !matches!(role, FfnGateExps | FfnUpExps | FfnDownExps) {
+            return Ok(None);
+        }
+        let m = self
+            .cfg
+            .layer_moe(l)
+            .context("an experts tensor in a dense layer")?;
+        let (n, ff, h) = (m.num_experts, m.moe_intermediate_size, self.cfg.hidden_size);
+        let width_key = self.cfg.arch.hf_expert_width_key;
+        match self.cfg.arch.hf_experts {
+            HfExperts::PerExpert => {
+                let (prefix, _) = self.st.decoder_prefixes();
+                let want = if role == FfnDownExps {
+                    [h, ff]
+                } else {
+                    [ff, h]
+                };
+                let mut parts = Vec::with_capacity(n);
+                let mut first: Option<(String, String, usize)> = None;
+                for e in 0..n {
+                    let hn = format!(
+                        "{prefix}{}",
+                        role.hf_expert_name(l, e).context("an experts role")?
+                    );
+                    let Some(t) = self.st.tensors.get(&hn) else {
+                        missing.push(format!(
+                            "{hn} (expert {e} of {n}: num_experts / num_local_experts)"
+                        ));
+                        continue;
+                    };
+                    used.insert(hn.clone());
+                    if t.shape != want {
+                        bail!(
+                            "tensor `{hn}` has shape {:?}, expected {want:?} (moe_intermediate_size = {ff}, hidden_size = {h})",
+                            t.shape
+                        );
+                    }
+                    let ty = format!("{:?}", t.dtype);
+                    match &first {
+                        None => first = Some((hn.clone(), ty, t.start)),
+                        Some((f, fty, _)) if *fty != ty => {
+                            bail!("tensor `{hn}` is stored as {ty}, expert 0 (`{f}`) as {fty}")
+                        }
+                        Some(_) => {}
+                    }
+                    parts.push((t, self.st.bytes(t)));
+                }
+                if parts.len() != n {
+                    return Ok(None);
+                }
+                Ok(Some(SrcTensor {
+                    name: gn,
+                    dims: vec![want[1] as u64, want[0] as u64, n as u64],
+                    ty: parts[0].0.dtype.clone(),
+                    data: parts[0].1,
+                    permute_heads: None,
+                    file_offset: parts[0].0.start,
+                    layout: Layout::Stacked(parts.iter().map(|p| p.1).collect()),
+                }))
+            }
+            HfExperts::FusedTransposed => {
+                // gate_up_proj (experts, hidden, 2 × width), gate at even indices;
+                // down_proj (experts, width, hidden).
+                let (src_role, want, k, w, step, offset) = match role {
+                    FfnGateExps => (FfnGateUpExps, [n, h, 2 * ff], h, 2 * ff, 2, 0),
+                    FfnUpExps => (FfnGateUpExps, [n, h, 2 * ff], h, 2 * ff, 2, 1),
+                    _ => (FfnDownExps, [n, ff, h], ff, h, 1, 0),
+                };
+                let hn = self.hf_name(src_role, l).context("an experts role")?;
+                let Some(e) = self.st.tensors.get(&hn) else {
+                    if self.st.tensors.contains_key(&format!("{hn}_blocks")) {
+                        bail!(
+                            "tensor `{hn}` is stored as MXFP4 blocks (`{hn}_blocks`); pack reads float experts only"
+                        );
+                    }
+                    missing.push(hn);
+                    return Ok(None);
+                };
+                used.insert(hn.clone());
+                if e.shape.len() == 3 && e.shape[1..] == want[1..] && e.shape[0] != n {
+                    bail!(
+                        "tensor `{hn}` holds {} experts but the expert count (num_local_experts) is {n}",
+                        e.shape[0]
+                    );
+                }
+                if e.shape != want {
+                    bail!(
+                        "tensor `{hn}` has shape {:?}, expected {want:?} (num_local_experts, then input and output features; {width_key} = {ff}, hidden_size = {h})",
+                        e.shape
+                    );
+                }
+                let out_rows = w.div_ceil(step).min(if step == 2 { ff } else { w });
+                Ok(Some(SrcTensor {
+                    name: gn,
+                    dims: vec![k as u64, out_rows as u64, n as u64],
+                    ty: e.dtype.clone(),
+                    data: self.st.bytes(e),
+                    permute_heads: None,
+                    file_offset: e.start,
+                    layout: Layout::Columns {
+                        experts: n,
+                        k,
+                        w,
+                        step,
+                        offset,
+                    },
+                }))
+            }
+        }
     }
 
     /// `tokenizer.ggml.*` and `tokenizer.chat_template` from tokenizer.json and
@@ -906,7 +1303,7 @@ mod tests {
             names,
             [
                 "llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite", "smollm3",
-                "phi3"
+                "phi3", "qwen3moe", "lfm2", "gpt-oss"
             ]
         );
         for t in &TARGETS {

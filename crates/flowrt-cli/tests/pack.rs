@@ -662,3 +662,281 @@ fn ctrl_c_midway_leaves_nothing() {
     assert!(stderr.contains("interrupted"), "{stderr}");
     assert!(!out.exists() && !partial(&out).exists());
 }
+
+/// A packed file's tensor: (type, dims, values as f32 for F32 tensors).
+fn packed_tensor(
+    f: &flowrt_gguf::GgufFile,
+    name: &str,
+) -> (flowrt_dtype::GgmlType, Vec<u64>, Vec<f32>) {
+    let t = f
+        .tensors()
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    let values = if t.ggml_type == flowrt_dtype::GgmlType::F32 {
+        f.tensor_data(t)
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (t.ggml_type, t.dims.clone(), values)
+}
+
+/// An f32 tensor of a family fixture's checkpoint.
+fn hf_f32(case: &str, name: &str) -> Vec<f32> {
+    let st =
+        flowrt_model::safetensors_dir::SafetensorsDir::open(&fixture(&format!("families/{case}")))
+            .unwrap();
+    st.bytes(&st.tensors[name])
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Packs `case` to `quant` without the gate and opens the file.
+fn packed(dir: &Path, case: &str, quant: &str) -> (flowrt_gguf::GgufFile, String) {
+    let out = dir.join(format!("{case}-{quant}.gguf"));
+    let o = pack(
+        &fixture(&format!("families/{case}")),
+        &out,
+        quant,
+        &["--no-gate"],
+    );
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{case} {quant}: {stdout}\n{stderr}");
+    (flowrt_gguf::GgufFile::open(&out).unwrap(), stdout)
+}
+
+/// Qwen3-MoE: F32 lossless and greedy-identical, F16 and Q8_0 agree with transformers; the
+/// experts are 3-D `ffn_{gate,up,down}_exps` (one matrix per expert, in expert order), the
+/// router `ffn_gate_inp` stays F32 in every type (as llama-quantize keeps it), llama.cpp's
+/// expert keys plus flowrt's `mlp_only_layers` for the dense layer, which the report says
+/// llama.cpp's loader would refuse.
+#[test]
+fn packs_qwen3_moe_with_3d_experts_and_an_f32_router() {
+    for (quant, report) in packs_to_types("qwen3-moe", &["F32", "F16", "Q8_0"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("reads no mlp_only_layers") && lines.contains("dense layers [1]"),
+            "qwen3-moe {quant}: {report}"
+        );
+    }
+    use flowrt_dtype::GgmlType::*;
+    use flowrt_gguf::{Array, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let (g, _) = packed(dir.path(), "qwen3-moe", "F32");
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("qwen3moe"));
+    for (key, want) in [
+        ("qwen3moe.expert_count", 8),
+        ("qwen3moe.expert_used_count", 2),
+        ("qwen3moe.expert_feed_forward_length", 32),
+        ("qwen3moe.feed_forward_length", 96),
+    ] {
+        assert_eq!(g.get_u64(key).unwrap(), Some(want), "{key}");
+    }
+    assert!(matches!(
+        g.get("qwen3moe.expert_weights_norm"),
+        Some(Value::Bool(true))
+    ));
+    assert!(matches!(
+        g.get("qwen3moe.mlp_only_layers"),
+        Some(Value::Array(Array::U32(v))) if v == &[1]
+    ));
+    let (_, dims, up) = packed_tensor(&g, "blk.2.ffn_up_exps.weight");
+    assert_eq!(dims, [64, 32, 8]);
+    let (_, dims, _) = packed_tensor(&g, "blk.0.ffn_down_exps.weight");
+    assert_eq!(dims, [32, 64, 8]);
+    // Expert 5's matrix is the sixth block of 32 × 64 values.
+    let e5 = hf_f32("qwen3-moe", "model.layers.2.mlp.experts.5.up_proj.weight");
+    assert_eq!(up[5 * 32 * 64..6 * 32 * 64], e5[..]);
+    let (_, dims, router) = packed_tensor(&g, "blk.0.ffn_gate_inp.weight");
+    assert_eq!(dims, [64, 8]);
+    assert_eq!(
+        router,
+        hf_f32("qwen3-moe", "model.layers.0.mlp.gate.weight")
+    );
+    // The dense layer keeps its plain FFN.
+    assert_eq!(packed_tensor(&g, "blk.1.ffn_gate.weight").1, [64, 96]);
+    assert!(!g
+        .tensors()
+        .iter()
+        .any(|t| t.name == "blk.1.ffn_gate_inp.weight"));
+    let (q, _) = packed(dir.path(), "qwen3-moe", "Q8_0");
+    assert_eq!(packed_tensor(&q, "blk.0.ffn_gate_inp.weight").0, F32);
+    assert_eq!(packed_tensor(&q, "blk.0.ffn_gate_exps.weight").0, Q8_0);
+}
+
+/// LFM2: F32 lossless and greedy-identical, F16 and Q8_0 agree with transformers; written as
+/// llama.cpp's lfm2: KV heads per layer (0 on convolution layers), `shortconv.l_cache`, the
+/// auto-adjusted FFN width, `shortconv.*` tensors with the taps `[L, hidden]` in F32 whatever
+/// the type, the final norm as `token_embd_norm`.
+#[test]
+fn packs_lfm2_as_llama_cpps_lfm2() {
+    for (quant, report) in packs_to_types("lfm2", &["F32", "F16", "Q8_0"]) {
+        assert!(
+            llama_cpp_lines(&report).is_empty(),
+            "lfm2 {quant}: {report}"
+        );
+    }
+    use flowrt_dtype::GgmlType::*;
+    use flowrt_gguf::{Array, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let (g, _) = packed(dir.path(), "lfm2", "Q8_0");
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("lfm2"));
+    assert!(matches!(
+        g.get("lfm2.attention.head_count_kv"),
+        Some(Value::Array(Array::U32(v))) if v == &[0, 2, 0, 2]
+    ));
+    assert_eq!(g.get_u64("lfm2.shortconv.l_cache").unwrap(), Some(3));
+    assert_eq!(g.get_u64("lfm2.feed_forward_length").unwrap(), Some(128));
+    let (ty, dims, taps) = packed_tensor(&g, "blk.2.shortconv.conv.weight");
+    assert_eq!((ty, dims), (F32, vec![3, 64]));
+    assert_eq!(taps, hf_f32("lfm2", "model.layers.2.conv.conv.weight"));
+    assert_eq!(
+        packed_tensor(&g, "blk.0.shortconv.in_proj.weight").1,
+        [64, 192]
+    );
+    assert_eq!(packed_tensor(&g, "token_embd_norm.weight").0, F32);
+    let has = |n: &str| g.tensors().iter().any(|t| t.name == n);
+    assert!(has("blk.1.attn_q_norm.weight") && has("blk.3.attn_output.weight"));
+    for absent in [
+        "blk.0.attn_q.weight",
+        "blk.1.shortconv.in_proj.weight",
+        "output.weight",
+        "output_norm.weight",
+    ] {
+        assert!(!has(absent), "{absent}");
+    }
+}
+
+/// gpt-oss: F32 lossless and greedy-identical, F16 and Q8_0 agree with transformers, and
+/// MXFP4_MOE (experts MXFP4, the rest Q8_0, router F32) passes its gate. HF's fused,
+/// transposed experts are written as llama.cpp's `ffn_{gate,up,down}_exps` (gate and up
+/// split apart, each expert `(out, in)`), biases split likewise; the report says what
+/// llama.cpp's gpt-oss would run differently (this fixture's SwiGLU limit, YaRN without
+/// truncation).
+#[test]
+fn packs_gpt_oss_with_float_and_mxfp4_experts() {
+    for (quant, report) in packs_to_types("gpt-oss", &["F32", "F16", "Q8_0", "MXFP4_MOE"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("limit 0.6") && lines.contains("truncate: false"),
+            "gpt-oss {quant}: {report}"
+        );
+    }
+    use flowrt_dtype::GgmlType::*;
+    let dir = tempfile::tempdir().unwrap();
+    let (g, _) = packed(dir.path(), "gpt-oss", "F32");
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("gpt-oss"));
+    assert_eq!(g.get_u64("gpt-oss.expert_count").unwrap(), Some(8));
+    assert_eq!(g.get_f32("gpt-oss.swiglu_limit").unwrap(), Some(0.6));
+    // gate_up_proj (8, 32, 64): expert e, input k, output 2i (gate) / 2i + 1 (up).
+    let gu = hf_f32("gpt-oss", "model.layers.1.mlp.experts.gate_up_proj");
+    let dn = hf_f32("gpt-oss", "model.layers.1.mlp.experts.down_proj");
+    let (_, dims, gate) = packed_tensor(&g, "blk.1.ffn_gate_exps.weight");
+    assert_eq!(dims, [32, 32, 8]);
+    let (_, _, up) = packed_tensor(&g, "blk.1.ffn_up_exps.weight");
+    let (_, _, down) = packed_tensor(&g, "blk.1.ffn_down_exps.weight");
+    for e in [0, 3, 7] {
+        for i in 0..32 {
+            for k in 0..32 {
+                let at = (e * 32 + i) * 32 + k;
+                assert_eq!(
+                    gate[at],
+                    gu[e * 32 * 64 + k * 64 + 2 * i],
+                    "gate {e} {i} {k}"
+                );
+                assert_eq!(
+                    up[at],
+                    gu[e * 32 * 64 + k * 64 + 2 * i + 1],
+                    "up {e} {i} {k}"
+                );
+                assert_eq!(down[at], dn[e * 32 * 32 + k * 32 + i], "down {e} {i} {k}");
+            }
+        }
+    }
+    let gub = hf_f32("gpt-oss", "model.layers.1.mlp.experts.gate_up_proj_bias");
+    let (_, dims, ub) = packed_tensor(&g, "blk.1.ffn_up_exps.bias");
+    assert_eq!(dims, [32, 8]);
+    assert_eq!(
+        ub,
+        gub.iter().skip(1).step_by(2).copied().collect::<Vec<_>>()
+    );
+    assert!(g
+        .tensors()
+        .iter()
+        .any(|t| t.name == "blk.0.attn_sinks.weight"));
+    assert!(g
+        .tensors()
+        .iter()
+        .any(|t| t.name == "blk.0.post_attention_norm.weight"));
+
+    // MXFP4_MOE: the experts' bytes are those gguf-py's quantiser wrote into the fixture's
+    // model-mxfp4.gguf (scripts/hf_to_gguf.py --outtype mxfp4_moe).
+    let (m, _) = packed(dir.path(), "gpt-oss", "MXFP4_MOE");
+    assert_eq!(m.get_u64("general.file_type").unwrap(), Some(38));
+    let want = flowrt_gguf::GgufFile::open(fixture("families/gpt-oss/model-mxfp4.gguf")).unwrap();
+    let bytes = |f: &flowrt_gguf::GgufFile, n: &str| {
+        let t = f.tensors().iter().find(|t| t.name == n).unwrap();
+        (t.ggml_type, f.tensor_data(t).to_vec())
+    };
+    for l in 0..4 {
+        for r in ["gate", "up", "down"] {
+            let n = format!("blk.{l}.ffn_{r}_exps.weight");
+            let (ty, b) = bytes(&m, &n);
+            assert_eq!(ty, Mxfp4, "{n}");
+            assert!(b == bytes(&want, &n).1, "{n}: bytes differ from gguf-py's");
+        }
+        assert_eq!(
+            packed_tensor(&m, &format!("blk.{l}.ffn_gate_inp.weight")).0,
+            F32
+        );
+        assert_eq!(packed_tensor(&m, &format!("blk.{l}.attn_q.weight")).0, Q8_0);
+    }
+    assert_eq!(packed_tensor(&m, "output.weight").0, Q8_0);
+}
+
+/// An expert count in config.json that the checkpoint contradicts is an error naming the
+/// field, and leaves nothing.
+#[test]
+fn an_expert_count_the_tensors_contradict_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.gguf");
+    for (case, key, n, want) in [
+        (
+            "qwen3-moe",
+            "num_local_experts",
+            16,
+            "expert 8 of 16: num_experts / num_local_experts",
+        ),
+        (
+            "qwen3-moe",
+            "num_local_experts",
+            4,
+            "does not use (is model_type right?): [\"model.layers.0.mlp.experts.4.",
+        ),
+        (
+            "gpt-oss",
+            "num_local_experts",
+            4,
+            "holds 8 experts but the expert count (num_local_experts) is 4",
+        ),
+    ] {
+        let src = dir.path().join(format!("{case}-{n}"));
+        copy_dir(&fixture(&format!("families/{case}")), &src);
+        let cfg_path = src.join("config.json");
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        cfg[key] = n.into();
+        std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+        let o = pack(&src, &out, "Q8_0", &[]);
+        let (stdout, stderr) = text(&o);
+        assert!(
+            !o.status.success() && stderr.contains(want),
+            "{case} {key} = {n}: {stdout}\n{stderr}"
+        );
+        assert!(!out.exists() && !partial(&out).exists());
+    }
+}
