@@ -62,7 +62,14 @@ struct LlamaCpp {
     /// read); `None`: every layer is rotated.
     no_rope_every: Option<usize>,
     softcap: Softcap,
+    /// Whether `leading_dense_block_count` is read (dense feed-forward blocks before the
+    /// experts); other MoE loaders expect experts in every layer.
+    reads_leading_dense: bool,
 }
+
+// No loader of llama-cpp-python 0.3.36 applies `expert_weights_scale` to the families pack
+// writes (measured on lfm2moe: routed_scaling_factor 1.7 gives a mean KL of 1.5e-2 against
+// flowrt, 1.0 gives 1.7e-9), so a scale other than 1 is always a caveat.
 
 /// How pack writes one family: the GGUF architecture llama.cpp's converter writes it as, and
 /// what llama.cpp's loader for that architecture does not honour.
@@ -82,10 +89,11 @@ const PLAIN: LlamaCpp = LlamaCpp {
     reads_attention_scale: false,
     no_rope_every: None,
     softcap: Softcap::Never,
+    reads_leading_dense: false,
 };
 
 /// One row per family flowrt runs.
-const TARGETS: [Target; 12] = [
+const TARGETS: [Target; 13] = [
     Target {
         family: "llama",
         gguf_arch: "llama",
@@ -119,6 +127,7 @@ const TARGETS: [Target; 12] = [
             reads_attention_scale: false,
             no_rope_every: None,
             softcap: Softcap::WithoutWindow,
+            reads_leading_dense: false,
         },
     },
     Target {
@@ -166,6 +175,16 @@ const TARGETS: [Target; 12] = [
         gguf_arch: "lfm2",
         llama_cpp: PLAIN,
     },
+    // llama.cpp's lfm2moe: lfm2's layers, `leading_dense_block_count` dense feed-forward
+    // blocks first, a sigmoid router with a selection bias (`exp_probs_b`).
+    Target {
+        family: "lfm2moe",
+        gguf_arch: "lfm2moe",
+        llama_cpp: LlamaCpp {
+            reads_leading_dense: true,
+            ..PLAIN
+        },
+    },
     // llama.cpp's gpt-oss: `set_swa_pattern(2)` (even layers slide), SwiGLU alpha 1.702 and
     // limit 7.0 fixed, YaRN always truncated.
     Target {
@@ -183,7 +202,7 @@ fn target(family: &str) -> Option<&'static Target> {
 }
 
 /// Per-layer roles in the order they are written.
-const LAYER_ROLES: [TensorRole; 34] = {
+const LAYER_ROLES: [TensorRole; 38] = {
     use TensorRole::*;
     [
         AttnNorm,
@@ -201,8 +220,11 @@ const LAYER_ROLES: [TensorRole; 34] = {
         AttnSinks,
         AttnPostNorm,
         ShortConvIn,
+        ShortConvInBias,
         ShortConvKernel,
+        ShortConvKernelBias,
         ShortConvOut,
+        ShortConvOutBias,
         FfnNorm,
         FfnGateUp,
         FfnGate,
@@ -212,6 +234,7 @@ const LAYER_ROLES: [TensorRole; 34] = {
         FfnDownBias,
         FfnGateInp,
         FfnGateInpBias,
+        FfnExpProbsB,
         FfnGateExps,
         FfnUpExps,
         FfnDownExps,
@@ -241,6 +264,10 @@ fn uses(c: &ModelConfig, role: TensorRole, l: usize) -> bool {
         AttnSinks => attends && arch.attn_sinks,
         AttnPostNorm | FfnPostNorm => arch.sandwich_norms,
         ShortConvIn | ShortConvKernel | ShortConvOut => !attends,
+        ShortConvInBias | ShortConvKernelBias | ShortConvOutBias => {
+            !attends && c.short_conv.as_ref().is_some_and(|sc| sc.bias)
+        }
+        FfnExpProbsB => sparse && c.moe.as_ref().is_some_and(|m| m.router.selection_bias),
         FfnGateUp => !sparse && arch.gated_ffn && arch.fused_gate_up,
         FfnGate => !sparse && arch.gated_ffn && !arch.fused_gate_up,
         FfnUp => !(sparse || arch.gated_ffn && arch.fused_gate_up),
@@ -592,12 +619,30 @@ impl HfSource {
             meta.push((k("expert_count"), u(m.num_experts)));
             meta.push((k("expert_used_count"), u(m.num_experts_per_tok)));
             meta.push((k("expert_feed_forward_length"), u(m.moe_intermediate_size)));
-            // Whether top-k weights are renormalised: a question for softmax routers only
-            // (gpt-oss's softmax over the top k needs none).
-            if m.router.scoring == RouterScoring::Softmax {
+            // Whether top-k weights are renormalised: a question for softmax and sigmoid
+            // routers (gpt-oss's softmax over the top k needs none).
+            if m.router.scoring != RouterScoring::TopKSoftmax {
                 meta.push((k("expert_weights_norm"), Value::Bool(m.router.renormalize)));
             }
-            let dense: Vec<u32> = (0..c.num_hidden_layers)
+            if m.router.scoring == RouterScoring::Sigmoid {
+                // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+                meta.push((k("expert_gating_func"), Value::U32(2)));
+            }
+            if m.router.scale != 1.0 {
+                meta.push((k("expert_weights_scale"), Value::F32(m.router.scale)));
+            }
+            // Dense layers: a leading run as llama.cpp's `leading_dense_block_count` (its
+            // lfm2moe reads it; flowrt reads it for every family), the rest as flowrt's
+            // `mlp_only_layers`.
+            let lead = m
+                .sparse_layers
+                .iter()
+                .take_while(|&&sparse| !sparse)
+                .count();
+            if lead > 0 {
+                meta.push((k("leading_dense_block_count"), u(lead)));
+            }
+            let dense: Vec<u32> = (lead..c.num_hidden_layers)
                 .filter(|&l| !m.sparse_layers[l])
                 .map(|l| l as u32)
                 .collect();
@@ -806,14 +851,40 @@ impl HfSource {
                     .to_string(),
             );
         }
+        if c.short_conv.as_ref().is_some_and(|sc| sc.bias) {
+            out.push(format!(
+                "its `{a}` graph has no convolution biases; this model has them (`conv_bias`, \
+                 written as shortconv.*.bias)"
+            ));
+        }
         if let Some(m) = &c.moe {
-            let dense: Vec<usize> = (0..c.num_hidden_layers)
+            let lead = if rules.reads_leading_dense {
+                m.sparse_layers
+                    .iter()
+                    .take_while(|&&sparse| !sparse)
+                    .count()
+            } else {
+                0
+            };
+            let dense: Vec<usize> = (lead..c.num_hidden_layers)
                 .filter(|&l| !m.sparse_layers[l])
                 .collect();
             if !dense.is_empty() {
                 out.push(format!(
                     "its `{a}` loader reads no mlp_only_layers: it expects experts in every \
-                     layer and would refuse dense layers {dense:?}"
+                     layer{} and would refuse dense layers {dense:?}",
+                    if lead > 0 {
+                        " after the leading dense ones"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            if m.router.scale != 1.0 {
+                out.push(format!(
+                    "its `{a}` graph does not scale the expert weights; this model multiplies \
+                     them by {} (routed_scaling_factor, written as expert_weights_scale)",
+                    m.router.scale
                 ));
             }
             if a == "qwen3moe" && !m.router.renormalize {
@@ -1028,7 +1099,8 @@ impl HfSource {
                 for e in 0..n {
                     let hn = format!(
                         "{prefix}{}",
-                        role.hf_expert_name(l, e).context("an experts role")?
+                        role.hf_expert_name_in(self.cfg.arch, l, e)
+                            .context("an experts role")?
                     );
                     let Some(t) = self.st.tensors.get(&hn) else {
                         missing.push(format!(

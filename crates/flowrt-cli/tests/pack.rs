@@ -940,3 +940,77 @@ fn an_expert_count_the_tensors_contradict_is_an_error_naming_it() {
         assert!(!out.exists() && !partial(&out).exists());
     }
 }
+
+/// LFM2-MoE: F32 lossless and greedy-identical, F16 and Q8_0 agree with transformers; written
+/// as llama.cpp's lfm2moe: its leading dense layer as `leading_dense_block_count`, the sigmoid
+/// router as `expert_gating_func` 2, the selection bias as `exp_probs_b.bias` (F32), the
+/// routed scaling as `expert_weights_scale`, which llama.cpp does not apply (the report says
+/// so), experts from HF's `feed_forward.experts.{j}.w1/w3/w2`.
+#[test]
+fn packs_lfm2_moe_as_llama_cpps_lfm2moe() {
+    for (quant, report) in packs_to_types("lfm2-moe", &["F32", "F16", "Q8_0"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("does not scale the expert weights")
+                && lines.contains("by 1.7")
+                && !lines.contains("mlp_only_layers"),
+            "lfm2-moe {quant}: {report}"
+        );
+    }
+    use flowrt_dtype::GgmlType::*;
+    let dir = tempfile::tempdir().unwrap();
+    let (g, _) = packed(dir.path(), "lfm2-moe", "Q8_0");
+    assert_eq!(g.get_str("general.architecture").unwrap(), Some("lfm2moe"));
+    for (key, want) in [
+        ("lfm2moe.leading_dense_block_count", 1),
+        ("lfm2moe.expert_gating_func", 2),
+        ("lfm2moe.expert_count", 8),
+        ("lfm2moe.expert_used_count", 2),
+    ] {
+        assert_eq!(g.get_u64(key).unwrap(), Some(want), "{key}");
+    }
+    assert_eq!(
+        g.get_f32("lfm2moe.expert_weights_scale").unwrap(),
+        Some(1.7)
+    );
+    assert!(g.get("lfm2moe.mlp_only_layers").is_none());
+    let (ty, _, bias) = packed_tensor(&g, "blk.1.exp_probs_b.bias");
+    assert_eq!(ty, F32);
+    assert_eq!(
+        bias,
+        hf_f32("lfm2-moe", "model.layers.1.feed_forward.expert_bias")
+    );
+    assert_eq!(packed_tensor(&g, "blk.1.ffn_gate_exps.weight").0, Q8_0);
+    let has = |n: &str| g.tensors().iter().any(|t| t.name == n);
+    assert!(has("blk.0.ffn_gate.weight") && !has("blk.0.ffn_gate_inp.weight"));
+}
+
+/// LFM2 with `conv_bias`: the three biases of each convolution layer as flowrt's
+/// `shortconv.*.bias` (F32), which llama.cpp's graph has no place for (the report says so).
+#[test]
+fn packs_lfm2_convolution_biases() {
+    for (quant, report) in packs_to_types("lfm2-conv-bias", &["F32", "Q8_0"]) {
+        let lines = llama_cpp_lines(&report).join("\n");
+        assert!(
+            lines.contains("no convolution biases"),
+            "lfm2-conv-bias {quant}: {report}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (g, _) = packed(dir.path(), "lfm2-conv-bias", "Q8_0");
+    for (gguf, hf) in [
+        (
+            "blk.0.shortconv.in_proj.bias",
+            "model.layers.0.conv.in_proj.bias",
+        ),
+        ("blk.0.shortconv.conv.bias", "model.layers.0.conv.conv.bias"),
+        (
+            "blk.2.shortconv.out_proj.bias",
+            "model.layers.2.conv.out_proj.bias",
+        ),
+    ] {
+        let (ty, _, v) = packed_tensor(&g, gguf);
+        assert_eq!(ty, flowrt_dtype::GgmlType::F32, "{gguf}");
+        assert_eq!(v, hf_f32("lfm2-conv-bias", hf), "{gguf}");
+    }
+}
