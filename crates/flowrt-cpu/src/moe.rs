@@ -514,6 +514,7 @@ mod tests {
             up,
             down,
             router_bias: None,
+            selection_bias: None,
             gate_bias: None,
             up_bias: None,
             down_bias: None,
@@ -549,6 +550,7 @@ mod tests {
                     &logits[t * ne..(t + 1) * ne],
                     top_k,
                     router,
+                    None,
                     &mut sc,
                     &mut ch,
                 );
