@@ -514,15 +514,22 @@ fn tamper_blocks(
     std::fs::write(out, bad).unwrap();
 }
 
+/// A Q4_0 pack of the llama-untied fixture in a temporary directory: (the directory, the
+/// source, the pack).
+fn llama_q4_0_pack() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let src = fixture("families/llama-untied");
+    let dir = tempfile::tempdir().unwrap();
+    let pack = dir.path().join("q4_0.gguf");
+    pack_as(&src, &pack, "q4_0");
+    (dir, src, pack)
+}
+
 #[test]
 fn a_few_damaged_blocks_are_flagged_though_the_tensor_average_hides_them() {
     // A Q4_0 pack (block: f16 scale + 16 bytes of nibbles) with 2 of blk.1.attn_q's 256 blocks
     // zeroed: the tensor's relative RMS error moves from Q4_0's ~0.1 to ~0.13, under the
     // tensor-wide 3x bound, but each zeroed block is wholly wrong (relative error 1).
-    let src = fixture("families/llama-untied");
-    let dir = tempfile::tempdir().unwrap();
-    let pack = dir.path().join("q4_0.gguf");
-    pack_as(&src, &pack, "q4_0");
+    let (dir, src, pack) = llama_q4_0_pack();
     let (code, r, err) = lint_source(&pack, &src);
     assert_eq!(
         code, 0,
@@ -589,10 +596,7 @@ fn a_damaged_expert_is_flagged() {
 #[test]
 fn non_finite_quantised_blocks_are_flagged_without_a_source() {
     // One Q4_0 block of blk.0.ffn_down with a NaN scale (f16 0x7e00): its 32 values are NaN.
-    let src = fixture("families/llama-untied");
-    let dir = tempfile::tempdir().unwrap();
-    let pack = dir.path().join("q4_0.gguf");
-    pack_as(&src, &pack, "q4_0");
+    let (dir, _, pack) = llama_q4_0_pack();
     let (code, r, err) = lint(&[&pack]);
     assert_eq!(code, 0, "{r:#}\n{err}");
     let tampered = dir.path().join("nan.gguf");

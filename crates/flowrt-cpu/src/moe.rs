@@ -239,9 +239,8 @@ impl MoeBatch {
             self.tiles.resize_with(threads, Default::default);
         }
         // Gate and up, row blocks of every active expert; the activation per block.
-        let rb = crate::exec::row_block(self.active.len() * ff, threads);
-        let per = ff.div_ceil(rb);
         let (active, span, tiles) = (&self.active, &self.span, &self.tiles);
+        let blocks = Blocks::new(active, span, ff, threads);
         let act_gate = &self.act_gate[..];
         let act_up = if f_up != f_gate {
             &self.act_up[..]
@@ -249,19 +248,13 @@ impl MoeBatch {
             act_gate
         };
         self.mid.resize(slots * ff, 0.0);
-        let tile = |i: usize| {
-            let (e, b) = (active[i / per], i % per);
-            let (s0, m) = span[e];
-            (s0, s0 + m, b * rb, ((b + 1) * rb).min(ff))
-        };
         pool.for_each_tile(
             &mut self.mid,
             ff,
-            active.len() * per,
-            &tile,
+            blocks.len(),
+            &|i| blocks.tile(i).1,
             &|tid, i, wr| {
-                let e = active[i / per];
-                let (s0, _, c0, c1) = tile(i);
+                let (e, (s0, _, c0, c1)) = blocks.tile(i);
                 let (m, nr) = (wr.n_rows(), c1 - c0);
                 let mut t = tiles[tid].lock().unwrap_or_else(|e| e.into_inner());
                 let (gt, ut) = &mut *t;
@@ -306,23 +299,16 @@ impl MoeBatch {
             &mid[s * ff..(s + 1) * ff]
         });
         // Down, row blocks of every active expert.
-        let rb = crate::exec::row_block(self.active.len() * h, threads);
-        let per = h.div_ceil(rb);
+        let blocks = Blocks::new(active, span, h, threads);
         let act_mid = &self.act_mid[..];
         self.out.resize(slots * h, 0.0);
-        let tile = |i: usize| {
-            let (e, b) = (active[i / per], i % per);
-            let (s0, m) = span[e];
-            (s0, s0 + m, b * rb, ((b + 1) * rb).min(h))
-        };
         pool.for_each_tile(
             &mut self.out,
             h,
-            active.len() * per,
-            &tile,
+            blocks.len(),
+            &|i| blocks.tile(i).1,
             &|tid, i, wr| {
-                let e = active[i / per];
-                let (s0, _, c0, c1) = tile(i);
+                let (e, (s0, _, c0, c1)) = blocks.tile(i);
                 let (m, nr) = (wr.n_rows(), c1 - c0);
                 let mut t = tiles[tid].lock().unwrap_or_else(|e| e.into_inner());
                 let dt = &mut t.0;
@@ -347,6 +333,41 @@ impl MoeBatch {
                 kern.axpy_f32(row, slot_wt[s], &out[s * h..(s + 1) * h]);
             }
         });
+    }
+}
+
+/// The tiles of one phase: each active expert's `width` output rows in blocks of `rb`
+/// (`per` blocks an expert), over that expert's slots.
+struct Blocks<'b> {
+    active: &'b [usize],
+    span: &'b [(usize, usize)],
+    width: usize,
+    rb: usize,
+    per: usize,
+}
+
+impl<'b> Blocks<'b> {
+    fn new(active: &'b [usize], span: &'b [(usize, usize)], width: usize, threads: usize) -> Self {
+        let rb = crate::exec::row_block(active.len() * width, threads);
+        Blocks {
+            active,
+            span,
+            width,
+            rb,
+            per: width.div_ceil(rb),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.active.len() * self.per
+    }
+
+    /// Tile `i`: its expert, and (first slot, end slot, first row, end row) of the output.
+    fn tile(&self, i: usize) -> (usize, (usize, usize, usize, usize)) {
+        let (e, b) = (self.active[i / self.per], i % self.per);
+        let (s0, m) = self.span[e];
+        let c1 = ((b + 1) * self.rb).min(self.width);
+        (e, (s0, s0 + m, b * self.rb, c1))
     }
 }
 

@@ -168,14 +168,12 @@ fn batched_sequences_on_vulkan_equal_solo_runs_gpt_oss() {
     if no_device(what) {
         return;
     }
-    let m = LoadedModel::load(&common::fixture("families/gpt-oss")).unwrap();
-    let worst = batched_equals_solo(&m, KvPrecision::F32);
-    eprintln!("vulkan gpt-oss batched vs solo: max |logit difference| {worst}");
-    assert!(
-        worst <= 1e-5,
-        "batched vs solo: max |logit difference| {worst}"
+    check_batched(
+        what,
+        &common::fixture("families/gpt-oss"),
+        KvPrecision::F32,
+        1e-5,
     );
-    coverage::ran(SUITE, what);
 }
 
 /// The Qwen3-MoE fixture as a q8_0 GGUF (experts in q8_0, the unaligned word reader) on the
@@ -379,14 +377,7 @@ fn batched_sequences_on_vulkan_equal_solo_runs() {
     if no_device(what) {
         return;
     }
-    let m = LoadedModel::load(&common::smollm2()).unwrap();
-    let worst = batched_equals_solo(&m, KvPrecision::F16);
-    eprintln!("vulkan batched vs solo: max |logit difference| {worst}");
-    assert!(
-        worst <= 2e-2,
-        "batched vs solo: max |logit difference| {worst}"
-    );
-    coverage::ran(SUITE, what);
+    check_batched(what, &common::smollm2(), KvPrecision::F16, 2e-2);
 }
 
 /// The same for the Qwen3-MoE fixture (f32 KV): each row of a batch routes to its own experts
@@ -397,12 +388,22 @@ fn batched_sequences_on_vulkan_equal_solo_runs_qwen3_moe() {
     if no_device(what) {
         return;
     }
-    let m = LoadedModel::load(&common::fixture("families/qwen3-moe")).unwrap();
-    let worst = batched_equals_solo(&m, KvPrecision::F32);
-    eprintln!("vulkan qwen3-moe batched vs solo: max |logit difference| {worst}");
+    check_batched(
+        what,
+        &common::fixture("families/qwen3-moe"),
+        KvPrecision::F32,
+        1e-5,
+    );
+}
+
+/// [`batched_equals_solo`] on the model at `path`, within `bound`, recorded as `what`.
+fn check_batched(what: &str, path: &std::path::Path, kv: KvPrecision, bound: f32) {
+    let m = LoadedModel::load(path).unwrap();
+    let worst = batched_equals_solo(&m, kv);
+    eprintln!("vulkan {what}: max |logit difference| {worst}");
     assert!(
-        worst <= 1e-5,
-        "batched vs solo: max |logit difference| {worst}"
+        worst <= bound,
+        "{what}: max |logit difference| {worst} (bound {bound})"
     );
     coverage::ran(SUITE, what);
 }

@@ -386,11 +386,7 @@ impl DeviceMatrix {
         u32_of("columns", cols)?;
         u32_of("row bytes", row_bytes)?;
         u32_of("rows", rows)?;
-        let limit = max_binding
-            .min(gpu.limits.max_storage_buffer_binding_size)
-            .min(gpu.limits.max_buffer_size)
-            // Byte offsets inside a chunk are u32 in the kernels.
-            .min(u32::MAX as u64) as usize;
+        let limit = binding_limit(gpu, max_binding);
         // A chunk of r rows takes (r * row_bytes + PAD) rounded up to 4 bytes.
         let per_chunk = limit.saturating_sub(PAD + 3) / row_bytes.max(1);
         if per_chunk == 0 && rows > 0 {
@@ -606,10 +602,7 @@ impl DeviceExperts {
         u32_of("columns", cols)?;
         u32_of("row bytes", row_bytes)?;
         u32_of("rows", rows)?;
-        let limit = max_binding
-            .min(gpu.limits.max_storage_buffer_binding_size)
-            .min(gpu.limits.max_buffer_size)
-            .min(u32::MAX as u64) as usize;
+        let limit = binding_limit(gpu, max_binding);
         let per_chunk = limit.saturating_sub(PAD + 3) / per_expert.max(1);
         if per_chunk == 0 {
             return Err(bad(
@@ -814,6 +807,15 @@ impl BoundEmbed {
             pass.dispatch_workgroups(gx, gy, 1);
         }
     }
+}
+
+/// The most bytes one weight binding may hold: `max_binding`, the device's storage-binding
+/// and buffer limits, and u32 (byte offsets inside a chunk are u32 in the kernels).
+fn binding_limit(gpu: &Gpu, max_binding: u64) -> usize {
+    max_binding
+        .min(gpu.limits.max_storage_buffer_binding_size)
+        .min(gpu.limits.max_buffer_size)
+        .min(u32::MAX as u64) as usize
 }
 
 #[cfg(test)]
