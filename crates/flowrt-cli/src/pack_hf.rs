@@ -1375,7 +1375,7 @@ mod tests {
             names,
             [
                 "llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite", "smollm3",
-                "phi3", "qwen3moe", "lfm2", "gpt-oss"
+                "phi3", "qwen3moe", "lfm2", "lfm2moe", "gpt-oss"
             ]
         );
         for t in &TARGETS {
