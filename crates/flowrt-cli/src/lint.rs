@@ -90,6 +90,7 @@ fn lint_report(args: &LintArgs) -> anyhow::Result<LintReport> {
                 }],
                 checks: vec!["load".into()],
                 quant_error: None,
+                block_outliers: Default::default(),
             })
         }
     };
@@ -123,6 +124,19 @@ fn print_report(r: &LintReport, json: bool) {
             None if q.tensors_compared == 0 => println!("; none to compare"),
             None => println!("; all identical to the source"),
         }
+    }
+    let b = &r.block_outliers;
+    if b.tensors > 0 {
+        println!(
+            "damaged-blocks: {} block(s) of {} quantised tensor(s) against their rows and columns; closest to the {}x bound: {:.1}x above ({}), {:.1}x below ({})",
+            b.blocks,
+            b.tensors,
+            b.ratio_bound,
+            b.max_up_ratio,
+            b.max_up_tensor.as_deref().unwrap_or("-"),
+            b.max_down_ratio,
+            b.max_down_tensor.as_deref().unwrap_or("-"),
+        );
     }
     if r.findings.is_empty() {
         println!("clean: no findings ({} checked)", r.checks.join(", "));

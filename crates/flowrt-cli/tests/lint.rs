@@ -547,7 +547,8 @@ fn a_few_damaged_blocks_are_flagged_though_the_tensor_average_hides_them() {
     let (code, r, err) = lint_source(&tampered, &src);
     assert_eq!(code, 1, "{r:#}\n{err}");
     let fs = findings(&r);
-    assert_eq!(checks(&fs), ["quant-error"], "{fs:#?}");
+    // Zeroed blocks among non-zero rows and columns are out of line without the source too.
+    assert_eq!(checks(&fs), ["damaged-blocks", "quant-error"], "{fs:#?}");
     let t = &find(&fs, "quant-error")["measured"]["flagged"][0];
     assert_eq!(t["tensor"], "blk.1.attn_q.weight", "{t}");
     assert!(
@@ -587,7 +588,7 @@ fn a_damaged_expert_is_flagged() {
     let (code, r, err) = lint_source(&tampered, &src);
     assert_eq!(code, 1, "{r:#}\n{err}");
     let fs = findings(&r);
-    assert_eq!(checks(&fs), ["quant-error"], "{fs:#?}");
+    assert_eq!(checks(&fs), ["damaged-blocks", "quant-error"], "{fs:#?}");
     let t = &find(&fs, "quant-error")["measured"]["flagged"][0];
     assert_eq!(t["tensor"], "blk.0.ffn_up_exps.weight[3]", "{t}");
     assert_eq!(t["bad_blocks"], 1, "{t}");
@@ -615,4 +616,42 @@ fn non_finite_quantised_blocks_are_flagged_without_a_source() {
         msg.contains("blk.0.ffn_down.weight: 32 NaN/Inf of 8192"),
         "{msg}"
     );
+}
+
+#[test]
+fn blocks_out_of_line_are_flagged_without_a_source() {
+    // A Q4_0 pack of the llama-untied fixture: one block of blk.0.ffn_down (128 columns: 4
+    // blocks a row) with its f16 scale's exponent raised by 8 (x256, as a flipped exponent
+    // bit does), one of blk.1.attn_v zeroed. Neither is NaN; without a source only their
+    // magnitude against their rows and columns gives them away.
+    let (dir, _, pack) = llama_q4_0_pack();
+    let (code, r, err) = lint(&[&pack]);
+    assert_eq!(code, 0, "an honest pack is clean: {r:#}\n{err}");
+    let b = &r["block_outliers"];
+    assert!(b["tensors"].as_u64().unwrap() > 10, "{b}");
+    let bound = b["ratio_bound"].as_f64().unwrap();
+    assert!(b["max_up_ratio"].as_f64().unwrap() < bound, "{b}");
+    assert!(b["max_down_ratio"].as_f64().unwrap() < bound, "{b}");
+    let scaled = dir.path().join("scaled.gguf");
+    tamper_blocks(&pack, "blk.0.ffn_down.weight", 18, &[9], &scaled, &|b| {
+        let d = u16::from_le_bytes([b[0], b[1]]);
+        b[..2].copy_from_slice(&(d + (8 << 10)).to_le_bytes())
+    });
+    let both = dir.path().join("both.gguf");
+    tamper_blocks(&scaled, "blk.1.attn_v.weight", 18, &[4], &both, &|b| b.fill(0));
+    let (code, r, err) = lint(&[&both]);
+    assert_eq!(code, 1, "{r:#}\n{err}");
+    let fs = findings(&r);
+    assert_eq!(checks(&fs), ["damaged-blocks"], "{fs:#?}");
+    let f = find(&fs, "damaged-blocks");
+    let ts = f["measured"]["tensors"].as_array().unwrap();
+    let names: Vec<&str> = ts.iter().map(|t| t["tensor"].as_str().unwrap()).collect();
+    assert_eq!(names, ["blk.0.ffn_down.weight", "blk.1.attn_v.weight"], "{f}");
+    let (up, down) = (&ts[0]["outliers"], &ts[1]["outliers"]);
+    assert_eq!((&up["blown_up"], &up["shrunk"]), (&1.into(), &0.into()), "{up}");
+    assert_eq!((&down["blown_up"], &down["shrunk"]), (&0.into(), &1.into()), "{down}");
+    // Block 9 of 4-block rows: row 2, block 1.
+    assert_eq!((&up["worst"]["row"], &up["worst"]["block"]), (&2.into(), &1.into()), "{up}");
+    let msg = f["message"].as_str().unwrap();
+    assert!(msg.contains("blk.0.ffn_down.weight: 1 of"), "{msg}");
 }

@@ -14,9 +14,12 @@
 //! - `tokenizer-mismatch`, `chat-template`, `special-tokens` against `--source`.
 //! - `non-finite` tensors (norms, float and quantised matrices) and `denormal-heavy` ones
 //!   (norms and float matrices).
+//! - `damaged-blocks`: quantised blocks out of line with both their row and their column (a
+//!   corrupted scale, a zeroed block), no source needed ([`blocks`]).
 //! - `quant-error` against `--source`: quantised matrices much further from the source's than
 //!   their type's quantisation explains ([`quant`]).
 
+mod blocks;
 mod quant;
 mod source;
 
@@ -33,6 +36,7 @@ use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
 use crate::session::Session;
 
+pub use blocks::{BlockOutliers, OutlierBlock, BLOCK_OUTLIER_RATIO};
 pub use quant::{
     BlockError, QuantErrorSummary, TensorQuantError, BLOCK_ERROR_FLOOR, BLOCK_ERROR_RATIO,
     QUANT_ERROR_FLOOR, QUANT_ERROR_RATIO,
@@ -64,6 +68,23 @@ pub struct LintReport {
     /// With a source: what the quantisation-error check compared, and its worst tensor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quant_error: Option<QuantErrorSummary>,
+    /// The `damaged-blocks` check over every quantised matrix: how close the matrices came to
+    /// its bound (flagged or not).
+    pub block_outliers: BlockOutlierSummary,
+}
+
+/// What the `damaged-blocks` check looked at, and its closest calls.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct BlockOutlierSummary {
+    pub tensors: usize,
+    pub blocks: usize,
+    /// The bound: [`BLOCK_OUTLIER_RATIO`].
+    pub ratio_bound: f32,
+    /// The largest blown-up and shrunk ratios seen, and their tensors.
+    pub max_up_ratio: f32,
+    pub max_up_tensor: Option<String>,
+    pub max_down_ratio: f32,
+    pub max_down_tensor: Option<String>,
 }
 
 /// Teacher-forced agreement of two runs.
@@ -114,6 +135,7 @@ pub fn lint(
         "arch-label".into(),
         "tied-embeddings".into(),
         "non-finite".into(),
+        "damaged-blocks".into(),
     ];
 
     // 1. Constant norms.
@@ -298,7 +320,28 @@ pub fn lint(
 
     // 5. Non-finite and denormal-heavy tensors.
     let mut bad = Vec::new();
+    let mut outliers = BlockOutlierSummary {
+        ratio_bound: BLOCK_OUTLIER_RATIO,
+        ..Default::default()
+    };
+    let mut damaged: Vec<(String, BlockOutliers)> = Vec::new();
     let mut scan = |name: &str, s: Scan| {
+        if let Some(g) = &s.grid {
+            let o = blocks::check(g);
+            outliers.tensors += 1;
+            outliers.blocks += o.blocks;
+            if o.max_up_ratio > outliers.max_up_ratio {
+                outliers.max_up_ratio = o.max_up_ratio;
+                outliers.max_up_tensor = Some(name.to_string());
+            }
+            if o.max_down_ratio > outliers.max_down_ratio {
+                outliers.max_down_ratio = o.max_down_ratio;
+                outliers.max_down_tensor = Some(name.to_string());
+            }
+            if o.flagged() > 0 {
+                damaged.push((name.to_string(), o));
+            }
+        }
         if s.non_finite > 0 {
             bad.push((
                 "non-finite",
@@ -364,6 +407,44 @@ pub fn lint(
         }
     }
 
+    if !damaged.is_empty() {
+        let list: Vec<String> = damaged
+            .iter()
+            .map(|(name, o)| {
+                let mut s = format!(
+                    "{name}: {} of {} blocks out of line ({} blown up, {} shrunk)",
+                    o.flagged(),
+                    o.blocks,
+                    o.blown_up,
+                    o.shrunk
+                );
+                if let Some(b) = &o.worst {
+                    s += &format!(
+                        ", worst row {} block {}: largest |value| {:.3e} against medians {:.3e} (row) and {:.3e} (column)",
+                        b.row, b.block, b.absmax, b.row_median, b.column_median
+                    );
+                }
+                s
+            })
+            .collect();
+        let mut f = finding(
+            "damaged-blocks",
+            format!(
+                "{} quantised tensor(s) with blocks over {}x above or below both their row's and their column's median magnitude: {}",
+                damaged.len(),
+                BLOCK_OUTLIER_RATIO,
+                abbreviate(&list)
+            ),
+            "a corrupted block scale or a zeroed block changes every output that reads it; run `lint --source` or `flowrt diff` against the source to measure what it costs".into(),
+        );
+        f.measured = Some(serde_json::json!({
+            "tensors": damaged
+                .iter()
+                .map(|(name, o)| serde_json::json!({ "tensor": name, "outliers": o }))
+                .collect::<Vec<_>>(),
+        }));
+        findings.push(f);
+    }
     // 3 and 4 against the source.
     let mut quant_error = None;
     if let Some(s) = source {
@@ -391,6 +472,7 @@ pub fn lint(
         findings,
         checks,
         quant_error,
+        block_outliers: outliers,
     })
 }
 
@@ -444,6 +526,8 @@ struct Scan {
     n: usize,
     non_finite: usize,
     subnormal: usize,
+    /// Quantised matrices: each block's largest |value|.
+    grid: Option<blocks::BlockGrid>,
 }
 
 impl Scan {
@@ -475,25 +559,42 @@ fn scan_matrix(w: &WeightMatrix) -> Option<Scan> {
             let k = flowrt_kernels::Kernels::detect();
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let per = w.rows.div_ceil(threads).max(1);
-            let counts = std::thread::scope(|scope| {
+            let bs = (t.block_size() as usize).max(1);
+            let per_row = w.cols / bs;
+            let parts = std::thread::scope(|scope| {
                 let parts: Vec<_> = (0..w.rows)
                     .step_by(per)
                     .map(|r0| {
                         scope.spawn(move || {
                             let mut row = vec![0f32; w.cols];
                             let mut bad = 0usize;
+                            let mut absmax = Vec::with_capacity(per * per_row);
                             for r in r0..(r0 + per).min(w.rows) {
                                 k.dequantize_row(t, w.rows_bytes(r, r + 1), &mut row);
                                 bad += row.iter().filter(|x| !x.is_finite()).count();
+                                absmax.extend(row.chunks_exact(bs).map(|b| {
+                                    if b.iter().all(|x| x.is_finite()) {
+                                        b.iter().fold(0f32, |m, x| m.max(x.abs()))
+                                    } else {
+                                        f32::NAN
+                                    }
+                                }));
                             }
-                            bad
+                            (bad, absmax)
                         })
                     })
                     .collect();
                 parts
                     .into_iter()
-                    .map(|h| h.join().unwrap_or(usize::MAX))
-                    .fold(0usize, usize::saturating_add)
+                    .map(|h| h.join().unwrap_or((usize::MAX, Vec::new())))
+                    .collect::<Vec<_>>()
+            });
+            let counts = parts.iter().fold(0usize, |a, p| a.saturating_add(p.0));
+            let absmax: Vec<f32> = parts.into_iter().flat_map(|p| p.1).collect();
+            s.grid = Some(blocks::BlockGrid {
+                rows: w.rows,
+                per_row,
+                absmax,
             });
             s.n = w.rows * w.cols;
             s.non_finite = counts;
