@@ -638,7 +638,9 @@ fn blocks_out_of_line_are_flagged_without_a_source() {
         b[..2].copy_from_slice(&(d + (8 << 10)).to_le_bytes())
     });
     let both = dir.path().join("both.gguf");
-    tamper_blocks(&scaled, "blk.1.attn_v.weight", 18, &[4], &both, &|b| b.fill(0));
+    tamper_blocks(&scaled, "blk.1.attn_v.weight", 18, &[4], &both, &|b| {
+        b.fill(0)
+    });
     let (code, r, err) = lint(&[&both]);
     assert_eq!(code, 1, "{r:#}\n{err}");
     let fs = findings(&r);
@@ -646,12 +648,28 @@ fn blocks_out_of_line_are_flagged_without_a_source() {
     let f = find(&fs, "damaged-blocks");
     let ts = f["measured"]["tensors"].as_array().unwrap();
     let names: Vec<&str> = ts.iter().map(|t| t["tensor"].as_str().unwrap()).collect();
-    assert_eq!(names, ["blk.0.ffn_down.weight", "blk.1.attn_v.weight"], "{f}");
+    assert_eq!(
+        names,
+        ["blk.0.ffn_down.weight", "blk.1.attn_v.weight"],
+        "{f}"
+    );
     let (up, down) = (&ts[0]["outliers"], &ts[1]["outliers"]);
-    assert_eq!((&up["blown_up"], &up["shrunk"]), (&1.into(), &0.into()), "{up}");
-    assert_eq!((&down["blown_up"], &down["shrunk"]), (&0.into(), &1.into()), "{down}");
+    assert_eq!(
+        (&up["blown_up"], &up["shrunk"]),
+        (&1.into(), &0.into()),
+        "{up}"
+    );
+    assert_eq!(
+        (&down["blown_up"], &down["shrunk"]),
+        (&0.into(), &1.into()),
+        "{down}"
+    );
     // Block 9 of 4-block rows: row 2, block 1.
-    assert_eq!((&up["worst"]["row"], &up["worst"]["block"]), (&2.into(), &1.into()), "{up}");
+    assert_eq!(
+        (&up["worst"]["row"], &up["worst"]["block"]),
+        (&2.into(), &1.into()),
+        "{up}"
+    );
     let msg = f["message"].as_str().unwrap();
     assert!(msg.contains("blk.0.ffn_down.weight: 1 of"), "{msg}");
 }

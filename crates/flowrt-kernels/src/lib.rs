@@ -31,12 +31,13 @@
 //! `vpmaddwd`) have kernels for all eight; the NEON ones are tested under `qemu-aarch64`
 //! (`scripts/test-aarch64`) and have not been timed on ARM hardware.
 //!
-//! MXFP4 (gpt-oss's experts, GGUF type 39) has the x8 layout and AVX2 and AVX-512 (VNNI)
-//! kernels there (`x86/x8.rs`, `x86/x8_512.rs`: a `vpshufb` of the doubled E2M1 values
+//! MXFP4 (gpt-oss's experts, GGUF type 39) has the x8 layout and AVX2, AVX-512 (VNNI) and
+//! NEON kernels there (`x86/x8.rs`, `x86/x8_512.rs`, `arm/x8.rs`: a `vpshufb` (`tbl` on NEON) of the doubled E2M1 values
 //! `0, ±1, ±2, ±3, ±4, ±6, ±8, ±12` gives each block's integer dot `sum k_j q_a` exactly,
 //! scaled by the E8M0 scale halved, `2^(e - 128)`, and the activation scale: the numerics of
 //! the Q8_0 x8 path, one integer sum and one scale per 32 values). Its row-layout Q16 matmul,
-//! its ggml-path matmul (Q8_0 activations) and NEON use the scalar reference.
+//! its ggml-path matmul (Q8_0 activations) use the scalar reference; the NEON kernel, like the other NEON ones, is tested under
+//! `qemu-aarch64` and not timed on ARM hardware.
 
 use std::sync::OnceLock;
 

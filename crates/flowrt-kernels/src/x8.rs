@@ -618,8 +618,8 @@ pub(crate) use packed_type_table;
 
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
-    // MXFP4 has AVX2 and AVX-512 kernels (outside `packed_type_table!`, which NEON shares);
-    // elsewhere the scalar reference.
+    // MXFP4 has AVX2, AVX-512 and NEON kernels (outside `packed_type_table!`); elsewhere the
+    // scalar reference.
     #[cfg(target_arch = "x86_64")]
     if w == GgmlType::Mxfp4 {
         // Each table exists only when the host has the features of its kernels.
@@ -629,6 +629,11 @@ pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
             Isa::Avx512Vnni => return Some(crate::x86::x8_512::vnni::matmul_mxfp4),
             _ => {}
         }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if w == GgmlType::Mxfp4 && isa == Isa::Neon {
+        // The NEON table exists only on aarch64 hosts with NEON.
+        return Some(crate::arm::x8::matmul_mxfp4);
     }
     if w == GgmlType::Mxfp4 {
         return Some(matmul_ref_mxfp4);

@@ -185,7 +185,11 @@ mod tests {
         let o = check(&g);
         assert_eq!((o.blown_up, o.shrunk), (1, 1), "{o:?}");
         let w = o.worst.unwrap();
-        assert_eq!((w.row, w.block), (40, 11), "the zeroed block is furthest out");
+        assert_eq!(
+            (w.row, w.block),
+            (40, 11),
+            "the zeroed block is furthest out"
+        );
         // A block scaled by 16 (an exponent bit of a lower weight) stays under the bound.
         let mut g = grid(64, 16, noise);
         g.absmax[5 * 16 + 2] *= 16.0;

@@ -38,6 +38,9 @@ trait Packed {
     const STRIDE: usize = 128;
     /// Bits per weight: 4, 5 or 6 (nibbles, then 0, 1 or 2 high-bit planes) or 8.
     const BITS: u32;
+    /// Whether the 4-bit codes index the doubled E2M1 table (MXFP4) instead of being
+    /// unsigned values.
+    const E2M1: bool = false;
     /// The 8 rows' scales of sub-block `s`, and their offset terms' factors (`m` for Q4_1,
     /// `-8 d` for Q4_0, `-dmin m_s` for the k-quants, nothing for Q8_0 and Q6_K).
     ///
@@ -105,6 +108,7 @@ struct P8_0;
 struct P4K;
 struct P5K;
 struct P6K;
+struct PMxfp4;
 
 impl Packed for P4_0 {
     const BYTES: usize = 144;
@@ -205,6 +209,21 @@ impl Packed for P6K {
     }
 }
 
+impl Packed for PMxfp4 {
+    const BYTES: usize = 136;
+    const Q: usize = 8;
+    const BITS: u32 = 4;
+    const E2M1: bool = true;
+    unsafe fn scales(p: *const u8, _: usize) -> (Rows8, Option<Rows8>) {
+        // SAFETY: a packed MXFP4 unit starts with the 8 rows' E8M0 exponent bytes; half of
+        // each scale goes with the doubled E2M1 values (`blocks::mxfp4_half_scale`, exact).
+        unsafe {
+            let d: [f32; 8] = std::array::from_fn(|r| crate::blocks::mxfp4_half_scale(*p.add(r)));
+            ((vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4))), None)
+        }
+    }
+}
+
 /// One row pair's weights times an activation pair: `acc` holds `lo * a0, hi * a1` for rows
 /// `(0, 1)` of the low half and `(2, 3)` of the high half, in two accumulators.
 #[inline(always)]
@@ -248,7 +267,7 @@ type Isum<const T: usize> = [[[int32x4_t; 2]; 2]; T];
 /// `q` points to a block's quants (and its high-bit planes after them), each `a[t]` to 64
 /// readable bytes.
 #[inline(always)]
-unsafe fn dots4<const T: usize, const HB: usize>(
+unsafe fn dots4<const T: usize, const HB: usize, const E2M1: bool>(
     q: *const u8,
     a: &[*const u8; T],
     acc: &mut Isum<T>,
@@ -259,6 +278,7 @@ unsafe fn dots4<const T: usize, const HB: usize>(
     // pairs with activation values 8u..8u+8 at bytes 16u..16u+16 of each a[t].
     unsafe {
         let m = vdupq_n_u16(0x000F);
+        let lut = vld1q_s8(crate::blocks::MXFP4_KVALUES.as_ptr());
         let mut h = [[vdupq_n_u16(0); 2]; 2];
         for (i, h) in h.iter_mut().enumerate().take(HB) {
             *h = [
@@ -289,7 +309,14 @@ unsafe fn dots4<const T: usize, const HB: usize>(
                         let f = (2 * (4 * (u % 2) + i)) as u32;
                         x = vorrq_u16(x, bits_to(h[u / 2][half], f, 4, 2));
                     }
-                    w[half] = vreinterpretq_s16_u16(x);
+                    w[half] = if E2M1 {
+                        // Each lane's code (its high byte 0) looked up in the doubled E2M1
+                        // table: the value lands in the low byte, sign-extended to 16 bits.
+                        let v = vqtbl1q_s8(lut, vreinterpretq_u8_u16(x));
+                        vshrq_n_s16::<8>(vshlq_n_s16::<8>(vreinterpretq_s16_s8(v)))
+                    } else {
+                        vreinterpretq_s16_u16(x)
+                    };
                     if HB == 2 {
                         // 6-bit values are centred.
                         w[half] = vsubq_s16(w[half], vdupq_n_s16(32));
@@ -368,7 +395,7 @@ unsafe fn tile<P: Packed, const T: usize>(g: &mut MatmulArgs<'_>, grp: usize, t0
                 // A scale per 16 values: each half's integer sums are scaled on their own.
                 for half in 0..2 {
                     let mut isum: Isum<T> = [[[z; 2]; 2]; T];
-                    dots4::<T, 2>(q, &aq, &mut isum, 2 * half, 2 * half + 2);
+                    dots4::<T, 2, false>(q, &aq, &mut isum, 2 * half, 2 * half + 2);
                     let dsc = P::half_scales(p, 2 * s + half);
                     for t in 0..T {
                         scale_into(&mut acc[t], &isum[t], dsc, da[t]);
@@ -379,8 +406,9 @@ unsafe fn tile<P: Packed, const T: usize>(g: &mut MatmulArgs<'_>, grp: usize, t0
             let mut isum: Isum<T> = [[[z; 2]; 2]; T];
             match P::BITS {
                 8 => dots8::<T>(q, &aq, &mut isum),
-                5 => dots4::<T, 1>(q, &aq, &mut isum, 0, 4),
-                _ => dots4::<T, 0>(q, &aq, &mut isum, 0, 4),
+                5 => dots4::<T, 1, false>(q, &aq, &mut isum, 0, 4),
+                _ if P::E2M1 => dots4::<T, 0, true>(q, &aq, &mut isum, 0, 4),
+                _ => dots4::<T, 0, false>(q, &aq, &mut isum, 0, 4),
             }
             let (d, off) = P::scales(p, s);
             for t in 0..T {
@@ -426,3 +454,9 @@ unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
 }
 
 crate::x8::packed_type_table!();
+
+/// The MXFP4 x8 matmul (see `crate::x8::matmul_fn`): Q4_0's kernel with each code looked up
+/// in the doubled E2M1 table, so the integer sums are exact, as in the scalar reference.
+pub(crate) fn matmul_mxfp4(g: MatmulArgs<'_>) {
+    entry::<PMxfp4>(g)
+}
