@@ -258,6 +258,34 @@ fn lfm2_families_on_vulkan_match_transformers() {
     );
 }
 
+/// The LFM2 fixtures as q8_0 GGUFs (llama.cpp's `lfm2`/`lfm2moe` keys: a per-layer
+/// `head_count_kv` list with 0 on convolution layers) on the device against transformers' f32
+/// logits, within the CPU tests' q8_0 bounds (top-1 >= 97 %, mean KL <= 1e-3).
+#[test]
+fn lfm2_q8_0_ggufs_on_vulkan_within_quantisation_bounds() {
+    let what = "lfm2 q8_0 GGUFs";
+    if no_device(what) {
+        return;
+    }
+    for case in ["lfm2", "lfm2-conv-bias", "lfm2-moe"] {
+        let dir = common::fixture(&format!("families/{case}"));
+        let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
+        let mut s = Session::new(&m, &opts(KvPrecision::F32, 256, Some(128))).unwrap();
+        let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
+        eprintln!(
+            "vulkan {case} q8_0 GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+            r.top1_agreement, r.mean_kl, r.max_abs_logit_err
+        );
+        assert!(
+            r.top1_agreement >= 0.97,
+            "{case}: top-1 {}",
+            r.top1_agreement
+        );
+        assert!(r.mean_kl <= 1e-3, "{case}: mean KL {}", r.mean_kl);
+    }
+    coverage::ran(SUITE, what);
+}
+
 /// The same LFM2 prompt on the CPU and on the device: prefill (every position's logits) and
 /// three decode steps agree to within f32 rounding, on each LFM2 fixture.
 #[test]
