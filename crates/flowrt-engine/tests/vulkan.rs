@@ -239,6 +239,158 @@ fn qwen3_moe_cpu_and_vulkan_logits_agree() {
     coverage::ran(SUITE, what);
 }
 
+/// LFM2 (short convolution layers next to attention layers), LFM2 with `conv_bias` and
+/// LFM2-MoE (a sigmoid router choosing by score + selection bias, renormalised with an
+/// epsilon and scaled) on the device against transformers, within the CPU's bounds: the
+/// convolution cache in the K slot of convolution layers (f32 and f16), the `conv_store` and
+/// `short_conv` kernels, the convolution biases and the routing kernel.
+#[test]
+fn lfm2_families_on_vulkan_match_transformers() {
+    if no_device("lfm2 fixtures") {
+        return;
+    }
+    for case in ["lfm2", "lfm2-conv-bias", "lfm2-moe"] {
+        family_on_vulkan(case);
+    }
+    coverage::ran(
+        SUITE,
+        "lfm2, lfm2-conv-bias, lfm2-moe fixtures (f32 and f16 KV, depth 1 and default)",
+    );
+}
+
+/// The LFM2 fixtures as q8_0 GGUFs (llama.cpp's `lfm2`/`lfm2moe` keys: a per-layer
+/// `head_count_kv` list with 0 on convolution layers) on the device against transformers' f32
+/// logits, within the CPU tests' q8_0 bounds (top-1 >= 97 %, mean KL <= 1e-3).
+#[test]
+fn lfm2_q8_0_ggufs_on_vulkan_within_quantisation_bounds() {
+    let what = "lfm2 q8_0 GGUFs";
+    if no_device(what) {
+        return;
+    }
+    for case in ["lfm2", "lfm2-conv-bias", "lfm2-moe"] {
+        let dir = common::fixture(&format!("families/{case}"));
+        let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
+        let mut s = Session::new(&m, &opts(KvPrecision::F32, 256, Some(128))).unwrap();
+        let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
+        eprintln!(
+            "vulkan {case} q8_0 GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+            r.top1_agreement, r.mean_kl, r.max_abs_logit_err
+        );
+        assert!(
+            r.top1_agreement >= 0.97,
+            "{case}: top-1 {}",
+            r.top1_agreement
+        );
+        assert!(r.mean_kl <= 1e-3, "{case}: mean KL {}", r.mean_kl);
+    }
+    coverage::ran(SUITE, what);
+}
+
+/// The same LFM2 prompt on the CPU and on the device: prefill (every position's logits) and
+/// three decode steps agree to within f32 rounding, on each LFM2 fixture.
+#[test]
+fn lfm2_cpu_and_vulkan_logits_agree() {
+    let what = "lfm2 families cpu and vulkan agree";
+    if no_device(what) {
+        return;
+    }
+    for case in ["lfm2", "lfm2-conv-bias", "lfm2-moe"] {
+        let worst = cpu_vs_vulkan(&format!("families/{case}"));
+        eprintln!("{case} cpu vs vulkan: max |logit difference| {worst}");
+        assert!(
+            worst <= 1e-4,
+            "{case} cpu vs vulkan: max |logit difference| {worst}"
+        );
+    }
+    coverage::ran(SUITE, what);
+}
+
+/// The largest logit difference between the CPU and the device on a 23-token prompt and three
+/// decode steps of the fixture at `path` (the top-1 tokens must agree).
+fn cpu_vs_vulkan(path: &str) -> f32 {
+    let m = LoadedModel::load(&common::fixture(path)).unwrap();
+    let prompt: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 320).collect();
+    let run = |backend: BackendKind| -> Vec<Vec<f32>> {
+        let o = EngineOptions {
+            backend,
+            threads: 2,
+            ..opts(KvPrecision::F32, 64, Some(64))
+        };
+        let mut s = Session::new(&m, &o).unwrap();
+        let mut out = vec![s.feed(&prompt).unwrap().to_vec()];
+        for t in [5u32, 77, 301] {
+            out.push(s.feed(&[t]).unwrap().to_vec());
+        }
+        out
+    };
+    let (cpu, vk) = (run(BackendKind::Cpu), run(BackendKind::Vulkan));
+    let mut worst = 0.0f32;
+    for (c, v) in cpu.iter().zip(&vk) {
+        worst = worst.max(max_diff(c, v));
+        assert_eq!(argmax(c), argmax(v), "{path}");
+    }
+    worst
+}
+
+/// LFM2 on the device: batched sequences (each convolution reads its own sequence's cached
+/// `B · x`) equal solo runs, f32 and f16 caches (the CPU's bound for it: 1e-5).
+#[test]
+fn batched_sequences_on_vulkan_equal_solo_runs_lfm2() {
+    let what = "lfm2 batched sequences equal solo runs";
+    if no_device(what) {
+        return;
+    }
+    for kv in [KvPrecision::F32, KvPrecision::F16] {
+        check_batched(what, &common::fixture("families/lfm2"), kv, 1e-5);
+    }
+}
+
+/// LFM2-MoE on the device: batched sequences equal solo runs (each row routes by its own
+/// sigmoid scores and selection bias).
+#[test]
+fn batched_sequences_on_vulkan_equal_solo_runs_lfm2_moe() {
+    let what = "lfm2-moe batched sequences equal solo runs";
+    if no_device(what) {
+        return;
+    }
+    check_batched(
+        what,
+        &common::fixture("families/lfm2-moe"),
+        KvPrecision::F32,
+        1e-5,
+    );
+}
+
+/// Prefix reuse on the device for LFM2 and LFM2-MoE: a session that keeps the first 8
+/// positions of an 11-token prompt and re-syncs to a new continuation gives the logits of a
+/// fresh prefill of the whole new prompt (the convolution at the first new position reads the
+/// kept positions before it from the cache).
+#[test]
+fn prefix_reuse_on_vulkan_equals_fresh_prefill_lfm2() {
+    let what = "lfm2 prefix reuse equals fresh prefill";
+    if no_device(what) {
+        return;
+    }
+    for case in ["lfm2", "lfm2-conv-bias", "lfm2-moe"] {
+        let m = LoadedModel::load(&common::fixture(&format!("families/{case}"))).unwrap();
+        let o = opts(KvPrecision::F32, 64, Some(128));
+        let a: Vec<u32> = (0..11).map(|i| (i * 17 + 3) % 300).collect();
+        let mut b = a[..8].to_vec();
+        b.extend((0..9).map(|i| (i * 23 + 40) % 300));
+        let mut s = Session::new(&m, &o).unwrap();
+        s.feed(&a).unwrap();
+        assert_eq!(s.common_prefix(&b), 8);
+        let reused = s.sync(&b).unwrap().to_vec();
+        let mut f = Session::new(&m, &o).unwrap();
+        let fresh = f.feed(&b).unwrap().to_vec();
+        let d = max_diff(&reused, &fresh);
+        eprintln!("vulkan {case} prefix reuse: max |logit difference| {d}");
+        assert!(d <= 1e-5, "{case}: prefix reuse: max diff {d}");
+        assert_eq!(argmax(&reused), argmax(&fresh), "{case}");
+    }
+    coverage::ran(SUITE, what);
+}
+
 /// SmolLM2-135M Q4_1 against transformers on the dequantised weights (212 positions). The
 /// device computes in f32 from the quantised blocks (no activation quantisation).
 #[test]

@@ -16,7 +16,17 @@
 //! biases where the family has them, and `moe_combine`, the weighted sum in expert order.
 //! Nothing is read back mid-step. Decode reads only the chosen experts; a prefill runs each
 //! (token, slot) pair on its own, so an expert chosen by `m` tokens of a batch is read `m`
-//! times (not grouped by expert as the CPU does: correctness first).
+//! times (not grouped by expert as the CPU does: correctness first). Routers are softmax,
+//! top-k softmax or sigmoid, optionally choosing by score plus a per-expert selection bias,
+//! renormalised with an epsilon and scaled (LFM2-MoE), as the CPU's `route`.
+//!
+//! # Short convolutions
+//!
+//! A hybrid model's convolution layer (LFM2) keeps `B · x` of every position of every
+//! sequence in its cache slot (`[seq][position][hidden]`, f16 or f32 as the KV cache; no V),
+//! as the CPU does: `conv_store` writes the batch's rows, then `short_conv` reads the last
+//! `kernel` positions of each row's own sequence, so batching and prefix reuse need no state
+//! snapshots.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -95,6 +105,8 @@ const P_SCALE_LOGITS: usize = 9;
 const P_MOE_ROUTE: usize = 10;
 const P_MOE_COMBINE: usize = 11;
 const P_MOE_BIAS: usize = 12;
+const P_CONV_STORE: usize = 13;
+const P_SHORT_CONV: usize = 14;
 
 struct Pending {
     index: wgpu::SubmissionIndex,
@@ -144,6 +156,8 @@ pub struct VulkanBackend {
 /// A sparse layer's router and experts on the device.
 struct LayerExperts {
     router: DeviceMatrix,
+    /// The router's selection bias (one value per expert), where it has one.
+    selection_bias: Option<wgpu::Buffer>,
     gate_bias: Option<wgpu::Buffer>,
     up_bias: Option<wgpu::Buffer>,
     down_bias: Option<wgpu::Buffer>,
@@ -194,12 +208,7 @@ impl VulkanBackend {
                 });
             }
         }
-        if let Some(sc) = &c.short_conv {
-            return Err(VulkanError::ShortConvolution {
-                family: c.arch.name.to_string(),
-                layers: sc.conv_layers.iter().filter(|&&x| x).count(),
-            });
-        }
+        check_layers(&model, settings.kv == KvPrecision::F16)?;
         let missing = lacks(c);
         if !missing.is_empty() {
             return Err(VulkanError::Family {
@@ -263,6 +272,8 @@ impl VulkanBackend {
             gpu.kernel("moe_route", &ops::moe_route(), "main")?,
             gpu.kernel("moe_combine", &ops::moe_combine(), "main")?,
             gpu.kernel("moe_bias", &ops::moe_bias(), "main")?,
+            gpu.kernel("conv_store", &ops::conv_store(f16_kv), "main")?,
+            gpu.kernel("short_conv", &ops::short_conv(f16_kv), "main")?,
         ];
         let mut qk = QuantKernels::new();
 
@@ -312,25 +323,45 @@ impl VulkanBackend {
         let logits_buf = acts.bufs[Buf::Logits as usize].clone();
         let readback = gpu.readback("logits readback", (max_batch * c.vocab_size * 4) as u64)?;
 
-        // KV cache: one K and one V buffer per layer.
+        // KV cache: one K and one V buffer per attention layer. A short convolution layer
+        // keeps `B · x` of every position instead (`hidden` values per position, laid out
+        // `[seq][position][hidden]` as the CPU's cache) in its K slot, and no V.
         let kv_layer_bytes =
             (n_seq * c.num_key_value_heads * n_ctx * c.head_dim * settings.kv.bytes()) as u64;
-        if kv_layer_bytes > max_binding {
-            return Err(VulkanError::OutOfMemory {
-                what: "one layer's KV cache".into(),
-                bytes: kv_layer_bytes,
-                reason: format!(
-                    "larger than the device's largest binding, {max_binding} bytes; use a smaller --ctx-len or fewer parallel sequences"
-                ),
-            });
-        }
+        let conv_layer_bytes = (n_seq * n_ctx * c.hidden_size * settings.kv.bytes()) as u64;
+        let is_conv = |l: usize| {
+            c.short_conv
+                .as_ref()
+                .is_some_and(|sc| sc.conv_layers.get(l).copied().unwrap_or(false))
+        };
         let mut kcache = Vec::with_capacity(c.num_hidden_layers);
         let mut vcache = Vec::with_capacity(c.num_hidden_layers);
+        let mut kv_bytes = 0u64;
         for l in 0..c.num_hidden_layers {
-            kcache.push(gpu.storage(&format!("K cache of layer {l}"), kv_layer_bytes)?);
-            vcache.push(gpu.storage(&format!("V cache of layer {l}"), kv_layer_bytes)?);
+            let (what, bytes) = if is_conv(l) {
+                ("one convolution layer's cache", conv_layer_bytes)
+            } else {
+                ("one layer's KV cache", kv_layer_bytes)
+            };
+            if bytes > max_binding {
+                return Err(VulkanError::OutOfMemory {
+                    what: what.into(),
+                    bytes,
+                    reason: format!(
+                        "larger than the device's largest binding, {max_binding} bytes; use a smaller --ctx-len or fewer parallel sequences"
+                    ),
+                });
+            }
+            if is_conv(l) {
+                kcache.push(gpu.storage(&format!("convolution cache of layer {l}"), bytes)?);
+                vcache.push(gpu.storage(&format!("no V cache (layer {l})"), 4)?);
+                kv_bytes += bytes;
+            } else {
+                kcache.push(gpu.storage(&format!("K cache of layer {l}"), bytes)?);
+                vcache.push(gpu.storage(&format!("V cache of layer {l}"), bytes)?);
+                kv_bytes += 2 * bytes;
+            }
         }
-        let kv_bytes = 2 * kv_layer_bytes * c.num_hidden_layers as u64;
 
         // RoPE tables: cos then sin, (n_ctx, rope_dim / 2) each.
         let table = |rope: &flowrt_model::RopeConfig| -> Result<wgpu::Buffer, VulkanError> {
@@ -373,13 +404,32 @@ impl VulkanBackend {
         let mut layer_mats = Vec::with_capacity(model.layers.len());
         let mut layer_experts: Vec<Option<LayerExperts>> = Vec::with_capacity(model.layers.len());
         let mut expert_bytes = 0u64;
+        // Per layer, its dense matrices by role.
         for lw in &model.layers {
-            let mut m = vec![
-                up(lw.wq.as_ref().ok_or_else(|| absent("query projection"))?)?,
-                up(lw.wk.as_ref().ok_or_else(|| absent("key projection"))?)?,
-                up(lw.wv.as_ref().ok_or_else(|| absent("value projection"))?)?,
-                up(lw.wo.as_ref().ok_or_else(|| absent("attention output"))?)?,
-            ];
+            let mut m: Vec<(MatRole, DeviceMatrix)> = match &lw.conv {
+                Some(cw) => vec![
+                    (MatRole::ConvIn, up(&cw.in_proj)?),
+                    (MatRole::ConvOut, up(&cw.out_proj)?),
+                ],
+                None => vec![
+                    (
+                        MatRole::Q,
+                        up(lw.wq.as_ref().ok_or_else(|| absent("query projection"))?)?,
+                    ),
+                    (
+                        MatRole::K,
+                        up(lw.wk.as_ref().ok_or_else(|| absent("key projection"))?)?,
+                    ),
+                    (
+                        MatRole::V,
+                        up(lw.wv.as_ref().ok_or_else(|| absent("value projection"))?)?,
+                    ),
+                    (
+                        MatRole::O,
+                        up(lw.wo.as_ref().ok_or_else(|| absent("attention output"))?)?,
+                    ),
+                ],
+            };
             match &lw.moe {
                 Some(moe) => {
                     let router = up(&moe.router)?;
@@ -396,6 +446,7 @@ impl VulkanBackend {
                             .transpose()
                     };
                     let ex = LayerExperts {
+                        selection_bias: bias("expert selection biases", &moe.selection_bias)?,
                         gate_bias: bias("expert gate biases", &moe.gate_bias)?,
                         up_bias: bias("expert up biases", &moe.up_bias)?,
                         down_bias: bias("expert down biases", &moe.down_bias)?,
@@ -408,18 +459,24 @@ impl VulkanBackend {
                     layer_experts.push(Some(ex));
                 }
                 None => {
-                    m.push(up(lw
-                        .w_gate
-                        .as_ref()
-                        .ok_or_else(|| absent("feed-forward gate"))?)?);
-                    m.push(up(lw
-                        .w_up
-                        .as_ref()
-                        .ok_or_else(|| absent("feed-forward up"))?)?);
-                    m.push(up(lw
-                        .w_down
-                        .as_ref()
-                        .ok_or_else(|| absent("feed-forward down"))?)?);
+                    m.push((
+                        MatRole::Gate,
+                        up(lw
+                            .w_gate
+                            .as_ref()
+                            .ok_or_else(|| absent("feed-forward gate"))?)?,
+                    ));
+                    m.push((
+                        MatRole::Up,
+                        up(lw.w_up.as_ref().ok_or_else(|| absent("feed-forward up"))?)?,
+                    ));
+                    m.push((
+                        MatRole::Down,
+                        up(lw
+                            .w_down
+                            .as_ref()
+                            .ok_or_else(|| absent("feed-forward down"))?)?,
+                    ));
                     layer_experts.push(None);
                 }
             }
@@ -532,19 +589,11 @@ impl VulkanBackend {
                             (MatRole::Router, Some(l)) => {
                                 &layer_experts[l].as_ref().ok_or_else(no_mat)?.router
                             }
-                            (r, Some(l)) => {
-                                let i = match r {
-                                    MatRole::Q => 0,
-                                    MatRole::K => 1,
-                                    MatRole::V => 2,
-                                    MatRole::O => 3,
-                                    MatRole::Gate => 4,
-                                    MatRole::Up => 5,
-                                    MatRole::Down => 6,
-                                    _ => return Err(no_mat()),
-                                };
-                                layer_mats[l].get(i).ok_or_else(no_mat)?
-                            }
+                            (r, Some(l)) => layer_mats[l]
+                                .iter()
+                                .find(|(role, _)| *role == r)
+                                .map(|(_, m)| m)
+                                .ok_or_else(no_mat)?,
                             _ => {
                                 return Err(VulkanError::Unsupported(
                                     "a layer matmul outside a layer group".into(),
@@ -813,20 +862,35 @@ impl VulkanBackend {
                         let scoring = match router.scoring {
                             RouterScoring::Softmax => 0,
                             RouterScoring::TopKSoftmax => 1,
-                            // Refused at load (`lacks`).
-                            RouterScoring::Sigmoid => {
-                                return Err(VulkanError::Unsupported(
-                                    "sigmoid expert routers".into(),
-                                ))
+                            RouterScoring::Sigmoid => 2,
+                        };
+                        // `check_layers` made sure a router that asks for a selection bias
+                        // has one.
+                        let (sel, has_sel) = match (router.selection_bias, &ex.selection_bias) {
+                            (true, Some(v)) => (v, 1),
+                            (true, None) => {
+                                return Err(VulkanError::Unsupported(format!(
+                                    "the router of layer {l} asks for a selection bias it lacks"
+                                )))
                             }
+                            (false, _) => (&no_sinks, 0),
                         };
                         let [a, alpha, limit] = gated_words(activation)?;
-                        let p = b.uniform(&[ne as u32, k, scoring, router.renormalize as u32])?;
+                        let p = b.uniform(&[
+                            ne as u32,
+                            k,
+                            scoring,
+                            router.renormalize as u32,
+                            router.renorm_eps.to_bits(),
+                            router.scale.to_bits(),
+                            has_sel,
+                            0,
+                        ])?;
                         out.push(Cmd::Ew {
                             pipe: P_MOE_ROUTE,
                             bind: b.bind(
                                 P_MOE_ROUTE,
-                                &[&acts.bufs[logits as usize], &mb.ids, &mb.wts, &p],
+                                &[&acts.bufs[logits as usize], &mb.ids, &mb.wts, sel, &p],
                             ),
                             per: 1,
                             over: Over::Tokens,
@@ -872,10 +936,60 @@ impl VulkanBackend {
                             over: Over::Tokens,
                         });
                     }
+                    Op::ShortConv { src, dst, kernel } => {
+                        let l = layer.ok_or_else(|| {
+                            VulkanError::Unsupported("short_conv outside a layer".into())
+                        })?;
+                        // `check_layers` checked the taps' and the bias's sizes.
+                        let cw = model.layers[l].conv.as_ref().ok_or_else(|| {
+                            VulkanError::Unsupported(format!(
+                                "the plan asks for a short convolution layer {l} lacks"
+                            ))
+                        })?;
+                        let taps = gpu.upload(
+                            &format!("convolution taps of layer {l}"),
+                            f32_bytes(&cw.kernel),
+                        )?;
+                        b.uniforms.push(taps.clone());
+                        let bias = match &cw.kernel_bias {
+                            Some(v) => {
+                                let buf = gpu.upload(
+                                    &format!("convolution bias of layer {l}"),
+                                    f32_bytes(v),
+                                )?;
+                                b.uniforms.push(buf.clone());
+                                buf
+                            }
+                            None => no_sinks.clone(),
+                        };
+                        let h = c.hidden_size as u32;
+                        let p = b.uniform(&[
+                            h,
+                            n_ctx as u32,
+                            kernel as u32,
+                            cw.kernel_bias.is_some() as u32,
+                        ])?;
+                        let (s, d) = (&acts.bufs[src as usize], &acts.bufs[dst as usize]);
+                        // Every row's `B · x` into the cache first: a row reads earlier rows'.
+                        out.push(Cmd::Ew {
+                            pipe: P_CONV_STORE,
+                            bind: b.bind(P_CONV_STORE, &[s, &kcache[l], &rows_buf, &p]),
+                            per: if f16_kv { h / 2 } else { h },
+                            over: Over::Tokens,
+                        });
+                        out.push(Cmd::Ew {
+                            pipe: P_SHORT_CONV,
+                            bind: b.bind(
+                                P_SHORT_CONV,
+                                &[s, d, &kcache[l], &taps, &bias, &rows_buf, &p],
+                            ),
+                            per: h,
+                            over: Over::Tokens,
+                        });
+                    }
                     Op::AddPositions { .. }
                     | Op::LayerNorm { .. }
                     | Op::Act(_)
-                    | Op::ShortConv { .. }
                     | Op::Pool { .. } => {
                         return Err(VulkanError::Unsupported(format!(
                             "op `{}` has no Vulkan kernel (use --backend cpu)",
@@ -921,13 +1035,13 @@ impl VulkanBackend {
         let mut mats = vec![embd];
         mats.extend(output);
         for l in layer_mats {
-            mats.extend(l);
+            mats.extend(l.into_iter().map(|(_, m)| m));
         }
         let mut experts = Vec::new();
         for ex in layer_experts.into_iter().flatten() {
             mats.push(ex.router);
             keep.extend(
-                [ex.gate_bias, ex.up_bias, ex.down_bias]
+                [ex.selection_bias, ex.gate_bias, ex.up_bias, ex.down_bias]
                     .into_iter()
                     .flatten(),
             );
@@ -1418,17 +1532,51 @@ fn lacks(c: &flowrt_model::ModelConfig) -> Vec<&'static str> {
     if !a.lm_head {
         missing.push("embedding-only models (no output projection; pooling)");
     }
-    if let Some(m) = &c.moe {
-        let r = m.router;
-        if r.scoring == flowrt_model::RouterScoring::Sigmoid {
-            missing.push("sigmoid expert routers");
+    missing
+}
+
+/// Per-layer weights the kernels read with sizes from the config, checked before anything is
+/// uploaded: a short convolution layer's taps `(hidden, kernel)` and bias `(hidden)`, and a
+/// router's selection bias `(num_experts)` where the router asks for one. With f16 values in
+/// the convolution cache (`f16_kv`), `hidden` must be even (two values per word).
+fn check_layers(model: &Model, f16_kv: bool) -> Result<(), VulkanError> {
+    let c = &model.config;
+    let h = c.hidden_size;
+    for (l, lw) in model.layers.iter().enumerate() {
+        if let (Some(sc), Some(cw)) = (&c.short_conv, &lw.conv) {
+            if sc.kernel == 0 || cw.kernel.len() != h * sc.kernel {
+                return Err(VulkanError::Unsupported(format!(
+                    "layer {l}'s convolution taps hold {} values, not hidden {h} × kernel {}",
+                    cw.kernel.len(),
+                    sc.kernel
+                )));
+            }
+            if let Some(b) = &cw.kernel_bias {
+                if b.len() != h {
+                    return Err(VulkanError::Unsupported(format!(
+                        "layer {l}'s convolution bias holds {} values, not hidden {h}",
+                        b.len()
+                    )));
+                }
+            }
+            if f16_kv && !h.is_multiple_of(2) {
+                return Err(VulkanError::Unsupported(format!(
+                    "short convolution layers with an odd hidden size ({h}) and an f16 cache have no Vulkan kernel (use --kv-type f32)"
+                )));
+            }
         }
-        if r.selection_bias {
-            missing.push("expert selection biases");
-        }
-        if r.scale != 1.0 || r.renorm_eps != 0.0 {
-            missing.push("scaled expert routing weights");
+        if let (Some(m), Some(mw)) = (&c.moe, &lw.moe) {
+            if m.router.selection_bias {
+                let n = mw.selection_bias.as_ref().map(Vec::len);
+                if n != Some(mw.gate.len()) {
+                    return Err(VulkanError::Unsupported(format!(
+                        "the router of layer {l} asks for a selection bias of one value per expert ({}); the layer has {}",
+                        mw.gate.len(),
+                        n.map_or("none".to_string(), |n| format!("{n} values"))
+                    )));
+                }
+            }
         }
     }
-    missing
+    Ok(())
 }

@@ -35,10 +35,6 @@ pub enum VulkanError {
         family: String,
         missing: Vec<&'static str>,
     },
-    /// A hybrid model with short convolution layers (LFM2): the Vulkan backend has no
-    /// convolution kernel or cache yet.
-    #[error("the `{family}` model has {layers} short convolution layers, which the Vulkan backend does not implement yet (use --backend cpu)")]
-    ShortConvolution { family: String, layers: usize },
     /// The model or settings ask for something this backend cannot do.
     #[error("{0}")]
     Unsupported(String),

@@ -362,17 +362,29 @@ pub fn gated_act() -> String {
 /// A mixture of experts' routing, one thread per token: from its router logits (`experts`
 /// per token) the `top_k` experts with the highest scores (ties to the lower index, as the
 /// CPU's `route`) into `ids[t * top_k + s]` (best first) and their weights into
-/// `wts[t * top_k + s]`. `scoring` 0: softmax scores over all experts, divided by the chosen
-/// ones' sum when `renorm` is 1; 1: chosen by raw logit, weighted by a softmax over the chosen.
+/// `wts[t * top_k + s]`. `scoring` 0: softmax scores over all experts; 1: chosen by raw logit,
+/// weighted by a softmax over the chosen; 2: sigmoid scores. With `has_bias` 1 the choice
+/// ranks by score + `bias[e]` (a selection bias), the weights stay the unbiased scores. For
+/// scorings 0 and 2 with `renorm` 1 the chosen weights are divided by their sum +
+/// `renorm_eps`; then every weight is multiplied by `scale`.
 pub fn moe_route() -> String {
     with_common(
         r#"
-struct P { experts: u32, top_k: u32, scoring: u32, renorm: u32 }
+struct P { experts: u32, top_k: u32, scoring: u32, renorm: u32,
+           renorm_eps: f32, scale: f32, has_bias: u32, p0: u32 }
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> wts: array<f32>;
-@group(0) @binding(3) var<uniform> p: P;
-@group(0) @binding(4) var<uniform> step: Step;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<uniform> p: P;
+@group(0) @binding(5) var<uniform> step: Step;
+
+fn score(base: u32, e: u32, mx: f32, sum: f32) -> f32 {
+    let l = logits[base + e];
+    if (p.scoring == 0u) { return exp(l - mx) / sum; }
+    if (p.scoring == 2u) { return 1.0 / (1.0 + exp(-l)); }
+    return l;
+}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -391,13 +403,15 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     for (var s = 0u; s < k; s++) {
         var best = 0xffffffffu;
         var bs = 0.0;
+        var bk = 0.0;
         for (var e = 0u; e < p.experts; e++) {
             var taken = false;
             for (var q = 0u; q < s; q++) { if (ids[ob + q] == e) { taken = true; } }
             if (taken) { continue; }
-            var v = logits[base + e];
-            if (p.scoring == 0u) { v = exp(v - mx) / sum; }
-            if (best == 0xffffffffu || v > bs) { best = e; bs = v; }
+            let v = score(base, e, mx, sum);
+            var key = v;
+            if (p.has_bias == 1u) { key = v + bias[e]; }
+            if (best == 0xffffffffu || key > bk) { best = e; bs = v; bk = key; }
         }
         ids[ob + s] = best;
         wts[ob + s] = bs;
@@ -410,13 +424,118 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     } else if (p.renorm == 1u) {
         var z = 0.0;
         for (var s = 0u; s < k; s++) { z += wts[ob + s]; }
+        z += p.renorm_eps;
         if (z > 0.0) {
             for (var s = 0u; s < k; s++) { wts[ob + s] = wts[ob + s] / z; }
         }
     }
+    if (p.scale != 1.0) {
+        for (var s = 0u; s < k; s++) { wts[ob + s] = wts[ob + s] * p.scale; }
+    }
 }
 "#,
     )
+}
+
+/// A short convolution's input (one thread per value, or per pair of values in f16): with
+/// `src`'s rows split into `width`-wide parts `(B, C, x)`, `B · x` of each token into the
+/// layer's cache at its sequence and position, laid out `[seq][position][width]` (f16 in u32
+/// words when `f16`).
+pub fn conv_store(f16: bool) -> String {
+    let (ty, per, body) = if f16 {
+        (
+            "u32",
+            "p.width / 2u",
+            r#"
+    let c = 2u * r;
+    let s = t * 3u * p.width;
+    let o = ((seq * p.n_ctx + pos) * p.width) / 2u + r;
+    cache[o] = pack2x16float(vec2<f32>(src[s + c] * src[s + 2u * p.width + c],
+                                       src[s + c + 1u] * src[s + 2u * p.width + c + 1u]));
+"#,
+        )
+    } else {
+        (
+            "f32",
+            "p.width",
+            r#"
+    let s = t * 3u * p.width;
+    let o = (seq * p.n_ctx + pos) * p.width + r;
+    cache[o] = src[s + r] * src[s + 2u * p.width + r];
+"#,
+        )
+    };
+    with_common(&format!(
+        r#"
+struct P {{ width: u32, n_ctx: u32, kernel: u32, has_bias: u32 }}
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> cache: array<{ty}>;
+@group(0) @binding(2) var<storage, read> rows: array<u32>;
+@group(0) @binding(3) var<uniform> p: P;
+@group(0) @binding(4) var<uniform> step: Step;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {{
+    let gi = gid_of(wg, nwg, li.x);
+    let per_tok = {per};
+    if (gi >= step.n_tok * per_tok) {{ return; }}
+    let t = gi / per_tok;
+    let r = gi % per_tok;
+    let seq = rows[2u * t];
+    let pos = rows[2u * t + 1u];
+{body}
+}}
+"#
+    ))
+}
+
+/// A short convolution over the layer's cache (after `conv_store`), one thread per (token,
+/// channel): `dst[t, c] = C[t, c] · (Σ_j w[c · kernel + j] · Bx[pos - (kernel - 1) + j, c]
+/// + bias[c])`, a position before 0 as 0, the bias only with `has_bias` 1; `C` is the middle
+/// part of `src`'s row.
+pub fn short_conv(f16: bool) -> String {
+    let (ty, get) = if f16 {
+        (
+            "u32",
+            "fn bx(o: u32) -> f32 { return unpack2x16float(cache[o / 2u])[o % 2u]; }",
+        )
+    } else {
+        ("f32", "fn bx(o: u32) -> f32 { return cache[o]; }")
+    };
+    with_common(&format!(
+        r#"
+struct P {{ width: u32, n_ctx: u32, kernel: u32, has_bias: u32 }}
+@group(0) @binding(0) var<storage, read> src: array<f32>;
+@group(0) @binding(1) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(2) var<storage, read> cache: array<{ty}>;
+@group(0) @binding(3) var<storage, read> w: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+@group(0) @binding(5) var<storage, read> rows: array<u32>;
+@group(0) @binding(6) var<uniform> p: P;
+@group(0) @binding(7) var<uniform> step: Step;
+{get}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) li: vec3<u32>) {{
+    let gi = gid_of(wg, nwg, li.x);
+    if (gi >= step.n_tok * p.width) {{ return; }}
+    let t = gi / p.width;
+    let c = gi % p.width;
+    let seq = rows[2u * t];
+    let pos = rows[2u * t + 1u];
+    var acc = 0.0;
+    for (var j = 0u; j < p.kernel; j++) {{
+        let back = p.kernel - 1u - j;
+        if (back > pos) {{ continue; }}
+        acc += w[c * p.kernel + j] * bx((seq * p.n_ctx + pos - back) * p.width + c);
+    }}
+    if (p.has_bias == 1u) {{ acc += bias[c]; }}
+    dst[gi] = acc * src[t * 3u * p.width + p.width + c];
+}}
+"#
+    ))
 }
 
 /// Per-expert biases: `y[p, j] += b[ids[p] * width + j]` over the step's `n_tok * top_k`
