@@ -898,6 +898,76 @@ fn packs_gpt_oss_with_float_and_mxfp4_experts() {
     assert_eq!(packed_tensor(&m, "output.weight").0, Q8_0);
 }
 
+/// gpt-oss as OpenAI ships it (experts as MXFP4 `*_blocks` / `*_scales`): MXFP4_MOE copies
+/// the experts' codes and exponents into the GGUF's MXFP4 blocks, so every packed expert row
+/// dequantises to exactly the checkpoint's values as transformers reads them (gate at even
+/// rows of gate_up, up at odd ones); F32, F16 and Q8_0 dequantise the experts, pass the gate
+/// and agree with transformers (F32 lossless and greedy-identical).
+#[test]
+fn packs_gpt_oss_mxfp4_checkpoint_with_the_experts_copied_bit_exactly() {
+    packs_to_types("gpt-oss-mxfp4", &["MXFP4_MOE", "F32", "F16", "Q8_0"]);
+    use flowrt_dtype::GgmlType::*;
+    const FP4: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _) = packed(dir.path(), "gpt-oss-mxfp4", "MXFP4_MOE");
+    let st =
+        flowrt_model::safetensors_dir::SafetensorsDir::open(&fixture("families/gpt-oss-mxfp4"))
+            .unwrap();
+    let k = flowrt_kernels::Kernels::scalar();
+    let (n, h, ff) = (8usize, 32usize, 32usize);
+    let mut checked = 0;
+    for l in 0..4 {
+        let p = format!("model.layers.{l}.mlp.experts.");
+        for (role, src, file_rows, step, offset, rows, cols) in [
+            ("gate", "gate_up_proj", 2 * ff, 2, 0, ff, h),
+            ("up", "gate_up_proj", 2 * ff, 2, 1, ff, h),
+            ("down", "down_proj", h, 1, 0, h, ff),
+        ] {
+            let blocks = st.bytes(&st.tensors[&format!("{p}{src}_blocks")]);
+            let scales = st.bytes(&st.tensors[&format!("{p}{src}_scales")]);
+            let name = format!("blk.{l}.ffn_{role}_exps.weight");
+            let t = m.tensors().iter().find(|t| t.name == name).unwrap();
+            assert_eq!(
+                (t.ggml_type, &t.dims[..]),
+                (Mxfp4, &[cols as u64, rows as u64, n as u64][..]),
+                "{name}"
+            );
+            let data = m.tensor_data(t);
+            let (g, rb) = (cols / 32, cols / 32 * 17);
+            for e in 0..n {
+                for r in 0..rows {
+                    let at = (e * rows + r) * rb;
+                    let mut got = vec![0f32; cols];
+                    k.dequantize_row(Mxfp4, &data[at..at + rb], &mut got);
+                    // Row `step · r + offset` of expert `e`, as transformers reads it.
+                    let fr = (e * file_rows + step * r + offset) * g;
+                    let mut want = Vec::new();
+                    for b in 0..g {
+                        let s = 2f32.powi(scales[fr + b] as i32 - 127);
+                        for &byte in &blocks[(fr + b) * 16..(fr + b + 1) * 16] {
+                            want.push(FP4[(byte & 15) as usize] * s);
+                            want.push(FP4[(byte >> 4) as usize] * s);
+                        }
+                    }
+                    assert!(
+                        got == want,
+                        "{name} expert {e} row {r}: {got:?} != {want:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(packed_tensor(&m, &format!("blk.{l}.attn_q.weight")).0, Q8_0);
+        assert_eq!(
+            packed_tensor(&m, &format!("blk.{l}.ffn_gate_inp.weight")).0,
+            F32
+        );
+    }
+    assert_eq!(checked, 4 * n * (2 * ff + h));
+}
+
 /// An expert count in config.json that the checkpoint contradicts is an error naming the
 /// field, and leaves nothing.
 #[test]
