@@ -48,7 +48,8 @@ Q5_K 5e-2/0.80, Q4_K 0.1/0.75, Q4_1 0.2/0.70, Q4_0 0.2/0.70, MXFP4_MOE 0.2/0.70.
 Sources: a GGUF file (requantised; metadata, tokenizer and chat template copied), or a \
 Hugging Face checkpoint directory of any family flowrt runs (llama, mistral, qwen2, qwen3, \
 gemma3, minicpm, granite, smollm3, phi3, qwen3moe, lfm2, gpt-oss; f32, f16 or bf16 \
-safetensors; byte-level BPE tokenizer.json), written as llama.cpp's converter writes the \
+safetensors, or gpt-oss's experts in OpenAI's MXFP4 blocks and scales, which MXFP4_MOE copies \
+bit-exactly and the other types dequantise; byte-level BPE tokenizer.json), written as llama.cpp's converter writes the \
 family: GGUF arch llama (also for Mistral), qwen2, qwen3, gemma3, minicpm, granite, smollm3, \
 phi3, qwen3moe (expert_count, expert_used_count, expert_feed_forward_length, \
 expert_weights_norm; HF's dense layers as flowrt's mlp_only_layers), lfm2 (per-layer \
@@ -379,6 +380,19 @@ pub(crate) enum Layout<'a> {
         step: usize,
         offset: usize,
     },
+    /// OpenAI's MXFP4 experts: `data` holds the `*_blocks` (16 bytes a block) and `scales` the
+    /// `*_scales` (a byte a block) of `experts` matrices of `rows` rows of `groups` blocks
+    /// each; GGUF row `i` of expert `e` is row `step * i + offset` of expert `e`'s matrix. An
+    /// MXFP4 target gets the same codes and exponents repacked into ggml's blocks (bit-exact);
+    /// any other is quantised from their values.
+    Mxfp4 {
+        scales: &'a [u8],
+        experts: usize,
+        rows: usize,
+        groups: usize,
+        step: usize,
+        offset: usize,
+    },
 }
 
 impl<'a> SrcTensor<'a> {
@@ -386,6 +400,7 @@ impl<'a> SrcTensor<'a> {
     pub(crate) fn slices(&self) -> Vec<&'a [u8]> {
         match &self.layout {
             Layout::Stacked(parts) => parts.clone(),
+            Layout::Mxfp4 { scales, .. } => vec![self.data, scales],
             _ => vec![self.data],
         }
     }
@@ -433,6 +448,28 @@ impl<'t, 'a> RowReader<'t, 'a> {
                 );
                 experts * k * flowrt_kernels::row_size(ty, w)
             }
+            Layout::Mxfp4 {
+                scales,
+                experts,
+                rows: src_rows,
+                groups,
+                step,
+                offset,
+            } => {
+                anyhow::ensure!(
+                    ty == GgmlType::Mxfp4
+                        && n == 32 * groups
+                        && experts > 0
+                        && rows.is_multiple_of(experts)
+                        && step * (rows / experts - 1) + offset < src_rows
+                        && scales.len() == experts * src_rows * groups,
+                    "tensor `{}`: shape {:?} does not fit {experts} MXFP4 experts of {src_rows} rows of {groups} blocks",
+                    t.name,
+                    t.dims
+                );
+                // Blocks and scales together.
+                experts * src_rows * groups * 17
+            }
             _ => rows * flowrt_kernels::row_size(ty, n),
         };
         if let Layout::Stacked(parts) = &t.layout {
@@ -455,6 +492,30 @@ impl<'t, 'a> RowReader<'t, 'a> {
             rows,
             held: None,
         })
+    }
+
+    /// GGUF row `r` in ggml's MXFP4 blocks, appended to `out`, for an [`Layout::Mxfp4`]
+    /// tensor (`false` for the others).
+    fn mxfp4_row(&self, r: usize, out: &mut Vec<u8>) -> bool {
+        let Layout::Mxfp4 {
+            scales,
+            experts,
+            rows,
+            groups,
+            step,
+            offset,
+        } = self.t.layout
+        else {
+            return false;
+        };
+        let per = self.rows / experts;
+        let at = ((r / per) * rows + step * (r % per) + offset) * groups;
+        flowrt_model::weights::mxfp4_row_to_ggml(
+            &self.t.data[at * 16..(at + groups) * 16],
+            &scales[at..at + groups],
+            out,
+        );
+        true
     }
 
     /// GGUF row `r` into `f` (`n` values).
@@ -499,6 +560,11 @@ impl<'t, 'a> RowReader<'t, 'a> {
                 for (j, x) in f.iter_mut().enumerate() {
                     *x = v[j * w + step * i + offset];
                 }
+            }
+            Layout::Mxfp4 { .. } => {
+                let mut ggml = Vec::with_capacity(flowrt_kernels::row_size(ty, n));
+                self.mxfp4_row(r, &mut ggml);
+                k.dequantize_row(ty, &ggml, f);
             }
         }
     }
@@ -571,9 +637,17 @@ fn write_pack(
         let out_row = flowrt_kernels::row_size(spec.ty, n);
         let mut buf = vec![0u8; rows * out_row];
         let mut f = vec![0f32; n];
+        let mut ggml = Vec::with_capacity(out_row);
         for r in 0..rows {
+            let dst = &mut buf[r * out_row..(r + 1) * out_row];
+            ggml.clear();
+            // MXFP4 to MXFP4: the source's blocks as they are (no requantising).
+            if spec.ty == GgmlType::Mxfp4 && reader.mxfp4_row(r, &mut ggml) {
+                dst.copy_from_slice(&ggml);
+                continue;
+            }
             reader.row(k, r, &mut f);
-            k.quantize_row(spec.ty, &f, &mut buf[r * out_row..(r + 1) * out_row]);
+            k.quantize_row(spec.ty, &f, dst);
         }
         w.write_tensor(&t.name, &buf)
             .with_context(|| format!("cannot write {}", partial.display()))?;

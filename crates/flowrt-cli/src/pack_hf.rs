@@ -1149,8 +1149,17 @@ impl HfSource {
                 let hn = self.hf_name(src_role, l).context("an experts role")?;
                 let Some(e) = self.st.tensors.get(&hn) else {
                     if self.st.tensors.contains_key(&format!("{hn}_blocks")) {
-                        bail!(
-                            "tensor `{hn}` is stored as MXFP4 blocks (`{hn}_blocks`); pack reads float experts only"
+                        // OpenAI's MXFP4 experts: (n, rows, cols / 32, 16) blocks and
+                        // (n, rows, cols / 32) scales, rows the output features.
+                        let (rows, cols) = (w, k);
+                        return self.mxfp4_experts(
+                            &hn,
+                            gn,
+                            [n, rows, cols],
+                            step,
+                            offset,
+                            used,
+                            missing,
                         );
                     }
                     missing.push(hn);
@@ -1187,6 +1196,69 @@ impl HfSource {
                 }))
             }
         }
+    }
+
+    /// One GGUF experts tensor `gn` from OpenAI's MXFP4 pair `{hn}_blocks` / `{hn}_scales` of
+    /// `n` experts of `rows` output rows of `cols` inputs (GGUF row `i` = row `step · i +
+    /// offset`), checked as the loader checks them. The config's `modules_to_not_convert`
+    /// was checked by the loader that read the config ([`ModelConfig::hf_mxfp4`]).
+    #[allow(clippy::too_many_arguments)]
+    fn mxfp4_experts(
+        &self,
+        hn: &str,
+        gn: String,
+        [n, rows, cols]: [usize; 3],
+        step: usize,
+        offset: usize,
+        used: &mut HashSet<String>,
+        missing: &mut Vec<String>,
+    ) -> Result<Option<SrcTensor<'_>>> {
+        let (bn, sn) = (format!("{hn}_blocks"), format!("{hn}_scales"));
+        let (Some(b), Some(s)) = (self.st.tensors.get(&bn), self.st.tensors.get(&sn)) else {
+            missing.push(format!("{sn} (MXFP4 experts)"));
+            return Ok(None);
+        };
+        used.insert(bn.clone());
+        used.insert(sn.clone());
+        anyhow::ensure!(
+            cols.is_multiple_of(32),
+            "tensor `{bn}`: {cols} input features are not a multiple of 32, MXFP4's block length"
+        );
+        let g = cols / 32;
+        for (name, t, want) in [(&bn, b, vec![n, rows, g, 16]), (&sn, s, vec![n, rows, g])] {
+            match &t.dtype {
+                Err(ty) if ty == "U8" => {}
+                Ok(ty) => {
+                    bail!("tensor `{name}` has element type {ty}; MXFP4 blocks and scales are U8")
+                }
+                Err(ty) => {
+                    bail!("tensor `{name}` has element type {ty}; MXFP4 blocks and scales are U8")
+                }
+            }
+            if t.shape != want {
+                bail!(
+                    "tensor `{name}` has shape {:?}, expected {want:?} (num_local_experts, {rows} output features, {cols} input features in blocks of 32)",
+                    t.shape
+                );
+            }
+        }
+        let out_rows = if step == 2 { rows / 2 } else { rows };
+        Ok(Some(SrcTensor {
+            name: gn,
+            dims: vec![cols as u64, out_rows as u64, n as u64],
+            ty: Ok(GgmlType::Mxfp4),
+            data: self.st.bytes(b),
+            permute_heads: None,
+            file_offset: b.start,
+            layout: Layout::Mxfp4 {
+                scales: self.st.bytes(s),
+                experts: n,
+                rows,
+                groups: g,
+                step,
+                offset,
+            },
+        }))
     }
 
     /// `tokenizer.ggml.*` and `tokenizer.chat_template` from tokenizer.json and

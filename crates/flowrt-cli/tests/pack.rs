@@ -898,6 +898,112 @@ fn packs_gpt_oss_with_float_and_mxfp4_experts() {
     assert_eq!(packed_tensor(&m, "output.weight").0, Q8_0);
 }
 
+/// gpt-oss as OpenAI ships it (experts as MXFP4 `*_blocks` / `*_scales`): MXFP4_MOE copies
+/// the experts' codes and exponents into the GGUF's MXFP4 blocks, so every packed expert row
+/// dequantises to exactly the checkpoint's values as transformers reads them (gate at even
+/// rows of gate_up, up at odd ones); F32, F16 and Q8_0 dequantise the experts, pass the gate
+/// and agree with transformers (F32 lossless and greedy-identical).
+#[test]
+fn packs_gpt_oss_mxfp4_checkpoint_with_the_experts_copied_bit_exactly() {
+    packs_to_types("gpt-oss-mxfp4", &["MXFP4_MOE", "F32", "F16", "Q8_0"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (m, _) = packed(dir.path(), "gpt-oss-mxfp4", "MXFP4_MOE");
+    mxfp4_experts_copied(&fixture("families/gpt-oss-mxfp4"), &m);
+    // Blocks whose codes are at most 1.5: a requantiser would pick another exponent (and
+    // codes) for the same values; the copy keeps the checkpoint's bytes.
+    let src = dir.path().join("small-codes");
+    copy_dir(&fixture("families/gpt-oss-mxfp4"), &src);
+    let path = src.join("model.safetensors");
+    let mut f = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(f[..8].try_into().unwrap()) as usize;
+    let hdr: serde_json::Value = serde_json::from_slice(&f[8..8 + n]).unwrap();
+    let o = &hdr["model.layers.0.mlp.experts.gate_up_proj_blocks"]["data_offsets"];
+    let (a, b) = (
+        o[0].as_u64().unwrap() as usize,
+        o[1].as_u64().unwrap() as usize,
+    );
+    f[8 + n + a..8 + n + b].iter_mut().for_each(|x| *x &= 0xBB);
+    std::fs::write(&path, f).unwrap();
+    let out = dir.path().join("small-codes.gguf");
+    let o = pack(&src, &out, "MXFP4_MOE", &["--no-gate"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    mxfp4_experts_copied(&src, &flowrt_gguf::GgufFile::open(&out).unwrap());
+}
+
+/// Every expert row of `m` (packed from the MXFP4 checkpoint `dir`) dequantises to exactly
+/// the checkpoint's values as transformers reads them and holds its bytes repacked.
+fn mxfp4_experts_copied(dir: &Path, m: &flowrt_gguf::GgufFile) {
+    use flowrt_dtype::GgmlType::*;
+    const FP4: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let st = flowrt_model::safetensors_dir::SafetensorsDir::open(dir).unwrap();
+    let k = flowrt_kernels::Kernels::scalar();
+    let (n, h, ff) = (8usize, 32usize, 32usize);
+    let mut checked = 0;
+    for l in 0..4 {
+        let p = format!("model.layers.{l}.mlp.experts.");
+        for (role, src, file_rows, step, offset, rows, cols) in [
+            ("gate", "gate_up_proj", 2 * ff, 2, 0, ff, h),
+            ("up", "gate_up_proj", 2 * ff, 2, 1, ff, h),
+            ("down", "down_proj", h, 1, 0, h, ff),
+        ] {
+            let blocks = st.bytes(&st.tensors[&format!("{p}{src}_blocks")]);
+            let scales = st.bytes(&st.tensors[&format!("{p}{src}_scales")]);
+            let name = format!("blk.{l}.ffn_{role}_exps.weight");
+            let t = m.tensors().iter().find(|t| t.name == name).unwrap();
+            assert_eq!(
+                (t.ggml_type, &t.dims[..]),
+                (Mxfp4, &[cols as u64, rows as u64, n as u64][..]),
+                "{name}"
+            );
+            let data = m.tensor_data(t);
+            let (g, rb) = (cols / 32, cols / 32 * 17);
+            for e in 0..n {
+                for r in 0..rows {
+                    let at = (e * rows + r) * rb;
+                    let mut got = vec![0f32; cols];
+                    k.dequantize_row(Mxfp4, &data[at..at + rb], &mut got);
+                    // Row `step · r + offset` of expert `e`, as transformers reads it.
+                    let fr = (e * file_rows + step * r + offset) * g;
+                    let mut want = Vec::new();
+                    for b in 0..g {
+                        let s = 2f32.powi(scales[fr + b] as i32 - 127);
+                        for &byte in &blocks[(fr + b) * 16..(fr + b + 1) * 16] {
+                            want.push(FP4[(byte & 15) as usize] * s);
+                            want.push(FP4[(byte >> 4) as usize] * s);
+                        }
+                    }
+                    assert!(
+                        got == want,
+                        "{name} expert {e} row {r}: {got:?} != {want:?}"
+                    );
+                    // The bytes too: each block's exponent byte, then codes j and j + 16 in
+                    // one byte (a requantiser may pick other codes for the same values).
+                    let mut bytes = Vec::new();
+                    for b in 0..g {
+                        let q = &blocks[(fr + b) * 16..(fr + b + 1) * 16];
+                        let code = |j: usize| (q[j / 2] >> (4 * (j % 2))) & 15;
+                        bytes.push(scales[fr + b]);
+                        bytes.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+                    }
+                    assert!(
+                        data[at..at + rb] == bytes[..],
+                        "{name} expert {e} row {r}: bytes differ from the checkpoint's"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(packed_tensor(m, &format!("blk.{l}.attn_q.weight")).0, Q8_0);
+        assert_eq!(
+            packed_tensor(m, &format!("blk.{l}.ffn_gate_inp.weight")).0,
+            F32
+        );
+    }
+    assert_eq!(checked, 4 * n * (2 * ff + h));
+}
+
 /// An expert count in config.json that the checkpoint contradicts is an error naming the
 /// field, and leaves nothing.
 #[test]

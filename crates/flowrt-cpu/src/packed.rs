@@ -1,9 +1,11 @@
 //! Weights repacked at load into the kernels' x8 layout (`flowrt_kernels::x8`: 8 rows
 //! interleaved per block), held in one anonymous mapping advised for transparent huge pages.
 //!
-//! Only matrices read from a memory-mapped file are packed; their file pages are released once
-//! copied, so the resident set holds each weight once. (Weights the process owns, e.g. those
-//! quantised at load, stay in ggml's row layout: packing them would hold two copies.)
+//! Only matrices read from a memory-mapped file are packed (GGUF tensors, and OpenAI's MXFP4
+//! experts, whose ggml rows are made from the file's blocks a chunk at a time as they are
+//! packed); their file pages are released once copied, so the resident set holds each weight
+//! once. (Weights the process owns, e.g. those quantised at load, stay in ggml's row layout:
+//! packing them would hold two copies.)
 //! Each backend packs its own copy: two backends on one model (the server runs one per model)
 //! would hold the packed weights twice.
 
@@ -114,15 +116,18 @@ impl PackedWeights {
                     let Some((m, dst)) = job else { break };
                     // A chunk of rows at a time, each released once copied: at most a chunk
                     // per thread is resident twice.
-                    let (src, rb) = (m.bytes(), m.row_bytes);
+                    // Rows made on demand (OpenAI's MXFP4 experts) are made a chunk at a
+                    // time into `scratch`, never whole.
+                    let rb = m.row_bytes;
                     let prb = x8::packed_row_bytes(m.dtype, m.cols);
+                    let mut scratch = Vec::new();
                     for r0 in (0..m.rows).step_by(PACK_ROWS) {
                         let r1 = (r0 + PACK_ROWS).min(m.rows);
                         x8::pack(
                             m.dtype,
                             r1 - r0,
                             m.cols,
-                            &src[r0 * rb..r1 * rb],
+                            m.data.read(r0 * rb, (r1 - r0) * rb, &mut scratch),
                             &mut dst[r0 * prb..r1 * prb],
                         );
                         m.data.release_range(r0 * rb, (r1 - r0) * rb);
@@ -154,5 +159,53 @@ impl PackedWeights {
     /// Bytes of packed weights.
     pub(crate) fn bytes(&self) -> usize {
         self.mem.as_ref().map_or(0, |m| m.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flowrt_dtype::GgmlType;
+    use flowrt_model::{ModelConfig, WeightData};
+    use std::path::Path;
+
+    /// The gpt-oss fixture with its experts in OpenAI's MXFP4 safetensors layout.
+    fn gptoss_mxfp4() -> Model {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/families/gpt-oss-mxfp4");
+        let path = dir.join("config.json");
+        let json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let cfg = ModelConfig::from_hf_json(&path, &json).unwrap();
+        Model::from_hf_dir(&dir, cfg, Default::default()).unwrap()
+    }
+
+    /// OpenAI's MXFP4 experts go through the same x8 repack as a GGUF's mapped experts: every
+    /// expert matrix is packed, equal to packing its ggml rows, and the packer never made a
+    /// whole row-layout copy of them (the process holds the experts once).
+    #[test]
+    fn owned_mxfp4_experts_are_packed_without_a_row_copy() {
+        let model = gptoss_mxfp4();
+        let packed = PackedWeights::build(&model, 2).unwrap();
+        let mut n = 0;
+        for (l, layer) in model.layers.iter().enumerate() {
+            let x = layer.moe.as_ref().unwrap();
+            for e in 0..x.gate.len() {
+                for (which, m) in [&x.gate[e], &x.up[e], &x.down[e]].into_iter().enumerate() {
+                    assert_eq!(m.dtype, GgmlType::Mxfp4);
+                    let WeightData::Mxfp4(rows) = &m.data else {
+                        panic!("{} is not made on demand", m.name)
+                    };
+                    assert!(!rows.is_made(), "{}: the packer made a row copy", m.name);
+                    let got = packed.expert(l, e, which).expect("expert packed");
+                    // The reference: the whole ggml-layout matrix, packed in one go.
+                    let mut want = vec![0u8; x8::packed_size(m.dtype, m.rows, m.cols)];
+                    x8::pack(m.dtype, m.rows, m.cols, m.bytes(), &mut want);
+                    assert!(rows.is_made());
+                    assert_eq!(got, &want[..], "{}", m.name);
+                    n += 1;
+                }
+            }
+        }
+        assert_eq!(n, 4 * 8 * 3);
     }
 }

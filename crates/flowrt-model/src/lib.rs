@@ -28,6 +28,6 @@ pub use plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op, Plan};
 pub use pooling::{EmbeddingSpec, Pooling};
 pub use rope::{RopeConfig, RopeFreqs, RopeScaling};
 pub use weights::{
-    LayerWeights, LoadOptions, Model, ModelFormat, MoeWeights, ShortConvWeights, WeightData,
-    WeightMatrix, LOAD_QUANT_TYPES,
+    LayerWeights, LoadOptions, Model, ModelFormat, MoeWeights, Mxfp4Rows, ShortConvWeights,
+    WeightData, WeightMatrix, LOAD_QUANT_TYPES,
 };

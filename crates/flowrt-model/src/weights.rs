@@ -37,6 +37,98 @@ pub enum WeightData {
         start: usize,
         end: usize,
     },
+    /// MXFP4 rows in ggml's block layout read from a mapped checkpoint's `*_blocks` and
+    /// `*_scales` (OpenAI's layout), made whole only when asked for (see [`Mxfp4Rows`]).
+    Mxfp4(Arc<Mxfp4Rows>),
+}
+
+/// Appends one row of OpenAI's MXFP4 layout (`blocks`: 16 bytes a block, element `2k` in the
+/// low nibble of byte `k` and `2k + 1` in its high one; `scales`: an E8M0 exponent byte a
+/// block) in ggml's MXFP4 blocks: per block the exponent byte, then element `j` in the low
+/// nibble of byte `j` and `j + 16` in its high one. The same codes and exponents, repacked:
+/// the values are unchanged.
+pub fn mxfp4_row_to_ggml(blocks: &[u8], scales: &[u8], out: &mut Vec<u8>) {
+    for (b, &s) in blocks.chunks_exact(16).zip(scales) {
+        let code = |j: usize| (b[j / 2] >> (4 * (j % 2))) & 0x0F;
+        out.push(s);
+        out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+    }
+}
+
+/// An MXFP4 matrix stored as OpenAI ships gpt-oss's experts: `blocks` (16 bytes a block,
+/// element `2k` in the low nibble of byte `k`, `2k + 1` in its high one) and `scales` (an E8M0
+/// exponent byte a block), rows of `groups` blocks, output row `r` at file row
+/// `first + step · r`. A backend that repacks its weights reads rows through
+/// [`WeightData::read`] (made a chunk at a time, so no whole row-layout copy is held); the
+/// whole ggml-layout matrix is made on the first [`WeightData::bytes`] and kept, and the file's
+/// pages are then let go.
+pub struct Mxfp4Rows {
+    blocks: WeightData,
+    scales: WeightData,
+    first: usize,
+    step: usize,
+    rows: usize,
+    groups: usize,
+    made: std::sync::OnceLock<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Mxfp4Rows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mxfp4Rows")
+            .field("first", &self.first)
+            .field("step", &self.step)
+            .field("rows", &self.rows)
+            .field("groups", &self.groups)
+            .field("made", &self.made.get().is_some())
+            .finish()
+    }
+}
+
+impl Mxfp4Rows {
+    /// Bytes of one ggml MXFP4 block: the exponent byte, then 16 bytes of codes.
+    const BLOCK: usize = 17;
+
+    /// Appends rows `r0..r1` in ggml's layout: per block the exponent byte, then element `j`
+    /// in the low nibble of byte `j` and `j + 16` in its high one (the same codes and
+    /// exponents, repacked; no value changes).
+    fn write_rows(&self, r0: usize, r1: usize, out: &mut Vec<u8>) {
+        let (blocks, scales) = (self.blocks.bytes(), self.scales.bytes());
+        let g = self.groups;
+        for r in r0..r1 {
+            let at = (self.first + self.step * r) * g;
+            mxfp4_row_to_ggml(&blocks[at * 16..(at + g) * 16], &scales[at..at + g], out);
+        }
+    }
+
+    /// The whole matrix in ggml's layout, made on first use.
+    fn bytes(&self) -> &[u8] {
+        self.made.get_or_init(|| {
+            let mut v = Vec::with_capacity(self.rows * self.groups * Self::BLOCK);
+            self.write_rows(0, self.rows, &mut v);
+            // The copy replaces the file's bytes: let their pages leave the resident set.
+            self.release_source(0, self.rows);
+            v
+        })
+    }
+
+    /// Lets the file pages behind rows `r0..r1` leave the resident set.
+    fn release_source(&self, r0: usize, r1: usize) {
+        if r1 <= r0 {
+            return;
+        }
+        let g = self.groups;
+        let (a, b) = (
+            self.first + self.step * r0,
+            self.first + self.step * (r1 - 1) + 1,
+        );
+        self.blocks.release_range(a * g * 16, (b - a) * g * 16);
+        self.scales.release_range(a * g, (b - a) * g);
+    }
+
+    /// Whether the whole matrix was made (by [`WeightData::bytes`]).
+    pub fn is_made(&self) -> bool {
+        self.made.get().is_some()
+    }
 }
 
 impl WeightData {
@@ -51,34 +143,96 @@ impl WeightData {
             } => &dir.maps[*shard][*start..*end],
             WeightData::Owned(v) => v,
             WeightData::Slice { of, start, end } => &of.bytes()[*start..*end],
+            WeightData::Mxfp4(m) => m.bytes(),
         }
     }
 
-    /// Whether the bytes are a view of a memory-mapped file (not owned by the process).
+    /// Bytes `offset..offset + len` (whole rows for [`WeightData::Mxfp4`]), without making a
+    /// whole copy: a view of the stored or already made bytes, else made into `scratch`. A
+    /// backend that keeps its own copy of the weights reads them through this, so that the
+    /// process holds them once.
+    pub fn read<'a>(&'a self, offset: usize, len: usize, scratch: &'a mut Vec<u8>) -> &'a [u8] {
+        match self {
+            WeightData::Mxfp4(m) if !m.is_made() => {
+                let rb = m.groups * Mxfp4Rows::BLOCK;
+                scratch.clear();
+                m.write_rows(offset / rb, (offset + len) / rb, scratch);
+                scratch
+            }
+            WeightData::Slice { of, start, .. } if matches!(**of, WeightData::Mxfp4(_)) => {
+                of.read(start + offset, len, scratch)
+            }
+            _ => &self.bytes()[offset..offset + len],
+        }
+    }
+
+    /// Whether the bytes are not held by the process: a view of a memory-mapped file, or
+    /// made from one on demand and not made yet. A backend repacking these (through
+    /// [`WeightData::read`], then [`WeightData::release_range`]) holds them once.
     pub fn is_mapped(&self) -> bool {
         match self {
             WeightData::Owned(_) => false,
             WeightData::Slice { of, .. } => of.is_mapped(),
+            WeightData::Mxfp4(m) => !m.is_made(),
             _ => true,
         }
     }
 
-    /// Lets the pages of bytes `offset..offset + len` of a GGUF tensor leave the resident set
-    /// (they are read from the file again if touched): for a backend that keeps its own copy.
-    /// Other bytes (owned, or from safetensors shards, which hold only float types that no
-    /// backend repacks) stay.
+    /// Lets the file pages behind bytes `offset..offset + len` leave the resident set (they
+    /// are read from the file again if touched): for a backend that keeps its own copy. Owned
+    /// bytes stay.
     pub fn release_range(&self, offset: usize, len: usize) {
-        if let WeightData::Slice { of, start, end } = self {
-            let len = len.min(end.saturating_sub(start + offset));
-            return of.release_range(start + offset, len);
-        }
-        if let WeightData::Gguf { file, tensor } = self {
-            let t = &file.tensors()[*tensor];
-            let start = file.data_offset().saturating_add(t.offset) as usize;
-            let len = len.min((t.size_bytes as usize).saturating_sub(offset));
-            file.release(start.saturating_add(offset), len);
+        match self {
+            WeightData::Slice { of, start, end } => {
+                let len = len.min(end.saturating_sub(start + offset));
+                of.release_range(start + offset, len)
+            }
+            WeightData::Gguf { file, tensor } => {
+                let t = &file.tensors()[*tensor];
+                let start = file.data_offset().saturating_add(t.offset) as usize;
+                let len = len.min((t.size_bytes as usize).saturating_sub(offset));
+                file.release(start.saturating_add(offset), len);
+            }
+            WeightData::Safetensors {
+                dir,
+                shard,
+                start,
+                end,
+            } => {
+                let a = start.saturating_add(offset).min(*end);
+                let b = a.saturating_add(len).min(*end);
+                dir.release(&dir.maps[*shard][a..b]);
+            }
+            WeightData::Mxfp4(m) if !m.is_made() => {
+                let rb = m.groups * Mxfp4Rows::BLOCK;
+                m.release_source(offset / rb, (offset + len).div_ceil(rb).min(m.rows));
+            }
+            WeightData::Owned(_) | WeightData::Mxfp4(_) => {}
         }
     }
+}
+
+/// Whether `pattern` of a `modules_to_not_convert` list names `module` or a module above it:
+/// `*` matches any run of characters (`model.layers.*.self_attn`), and a pattern naming a
+/// module names everything under it (`model.layers.0.mlp` lists `model.layers.0.mlp.experts`).
+fn module_listed(pattern: &str, module: &str) -> bool {
+    let m = module.as_bytes();
+    // at[k]: the pattern read so far matches `m[..k]` (linear in each pattern byte).
+    let mut at = vec![false; m.len() + 1];
+    at[0] = true;
+    for &c in pattern.as_bytes() {
+        if c == b'*' {
+            if let Some(first) = at.iter().position(|&x| x) {
+                at[first..].fill(true);
+            }
+        } else {
+            for k in (0..m.len()).rev() {
+                at[k + 1] = at[k] && m[k] == c;
+            }
+            at[0] = false;
+        }
+    }
+    (0..=m.len()).any(|k| at[k] && (k == m.len() || m[k] == b'.'))
 }
 
 /// One layer's experts as the binder returns them: every expert's gate, up and down matrices,
@@ -369,6 +523,8 @@ struct Binder<'a> {
     /// Names of the tensors looked up (bound or found wanting).
     used: HashSet<String>,
     problems: Vec<String>,
+    /// An MXFP4 checkpoint's `modules_to_not_convert` ([`ModelConfig::hf_mxfp4`]).
+    mxfp4: Option<Vec<String>>,
 }
 
 impl Binder<'_> {
@@ -742,7 +898,32 @@ impl Binder<'_> {
     ) -> Option<ExpertMatrices> {
         use TensorRole::*;
         if let Some(name) = self.source.name(self.arch, FfnGateUpExps, layer) {
-            if self.source.find(&format!("{name}_blocks")).is_some() {
+            let blocks = format!("{name}_blocks");
+            let quantised = self.source.find(&blocks).is_some();
+            // An MXFP4 config says which experts are quantised: those of a module its
+            // `modules_to_not_convert` does not list. A file that disagrees is refused.
+            if let Some(keep) = &self.mxfp4 {
+                let module = name.rsplit_once('.').map_or(name.as_str(), |(m, _)| m);
+                let listed = keep.iter().find(|p| module_listed(p, module));
+                match listed {
+                    Some(p) if quantised => {
+                        self.used.insert(blocks.clone());
+                        self.problems.push(format!(
+                            "tensor `{blocks}` is MXFP4, but `quantization_config.modules_to_not_convert` lists `{p}`, so module `{module}` must be stored unquantised (as `{name}`)"
+                        ));
+                        return None;
+                    }
+                    None if !quantised && self.source.find(&name).is_some() => {
+                        self.used.insert(name.clone());
+                        self.problems.push(format!(
+                            "tensor `{name}` is stored unquantised, but `quantization_config` says mxfp4 and its `modules_to_not_convert` does not list module `{module}`: expected `{blocks}` and `{name}_scales`"
+                        ));
+                        return None;
+                    }
+                    _ => {}
+                }
+            }
+            if quantised {
                 return self.mxfp4_experts(layer, n, ff, h, bias);
             }
         }
@@ -860,10 +1041,9 @@ impl Binder<'_> {
     /// rows), each row in blocks of 32 consecutive input features. Byte `k` of a block holds
     /// element `2k` in its low nibble and `2k + 1` in its high one; a scale byte is an E8M0
     /// exponent (`2^(s - 127)`), as transformers' `convert_moe_packed_tensors` reads them. Each
-    /// expert's gate, up and down become owned MXFP4 matrices in ggml's block layout (the
-    /// exponent byte, then element `j` in the low nibble of byte `j` and `j + 16` in its high
-    /// one): the same codes and exponents repacked, no value changes. Returns what
-    /// [`Binder::fused_experts`] returns.
+    /// expert's gate, up and down become MXFP4 matrices in ggml's block layout
+    /// ([`WeightData::Mxfp4`]: the same codes and exponents repacked, no value changes, made
+    /// when first read). Returns what [`Binder::fused_experts`] returns.
     fn mxfp4_experts(
         &mut self,
         layer: usize,
@@ -962,53 +1142,25 @@ impl Binder<'_> {
                 return None;
             }
         }
-        // Row `r` of expert `e` of a (n, rows, g) pair as ggml MXFP4 blocks.
-        fn row(
-            blocks: &[u8],
-            scales: &[u8],
-            rows: usize,
-            g: usize,
-            e: usize,
-            r: usize,
-            out: &mut Vec<u8>,
-        ) {
-            let at = (e * rows + r) * g;
-            for (k, &s) in scales[at..at + g].iter().enumerate() {
-                let b = &blocks[(at + k) * 16..(at + k + 1) * 16];
-                let code = |j: usize| (b[j / 2] >> (4 * (j % 2))) & 0x0F;
-                out.push(s);
-                out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
-            }
-        }
-        let matrix = |rows_of: &dyn Fn(&mut Vec<u8>), nrows: usize, cols: usize| {
-            let mut v = Vec::with_capacity(nrows * cols / 32 * 17);
-            rows_of(&mut v);
-            WeightData::Owned(Arc::new(v))
+        // Expert `e`'s matrix of `rows` output rows, file row `first + step · r` of a pair
+        // with `file_rows` rows an expert and `groups` blocks a row.
+        let matrix = |(b, s): (&Found, &Found), file_rows, first, step, rows, groups, e| {
+            WeightData::Mxfp4(Arc::new(Mxfp4Rows {
+                blocks: b.data.clone(),
+                scales: s.data.clone(),
+                first: e * file_rows + first,
+                step,
+                rows,
+                groups,
+                made: std::sync::OnceLock::new(),
+            }))
         };
-        let (gub_b, gus_b, db_b, ds_b) = (
-            gub.data.bytes(),
-            gus.data.bytes(),
-            db.data.bytes(),
-            ds.data.bytes(),
-        );
         let (gh, gf) = (h / 32, ff / 32);
         let (mut gate, mut up, mut dn) = (Vec::new(), Vec::new(), Vec::new());
         for e in 0..n {
-            let g = matrix(
-                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, gu_rows, gh, e, 2 * i, v)),
-                ff,
-                h,
-            );
-            let u = matrix(
-                &|v| (0..ff).for_each(|i| row(gub_b, gus_b, gu_rows, gh, e, 2 * i + 1, v)),
-                ff,
-                h,
-            );
-            let d = matrix(
-                &|v| (0..h).for_each(|j| row(db_b, ds_b, h, gf, e, j, v)),
-                h,
-                ff,
-            );
+            let g = matrix((&gub, &gus), gu_rows, 0, 2, ff, gh, e);
+            let u = matrix((&gub, &gus), gu_rows, 1, 2, ff, gh, e);
+            let d = matrix((&db, &ds), h, 0, 1, h, gf, e);
             gate.push(self.finish_matrix(
                 format!("{}[{e}].gate", gub.name),
                 Ok(GgmlType::Mxfp4),
@@ -1024,13 +1176,6 @@ impl Binder<'_> {
                 u,
             ));
             dn.push(self.finish_matrix(format!("{}[{e}]", db.name), Ok(GgmlType::Mxfp4), h, ff, d));
-        }
-        // The repacked copies replace the file's bytes: let their pages leave the resident
-        // set, so that loading holds about one copy of the experts (a layer at a time twice).
-        for t in [&gub, &gus, &db, &ds] {
-            if let WeightData::Safetensors { dir, .. } = &t.data {
-                dir.release(t.data.bytes());
-            }
         }
         self.expert_matrices(gate, up, dn, gu_bias)
     }
@@ -1224,6 +1369,7 @@ impl Model {
             norm_offset: 0.0,
             used: HashSet::new(),
             problems: Vec::new(),
+            mxfp4: None,
         };
         let mut extra_used = Vec::new();
         // LongRoPE's divisor tensors were read with the config.
@@ -1330,6 +1476,10 @@ impl Model {
             },
             used: extra_used.iter().cloned().collect(),
             problems: Vec::new(),
+            mxfp4: match format {
+                ModelFormat::HfDir => c.hf_mxfp4.clone(),
+                ModelFormat::Gguf => None,
+            },
         };
 
         let arch = c.arch;
@@ -1692,4 +1842,98 @@ fn bert_prefixes(st: &SafetensorsDir) -> (&'static str, &'static str) {
         })
         .copied()
         .unwrap_or(LAYOUTS[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `modules_to_not_convert` patterns as OpenAI's configs write them.
+    #[test]
+    fn module_patterns_match_whole_dotted_prefixes() {
+        let e = "model.layers.12.mlp.experts";
+        for p in [
+            "model.layers.*.mlp.experts",
+            "model.layers.*.mlp",
+            "model.layers.12",
+            "model",
+            "*",
+            "*.experts",
+            e,
+        ] {
+            assert!(module_listed(p, e), "{p}");
+        }
+        for p in [
+            "model.layers.*.self_attn",
+            "model.layers.1",
+            "model.layers.1*.mlp.router",
+            "lm_head",
+            "model.embed_tokens",
+            "model.layers.12.mlp.expert",
+            "",
+        ] {
+            assert!(!module_listed(p, e), "{p}");
+        }
+        // Many stars do not blow up.
+        assert!(!module_listed(&"*a".repeat(200), &"a".repeat(150)));
+    }
+
+    /// Rows of an MXFP4 pair read in chunks (as a repacking backend reads them, not yet made)
+    /// equal the same rows of the whole matrix made at once, for the up half of a gate/up
+    /// interleave of a second expert and chunks that end mid-matrix.
+    #[test]
+    fn mxfp4_rows_read_in_chunks_equal_the_whole_matrix() {
+        let (experts, file_rows, groups) = (2usize, 2 * 700, 3usize);
+        let mut seed = 1u64;
+        let mut byte = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 56) as u8
+        };
+        let blocks: Vec<u8> = (0..experts * file_rows * groups * 16)
+            .map(|_| byte())
+            .collect();
+        let scales: Vec<u8> = (0..experts * file_rows * groups).map(|_| byte()).collect();
+        let rows = Mxfp4Rows {
+            blocks: WeightData::Owned(Arc::new(blocks)),
+            scales: WeightData::Owned(Arc::new(scales)),
+            first: file_rows + 1,
+            step: 2,
+            rows: 700,
+            groups,
+            made: std::sync::OnceLock::new(),
+        };
+        let data = WeightData::Mxfp4(Arc::new(rows));
+        let rb = groups * Mxfp4Rows::BLOCK;
+        let mut scratch = Vec::new();
+        let mut chunks = Vec::new();
+        for r0 in (0..700).step_by(256) {
+            let r1 = (r0 + 256).min(700);
+            chunks.push((
+                r0,
+                data.read(r0 * rb, (r1 - r0) * rb, &mut scratch).to_vec(),
+            ));
+        }
+        assert!(data.is_mapped(), "reading chunks made the whole matrix");
+        let whole = data.bytes();
+        assert_eq!(whole.len(), 700 * rb);
+        assert!(!data.is_mapped());
+        for (r0, c) in chunks {
+            assert!(c == whole[r0 * rb..r0 * rb + c.len()], "rows from {r0}");
+        }
+        // Row 5's first block: the exponent, then elements j and j + 16 in one byte.
+        let WeightData::Mxfp4(m) = &data else {
+            unreachable!()
+        };
+        let at = (m.first + 2 * 5) * groups;
+        let (b, s) = (
+            &m.blocks.bytes()[at * 16..at * 16 + 16],
+            m.scales.bytes()[at],
+        );
+        let code = |j: usize| (b[j / 2] >> (4 * (j % 2))) & 15;
+        assert_eq!(whole[5 * rb], s);
+        assert_eq!(whole[5 * rb + 1], code(0) | code(16) << 4);
+        assert_eq!(whole[5 * rb + 16], code(15) | code(31) << 4);
+    }
 }

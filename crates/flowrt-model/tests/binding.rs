@@ -916,6 +916,85 @@ fn gpt_oss_mxfp4_wrong_dtype_or_missing_scales_is_named() {
     );
 }
 
+/// `quantization_config.modules_to_not_convert` decides which experts are MXFP4: a checkpoint
+/// whose layer 0 experts are stored in f32 (the float fixture's) and the rest in MXFP4 loads
+/// when the list names `model.layers.0.mlp.experts` (layer 0 then f32 with the float
+/// fixture's values, layer 1 MXFP4), and is refused naming the tensor when it does not; the
+/// MXFP4 fixture with its experts listed is refused naming the blocks tensor and the pattern;
+/// a list that is not one of strings is refused naming the field.
+#[test]
+fn gpt_oss_mxfp4_modules_to_not_convert_decides_which_experts_are_mxfp4() {
+    use safetensors::tensor::TensorView;
+    let src = gptoss_mxfp4_dir();
+    let float_dir = src.join("../gpt-oss");
+    let tmp = std::env::temp_dir().join(format!("flowrt-mxfp4-keep-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(src.join("config.json"), tmp.join("config.json")).unwrap();
+    let qbytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let fbytes = std::fs::read(float_dir.join("model.safetensors")).unwrap();
+    let q = safetensors::SafeTensors::deserialize(&qbytes).unwrap();
+    let f = safetensors::SafeTensors::deserialize(&fbytes).unwrap();
+    let p0 = "model.layers.0.mlp.experts.";
+    let mut out: Vec<(String, TensorView)> = q
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| !(n.starts_with(p0) && (n.ends_with("_blocks") || n.ends_with("_scales"))))
+        .collect();
+    for n in ["gate_up_proj", "down_proj"] {
+        let name = format!("{p0}{n}");
+        out.push((name.clone(), f.tensor(&name).unwrap()));
+    }
+    safetensors::serialize_to_file(out, None, &tmp.join("model.safetensors")).unwrap();
+    fn keep(extra: &'static [&'static str]) -> impl FnOnce(&mut serde_json::Value) {
+        move |c: &mut serde_json::Value| {
+            let l = c["quantization_config"]["modules_to_not_convert"]
+                .as_array_mut()
+                .unwrap();
+            l.extend(extra.iter().map(|&p| serde_json::Value::from(p)));
+        }
+    }
+    let mixed = hf_edited(&tmp, keep(&["model.layers.0.mlp.experts"]));
+    let unlisted = hf_edited(&tmp, keep(&[]));
+    std::fs::remove_dir_all(&tmp).unwrap();
+    let m = mixed.unwrap();
+    let want = hf_edited(&float_dir, |_| {}).unwrap();
+    let (x0, w0) = (
+        m.layers[0].moe.as_ref().unwrap(),
+        want.layers[0].moe.as_ref().unwrap(),
+    );
+    for e in 0..8 {
+        for (got, want) in [(&x0.gate[e], &w0.gate[e]), (&x0.down[e], &w0.down[e])] {
+            assert_eq!(got.dtype, GgmlType::F32, "{}", got.name);
+            assert!(got.bytes() == want.bytes(), "{}", got.name);
+        }
+    }
+    assert_eq!(
+        m.layers[1].moe.as_ref().unwrap().up[2].dtype,
+        GgmlType::Mxfp4
+    );
+    let e = unlisted.unwrap_err().to_string();
+    assert!(
+        e.contains("tensor `model.layers.0.mlp.experts.gate_up_proj` is stored unquantised, but `quantization_config` says mxfp4 and its `modules_to_not_convert` does not list module `model.layers.0.mlp.experts`"),
+        "{e}"
+    );
+    let e = hf_edited(&src, keep(&["model.layers.*.mlp"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tensor `model.layers.2.mlp.experts.gate_up_proj_blocks` is MXFP4, but `quantization_config.modules_to_not_convert` lists `model.layers.*.mlp`, so module `model.layers.2.mlp.experts` must be stored unquantised"),
+        "{e}"
+    );
+    let e = hf_edited(&src, |c| {
+        c["quantization_config"]["modules_to_not_convert"] = "lm_head".into()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("`quantization_config.modules_to_not_convert` = \"lm_head\" is not a list"),
+        "{e}"
+    );
+}
+
 /// A tensor's (dims, bytes) from its name, dims and bytes; `None` leaves it out.
 type TensorEdit = dyn Fn(&str, Vec<u64>, Vec<u8>) -> Option<(Vec<u64>, Vec<u8>)>;
 

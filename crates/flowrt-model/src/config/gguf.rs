@@ -550,6 +550,7 @@ impl ModelConfig {
             tie_word_embeddings: None,
             moe,
             short_conv,
+            hf_mxfp4: None,
         };
         cfg.validate(&file)?;
         Ok(cfg)

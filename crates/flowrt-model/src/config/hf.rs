@@ -124,10 +124,11 @@ impl<'a> Obj<'a> {
 /// A pre-quantised checkpoint's `quantization_config`: only `quant_method` "mxfp4" on a family
 /// whose HF experts are fused (gpt-oss as OpenAI ships it: the experts' `*_blocks` and
 /// `*_scales`, bound in MXFP4 by the weights binder; every other matrix a float). Any other
-/// method, or MXFP4 on another family, is refused naming the field.
-fn hf_quantization(top: &Obj<'_>, arch: &ArchSpec) -> Result<(), ModelError> {
+/// method, or MXFP4 on another family, is refused naming the field. Returns the
+/// `modules_to_not_convert` patterns (empty when absent) of an MXFP4 config.
+fn hf_quantization(top: &Obj<'_>, arch: &ArchSpec) -> Result<Option<Vec<String>>, ModelError> {
     let Some(q) = top.obj("quantization_config")? else {
-        return Ok(());
+        return Ok(None);
     };
     let method = q.str("quant_method")?.ok_or_else(|| {
         bad(
@@ -147,7 +148,17 @@ fn hf_quantization(top: &Obj<'_>, arch: &ArchSpec) -> Result<(), ModelError> {
             format!("`quantization_config.quant_method` = \"mxfp4\" is supported for gpt-oss's fused experts only, not for `{}`", arch.name),
         ));
     }
-    Ok(())
+    let key = "quantization_config.modules_to_not_convert";
+    match q.present("modules_to_not_convert") {
+        None => Ok(Some(Vec::new())),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or_else(|| bad(top.file, format!("`{key}` holds a non-string"))),
+        Some(v) => Err(bad(top.file, format!("`{key}` = {v} is not a list"))),
+    }
 }
 
 impl ModelConfig {
@@ -171,7 +182,7 @@ impl ModelConfig {
             })?;
         // Multimodal wrappers (e.g. Gemma 3 4B+) keep the text model's config in `text_config`.
         let c = top.obj("text_config")?.unwrap_or(top);
-        hf_quantization(&top, arch)?;
+        let hf_mxfp4 = hf_quantization(&top, arch)?;
 
         let hidden_size = c.req_usize("hidden_size")?;
         let num_hidden_layers =
@@ -420,6 +431,7 @@ impl ModelConfig {
                 .or(c.bool("tie_embedding")?),
             moe,
             short_conv,
+            hf_mxfp4,
         };
         cfg.validate(file)?;
         Ok(cfg)

@@ -151,6 +151,10 @@ pub struct ModelConfig {
     /// Short gated convolution layers (families with [`ArchSpec::short_conv`]); `None`: every
     /// layer attends.
     pub short_conv: Option<ShortConvConfig>,
+    /// A checkpoint whose `quantization_config` says `quant_method` "mxfp4" (gpt-oss as OpenAI
+    /// ships it): its `modules_to_not_convert` patterns (module names, `*` matching any run
+    /// of characters; a module under a listed one is listed too). `None`: no such config.
+    pub hf_mxfp4: Option<Vec<String>>,
 }
 
 impl ModelConfig {
