@@ -573,7 +573,7 @@ fn write_pack(
         let mut f = vec![0f32; n];
         for r in 0..rows {
             reader.row(k, r, &mut f);
-            k.quantize_row(spec.ty, &f, &mut buf[r * out_row..(r + 1) * out_row]);
+            k.quantize_row_weights(spec.ty, &f, &mut buf[r * out_row..(r + 1) * out_row]);
         }
         w.write_tensor(&t.name, &buf)
             .with_context(|| format!("cannot write {}", partial.display()))?;
