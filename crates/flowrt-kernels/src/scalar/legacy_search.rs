@@ -209,7 +209,7 @@ fn search_asym(x: &[f32], top: i32, reference: Fit) -> Fit {
     let min = x.iter().copied().fold(f32::INFINITY, f32::min);
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let range = max - min;
-    if !(range > 0.0) || !range.is_finite() || !reference.err.is_finite() {
+    if range <= 0.0 || !range.is_finite() || !reference.err.is_finite() {
         return reference;
     }
     let sx: f64 = x.iter().map(|&v| v as f64).sum();
