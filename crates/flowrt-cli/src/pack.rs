@@ -647,7 +647,7 @@ fn write_pack(
                 continue;
             }
             reader.row(k, r, &mut f);
-            k.quantize_row(spec.ty, &f, dst);
+            k.quantize_row_weights(spec.ty, &f, dst);
         }
         w.write_tensor(&t.name, &buf)
             .with_context(|| format!("cannot write {}", partial.display()))?;

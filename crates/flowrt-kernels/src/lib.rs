@@ -445,7 +445,8 @@ impl Kernels {
     /// same rule with `d` kept in f32 (ggml's own Q8_K quantiser differs slightly).
     ///
     /// Q4_0, Q4_1, Q5_0 and Q5_1 follow ggml's reference quantisers (the bytes llama.cpp's
-    /// `llama-quantize` writes for them without an importance matrix, and what gguf-py writes).
+    /// `llama-quantize` writes for them without an importance matrix, and what gguf-py writes);
+    /// [`Kernels::quantize_row_weights`] searches their scales instead.
     /// The k-quant quantisers (Q4_K, Q5_K, Q6_K) search for each block's scales: candidate
     /// scales, a least-squares refit of scale and min for each rounding, the 6-bit (Q6_K:
     /// 8-bit) sub-block scales chosen by the error they give, and a refit of the super-block
@@ -466,6 +467,34 @@ impl Kernels {
             x.len()
         );
         (ops.quantize)(x, out)
+    }
+
+    /// Quantises one row of weights (what `flowrt pack` writes): as [`Kernels::quantize_row`]
+    /// except that Q4_0, Q4_1, Q5_0 and Q5_1 search each block's scale (and offset) for the
+    /// least squared error instead of ggml's range-spanning reference rule: candidate scales
+    /// around it, a least-squares refit for each rounding, the result in the f16 the block
+    /// stores, kept only where its error is below the reference bytes' (so no block is worse).
+    /// Same block format (llama.cpp reads it unchanged); the same bytes from every table.
+    /// Activations and quantisation on load use [`Kernels::quantize_row`].
+    ///
+    /// # Panics
+    /// On an unsupported type or a length mismatch.
+    pub fn quantize_row_weights(&self, ty: GgmlType, x: &[f32], out: &mut [u8]) {
+        use scalar::legacy_search as ls;
+        let f: QuantizeFn = match ty {
+            GgmlType::Q4_0 => ls::quantize_row_q4_0,
+            GgmlType::Q4_1 => ls::quantize_row_q4_1,
+            GgmlType::Q5_0 => ls::quantize_row_q5_0,
+            GgmlType::Q5_1 => ls::quantize_row_q5_1,
+            _ => return self.quantize_row(ty, x, out),
+        };
+        assert_eq!(
+            out.len(),
+            row_size(ty, x.len()),
+            "quantize_row_weights({ty}): output length for {} values",
+            x.len()
+        );
+        f(x, out)
     }
 
     /// Dequantises (or converts) one row: `row.len() == row_size(ty, out.len())`.

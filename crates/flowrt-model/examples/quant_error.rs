@@ -6,19 +6,25 @@
 //!
 //! ```sh
 //! cargo run --release -p flowrt-model --example quant_error -- SRC [--types Q4_K,Q6_K]
-//!     [--against OTHER.gguf] [--sample N] [--per-tensor]
+//!     [--against OTHER.gguf] [--sample N] [--per-tensor] [--reference]
 //! ```
 //!
 //! SRC is a GGUF file (any type flowrt dequantises) or a safetensors file or checkpoint
 //! directory (F32, F16, BF16). Matrices are quantised row by row as `flowrt pack` does; a type
 //! whose block does not divide a matrix's row length skips that matrix (counted). `--sample N`
-//! takes every N-th row.
+//! takes every N-th row. Quantisation is `flowrt pack`'s (`Kernels::quantize_row_weights`);
+//! `--reference` uses `Kernels::quantize_row` (ggml's reference rule for Q4_0/Q4_1/Q5_0/Q5_1).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::{row_size, Kernels};
+
+/// `--reference`: quantise with `Kernels::quantize_row` (ggml's reference rule for Q4_0, Q4_1,
+/// Q5_0, Q5_1) instead of the weight quantisers `flowrt pack` uses.
+static REFERENCE: AtomicBool = AtomicBool::new(false);
 
 /// Reads row `r` of a matrix as f32 into the buffer.
 type ReadRow = dyn Fn(usize, &mut [f32]) + Sync;
@@ -33,7 +39,7 @@ struct Matrix {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: quant_error SRC [--types T,T] [--against OTHER.gguf] [--sample N] [--per-tensor]"
+        "usage: quant_error SRC [--types T,T] [--against OTHER.gguf] [--sample N] [--per-tensor] [--reference]"
     );
     std::process::exit(2);
 }
@@ -180,7 +186,11 @@ fn error(m: &Matrix, ty: GgmlType, sample: usize, other: Option<&ReadRow>) -> (f
                         match other {
                             Some(o) => o(r, &mut y),
                             None => {
-                                k.quantize_row(ty, &x, &mut q);
+                                if REFERENCE.load(Ordering::Relaxed) {
+                                    k.quantize_row(ty, &x, &mut q);
+                                } else {
+                                    k.quantize_row_weights(ty, &x, &mut q);
+                                }
                                 k.dequantize_row(ty, &q, &mut y);
                             }
                         }
@@ -241,6 +251,7 @@ fn main() {
             }
             "--per-tensor" => per_tensor = true,
             "--flat" => flat = true,
+            "--reference" => REFERENCE.store(true, Ordering::Relaxed),
             _ if src.is_none() && !a.starts_with("--") => src = Some(PathBuf::from(a)),
             _ => usage(),
         }

@@ -164,7 +164,7 @@ fn measure(
                         let sr = stored_row(source, role, r);
                         k.dequantize_row(m.dtype, m.rows_bytes(mr, mr + 1), &mut fm);
                         k.dequantize_row(s.dtype, s.rows_bytes(sr, sr + 1), &mut fs);
-                        k.quantize_row(m.dtype, &fs, &mut q);
+                        k.quantize_row_weights(m.dtype, &fs, &mut q);
                         k.dequantize_row(m.dtype, &q, &mut fq);
                         let row_norm: f64 = fs.iter().map(|&b| b as f64 * b as f64).sum();
                         let floor = 0.01 * row_norm / cols as f64;

@@ -17,7 +17,7 @@ use crate::blocks::{
 // Q5_0 / Q5_1
 
 /// Packs 32 values (0..=31) into low nibbles and the `qh` word.
-fn pack_q5(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
+pub(crate) fn pack_q5(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
     let mut qs = [0u8; QK / 2];
     let mut qh = 0u32;
     for j in 0..QK / 2 {

@@ -6,6 +6,7 @@
 pub(crate) mod dot;
 pub(crate) mod elem;
 pub(crate) mod kquants;
+pub(crate) mod legacy_search;
 pub(crate) mod mxfp4;
 pub(crate) mod quant;
 pub(crate) mod search;

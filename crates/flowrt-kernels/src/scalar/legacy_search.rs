@@ -1,0 +1,389 @@
+//! Scale search for the 32-value block types Q4_0, Q4_1, Q5_0 and Q5_1, used for weights
+//! ([`crate::Kernels::quantize_row_weights`], what `flowrt pack` writes); activations and
+//! quantisation on load keep ggml's reference rounding ([`crate::Kernels::quantize_row`]).
+//!
+//! The reference rule spans the block's range exactly (Q4_0/Q5_0: the value of largest
+//! magnitude maps to the lowest level; Q4_1/Q5_1: min and max map to the end levels), which
+//! spends the end levels on one or two extreme values. Here each block
+//!
+//! 1. rounds with a grid of candidate scales around the range-spanning one (for the symmetric
+//!    types both signs: the extreme value at the lowest or at the highest level);
+//! 2. for each candidate's integer assignment fits the scale (and offset) by least squares
+//!    (closed form from a few sums) and keeps the assignment whose fit has the least squared
+//!    error;
+//! 3. rounds the fitted scale (and offset) to the f16 the block stores, rounds every value to
+//!    its nearest level with those, refits once more, and measures the squared error of the
+//!    values the standard decoder gives;
+//! 4. keeps the result only if that error is below the reference rule's on the same block, so
+//!    no block is ever worse than ggml's reference bytes (ties keep the reference bytes).
+//!
+//! The error is the plain squared error (no importance weighting), summed in f64 over the
+//! values decoded exactly as the dequantiser does (f32 operations in ggml's order). Blocks
+//! with a non-finite value keep the reference bytes.
+
+use crate::blocks::{f16_to_f32, f32_to_f16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, QK};
+
+use super::kquants::pack_q5;
+
+/// Candidate offsets `r` of the level count (see [`search_sym`], [`search_asym`]).
+const R_STEPS: usize = 16;
+const R_FIRST: f32 = -1.0;
+const R_STEP: f32 = 0.2;
+
+/// One block's result: stored scale and offset (f16 bits) and levels (stored, unsigned).
+struct Fit {
+    d: [u8; 2],
+    m: [u8; 2],
+    q: [u8; QK],
+    err: f64,
+}
+
+/// Squared error of a symmetric block `d * (q - off)` against `x`, as the decoder computes it.
+fn err_sym(x: &[f32], d: f32, q: &[u8; QK], off: i32) -> f64 {
+    x.iter()
+        .zip(q)
+        .map(|(&v, &l)| {
+            let e = (v - (l as i32 - off) as f32 * d) as f64;
+            e * e
+        })
+        .sum()
+}
+
+/// Squared error of an offset block `d * q + m` against `x`, as the decoder computes it.
+fn err_asym(x: &[f32], d: f32, m: f32, q: &[u8; QK]) -> f64 {
+    x.iter()
+        .zip(q)
+        .map(|(&v, &l)| {
+            let e = (v - (d * l as f32 + m)) as f64;
+            e * e
+        })
+        .sum()
+}
+
+/// `v` rounded to the nearest integer (ties to even) for `|v| <= 2^22`: adding and removing
+/// 1.5 * 2^23 leaves no fraction bits (no library call, unlike `f32::round` on baseline x86).
+#[inline(always)]
+fn rnd(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
+/// Nearest levels `0..=top` of `x` for `x ≈ d * (q - off)` (all `off` when `d` is 0).
+fn round_sym(x: &[f32], d: f32, off: i32, top: i32) -> [u8; QK] {
+    let mut q = [off as u8; QK];
+    if d != 0.0 {
+        let (lo, hi) = (-off as f32, (top - off) as f32);
+        for (l, &v) in q.iter_mut().zip(x) {
+            *l = (rnd((v / d).clamp(lo, hi)) as i32 + off) as u8;
+        }
+    }
+    q
+}
+
+/// Nearest levels `0..=top` of `x` for `x ≈ d * q + m` (all 0 when `d` is 0).
+fn round_asym(x: &[f32], d: f32, m: f32, top: i32) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    if d != 0.0 {
+        for (l, &v) in q.iter_mut().zip(x) {
+            *l = rnd(((v - m) / d).clamp(0.0, top as f32)) as u8;
+        }
+    }
+    q
+}
+
+/// Candidate rounding of a symmetric block with inverse scale `id`: `(Σ x q, Σ q²)` of the
+/// signed levels (no array: the search only ranks candidates by these sums).
+#[inline(always)]
+fn sums_sym(x: &[f32], id: f32, lo: f32, hi: f32) -> (f32, f32) {
+    let (mut sxq, mut sqq) = (0f32, 0f32);
+    for &v in x {
+        let q = rnd((v * id).clamp(lo, hi));
+        sxq += v * q;
+        sqq += q * q;
+    }
+    (sxq, sqq)
+}
+
+/// Candidate rounding of an offset block (`q = round((x - min) id)` in `0..=top`):
+/// `(Σ q, Σ q², Σ (x - min) q)`.
+#[inline(always)]
+fn sums_asym(x: &[f32], min: f32, id: f32, top: f32) -> (f32, f32, f32) {
+    let (mut sq, mut sqq, mut sxq) = (0f32, 0f32, 0f32);
+    for &v in x {
+        let y = v - min;
+        let q = rnd((y * id).clamp(0.0, top));
+        sq += q;
+        sqq += q * q;
+        sxq += y * q;
+    }
+    (sq, sqq, sxq)
+}
+
+/// Least-squares scale for fixed signed levels `q - off`: `Σ x q / Σ q²` and its error
+/// `Σx² − (Σxq)² / Σq²` (`None` when every level is 0).
+fn fit_sym(x: &[f32], q: &[u8; QK], off: i32, sxx: f64) -> Option<(f64, f64)> {
+    let (mut sxq, mut sqq) = (0f64, 0f64);
+    for (&v, &l) in x.iter().zip(q) {
+        let s = (l as i32 - off) as f64;
+        sxq += v as f64 * s;
+        sqq += s * s;
+    }
+    (sqq > 0.0).then(|| (sxq / sqq, sxx - sxq * sxq / sqq))
+}
+
+/// Least-squares scale and offset for fixed levels `q`, and their error (`None` when every
+/// level is the same).
+fn fit_asym(x: &[f32], q: &[u8; QK], sx: f64, sxx: f64) -> Option<(f64, f64, f64)> {
+    let n = QK as f64;
+    let (mut sq, mut sqq, mut sxq) = (0f64, 0f64, 0f64);
+    for (&v, &l) in x.iter().zip(q) {
+        let s = l as f64;
+        sq += s;
+        sqq += s * s;
+        sxq += v as f64 * s;
+    }
+    let det = n * sqq - sq * sq;
+    if det <= 0.0 {
+        return None;
+    }
+    let d = (n * sxq - sq * sx) / det;
+    let m = (sqq * sx - sq * sxq) / det;
+    Some((d, m, sxx - d * sxq - m * sx))
+}
+
+/// Q4_0 (`half` 8) / Q5_0 (`half` 16): `x ≈ d * (q - half)`, q in `0..2 half`.
+fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
+    let top = 2 * half - 1;
+    let mx = x
+        .iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    if mx == 0.0 || !reference.err.is_finite() {
+        return reference;
+    }
+    let sxx: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    // The candidate rounding whose least-squares scale `Σxq / Σq²` leaves the least error
+    // (`Σx² − (Σxq)² / Σq²`, so the largest `(Σxq)² / Σq²`).
+    let (lo, hi) = (-half as f32, (half - 1) as f32);
+    let mut best: Option<(f32, f32)> = None;
+    for i in 0..R_STEPS {
+        let r = R_FIRST + R_STEP * i as f32;
+        // The extreme value at the lowest level (as the reference) or at the highest.
+        for levels in [-(half as f32) - r, (half - 1) as f32 + r] {
+            let (sxq, sqq) = sums_sym(x, levels / mx, lo, hi);
+            if sqq > 0.0 {
+                let gain = sxq * sxq / sqq;
+                if best.is_none_or(|(_, g)| gain > g) {
+                    best = Some((sxq / sqq, gain));
+                }
+            }
+        }
+    }
+    let mut out = reference;
+    let Some((d, _)) = best else {
+        return out;
+    };
+    let mut d = d as f64;
+    for _ in 0..2 {
+        let dh = f32_to_f16(d as f32);
+        let df = f16_to_f32(dh);
+        let q = round_sym(x, df, half, top);
+        let err = err_sym(x, df, &q, half);
+        if err < out.err {
+            out = Fit {
+                d: dh,
+                m: [0; 2],
+                q,
+                err,
+            };
+        }
+        match fit_sym(x, &q, half, sxx) {
+            Some((d2, _)) => d = d2,
+            None => break,
+        }
+    }
+    out
+}
+
+/// Q4_1 (`top` 15) / Q5_1 (`top` 31): `x ≈ d * q + m`, q in `0..=top`.
+fn search_asym(x: &[f32], top: i32, reference: Fit) -> Fit {
+    let min = x.iter().copied().fold(f32::INFINITY, f32::min);
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let range = max - min;
+    if range <= 0.0 || !range.is_finite() || !reference.err.is_finite() {
+        return reference;
+    }
+    let sx: f64 = x.iter().map(|&v| v as f64).sum();
+    let sxx: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    // Candidates are fitted on `y = x - min` (fewer cancelling digits than on `x`).
+    let sy: f32 = x.iter().map(|&v| v - min).sum();
+    let syy: f32 = x.iter().map(|&v| (v - min) * (v - min)).sum();
+    let n = QK as f32;
+    let mut best: Option<(f64, f64, f32)> = None;
+    for i in 0..R_STEPS {
+        let r = R_FIRST + R_STEP * i as f32;
+        let (sq, sqq, syq) = sums_asym(x, min, (top as f32 + r) / range, top as f32);
+        let det = n * sqq - sq * sq;
+        if det > 0.0 {
+            let d = (n * syq - sq * sy) / det;
+            let my = (sqq * sy - sq * syq) / det;
+            let e = syy - d * syq - my * sy;
+            if best.is_none_or(|b| e < b.2) {
+                best = Some((d as f64, (my + min) as f64, e));
+            }
+        }
+    }
+    let mut out = reference;
+    let Some((mut d, mut m, _)) = best else {
+        return out;
+    };
+    for _ in 0..2 {
+        let (dh, mh) = (f32_to_f16(d as f32), f32_to_f16(m as f32));
+        let (df, mf) = (f16_to_f32(dh), f16_to_f32(mh));
+        let q = round_asym(x, df, mf, top);
+        let err = err_asym(x, df, mf, &q);
+        if err < out.err {
+            out = Fit {
+                d: dh,
+                m: mh,
+                q,
+                err,
+            };
+        }
+        match fit_asym(x, &q, sx, sxx) {
+            Some((d2, m2, _)) => (d, m) = (d2, m2),
+            None => break,
+        }
+    }
+    out
+}
+
+fn finite(x: &[f32]) -> bool {
+    x.iter().all(|v| v.is_finite())
+}
+
+/// Packs 32 levels (0..=15) as ggml stores them: value j in the low nibble of byte j, j + 16
+/// in the high one.
+fn pack_nibbles(q: &[u8; QK]) -> [u8; QK / 2] {
+    std::array::from_fn(|j| q[j] | (q[j + QK / 2] << 4))
+}
+
+pub(crate) fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ4_0::SIZE))
+    {
+        super::quant::quantize_row_q4_0(xb, ob);
+        if !finite(xb) {
+            continue;
+        }
+        let r = BlockQ4_0::read(ob);
+        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
+        let err = err_sym(xb, f16_to_f32(r.d), &q, 8);
+        let f = search_sym(
+            xb,
+            8,
+            Fit {
+                d: r.d,
+                m: [0; 2],
+                q,
+                err,
+            },
+        );
+        BlockQ4_0 {
+            d: f.d,
+            qs: pack_nibbles(&f.q),
+        }
+        .write(ob);
+    }
+}
+
+pub(crate) fn quantize_row_q5_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ5_0::SIZE))
+    {
+        super::kquants::quantize_row_q5_0(xb, ob);
+        if !finite(xb) {
+            continue;
+        }
+        let r = BlockQ5_0::read(ob);
+        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
+        let err = err_sym(xb, f16_to_f32(r.d), &q, 16);
+        let f = search_sym(
+            xb,
+            16,
+            Fit {
+                d: r.d,
+                m: [0; 2],
+                q,
+                err,
+            },
+        );
+        let (qh, qs) = pack_q5(&f.q);
+        BlockQ5_0 { d: f.d, qh, qs }.write(ob);
+    }
+}
+
+pub(crate) fn quantize_row_q4_1(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ4_1::SIZE))
+    {
+        super::quant::quantize_row_q4_1(xb, ob);
+        if !finite(xb) {
+            continue;
+        }
+        let r = BlockQ4_1::read(ob);
+        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
+        let err = err_asym(xb, f16_to_f32(r.d), f16_to_f32(r.m), &q);
+        let f = search_asym(
+            xb,
+            15,
+            Fit {
+                d: r.d,
+                m: r.m,
+                q,
+                err,
+            },
+        );
+        BlockQ4_1 {
+            d: f.d,
+            m: f.m,
+            qs: pack_nibbles(&f.q),
+        }
+        .write(ob);
+    }
+}
+
+pub(crate) fn quantize_row_q5_1(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ5_1::SIZE))
+    {
+        super::kquants::quantize_row_q5_1(xb, ob);
+        if !finite(xb) {
+            continue;
+        }
+        let r = BlockQ5_1::read(ob);
+        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
+        let err = err_asym(xb, f16_to_f32(r.d), f16_to_f32(r.m), &q);
+        let f = search_asym(
+            xb,
+            31,
+            Fit {
+                d: r.d,
+                m: r.m,
+                q,
+                err,
+            },
+        );
+        let (qh, qs) = pack_q5(&f.q);
+        BlockQ5_1 {
+            d: f.d,
+            m: f.m,
+            qh,
+            qs,
+        }
+        .write(ob);
+    }
+}
