@@ -185,21 +185,27 @@ fn qwen3_moe_q8_0_gguf_on_vulkan_within_quantisation_bounds() {
     if no_device(what) {
         return;
     }
-    let dir = common::fixture("families/qwen3-moe");
+    q8_0_gguf_on_vulkan("qwen3-moe");
+    coverage::ran(SUITE, what);
+}
+
+/// The fixture's q8_0 GGUF on the device against transformers' f32 logits, within the CPU
+/// tests' q8_0 bounds (top-1 >= 97 %, mean KL <= 1e-3).
+fn q8_0_gguf_on_vulkan(case: &str) {
+    let dir = common::fixture(&format!("families/{case}"));
     let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
     let mut s = Session::new(&m, &opts(KvPrecision::F32, 256, Some(128))).unwrap();
     let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
     eprintln!(
-        "vulkan {what}: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
+        "vulkan {case} q8_0 GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
         r.top1_agreement, r.mean_kl, r.max_abs_logit_err
     );
     assert!(
         r.top1_agreement >= 0.97,
-        "{what}: top-1 {}",
+        "{case}: top-1 {}",
         r.top1_agreement
     );
-    assert!(r.mean_kl <= 1e-3, "{what}: mean KL {}", r.mean_kl);
-    coverage::ran(SUITE, what);
+    assert!(r.mean_kl <= 1e-3, "{case}: mean KL {}", r.mean_kl);
 }
 
 /// The same Qwen3-MoE prompt on the CPU and on the device: prefill (every position's logits)
@@ -210,27 +216,7 @@ fn qwen3_moe_cpu_and_vulkan_logits_agree() {
     if no_device(what) {
         return;
     }
-    let m = LoadedModel::load(&common::fixture("families/qwen3-moe")).unwrap();
-    let prompt: Vec<u32> = (0..23).map(|i| (i * 37 + 11) % 320).collect();
-    let run = |backend: BackendKind| -> Vec<Vec<f32>> {
-        let o = EngineOptions {
-            backend,
-            threads: 2,
-            ..opts(KvPrecision::F32, 64, Some(64))
-        };
-        let mut s = Session::new(&m, &o).unwrap();
-        let mut out = vec![s.feed(&prompt).unwrap().to_vec()];
-        for t in [5u32, 77, 301] {
-            out.push(s.feed(&[t]).unwrap().to_vec());
-        }
-        out
-    };
-    let (cpu, vk) = (run(BackendKind::Cpu), run(BackendKind::Vulkan));
-    let mut worst = 0.0f32;
-    for (c, v) in cpu.iter().zip(&vk) {
-        worst = worst.max(max_diff(c, v));
-        assert_eq!(argmax(c), argmax(v));
-    }
+    let worst = cpu_vs_vulkan("families/qwen3-moe");
     eprintln!("qwen3-moe cpu vs vulkan: max |logit difference| {worst}");
     assert!(
         worst <= 1e-4,
@@ -268,20 +254,7 @@ fn lfm2_q8_0_ggufs_on_vulkan_within_quantisation_bounds() {
         return;
     }
     for case in ["lfm2", "lfm2-conv-bias", "lfm2-moe"] {
-        let dir = common::fixture(&format!("families/{case}"));
-        let m = LoadedModel::load(&dir.join("model-q8_0.gguf")).unwrap();
-        let mut s = Session::new(&m, &opts(KvPrecision::F32, 256, Some(128))).unwrap();
-        let r = verify(&mut s, &dir.join("ref.safetensors")).unwrap();
-        eprintln!(
-            "vulkan {case} q8_0 GGUF: top-1 {:.4}, mean KL {:.3e}, max |err| {:.3e}",
-            r.top1_agreement, r.mean_kl, r.max_abs_logit_err
-        );
-        assert!(
-            r.top1_agreement >= 0.97,
-            "{case}: top-1 {}",
-            r.top1_agreement
-        );
-        assert!(r.mean_kl <= 1e-3, "{case}: mean KL {}", r.mean_kl);
+        q8_0_gguf_on_vulkan(case);
     }
     coverage::ran(SUITE, what);
 }

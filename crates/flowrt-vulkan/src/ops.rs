@@ -171,7 +171,16 @@ struct P {{ kv_dim: u32, head_dim: u32, kv_heads: u32, n_ctx: u32 }}
 @group(0) @binding(5) var<uniform> p: P;
 @group(0) @binding(6) var<uniform> step: Step;
 
-@compute @workgroup_size(256)
+{entry}"#,
+        entry = row_store_entry(&per, &body)
+    ))
+}
+
+/// The entry point of a store into a per-(sequence, position) cache: one thread per (token,
+/// element `r` of `per` a token), with the token's `seq` and `pos` from `rows`, then `body`.
+fn row_store_entry(per: &str, body: &str) -> String {
+    format!(
+        r#"@compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_id) li: vec3<u32>) {{
     let gi = gid_of(wg, nwg, li.x);
@@ -184,7 +193,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 {body}
 }}
 "#
-    ))
+    )
 }
 
 /// Causal GQA attention over a layer's cache, one workgroup per (query head, token): keys in
@@ -474,19 +483,8 @@ struct P {{ width: u32, n_ctx: u32, kernel: u32, has_bias: u32 }}
 @group(0) @binding(3) var<uniform> p: P;
 @group(0) @binding(4) var<uniform> step: Step;
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) li: vec3<u32>) {{
-    let gi = gid_of(wg, nwg, li.x);
-    let per_tok = {per};
-    if (gi >= step.n_tok * per_tok) {{ return; }}
-    let t = gi / per_tok;
-    let r = gi % per_tok;
-    let seq = rows[2u * t];
-    let pos = rows[2u * t + 1u];
-{body}
-}}
-"#
+{entry}"#,
+        entry = row_store_entry(&per, &body)
     ))
 }
 
