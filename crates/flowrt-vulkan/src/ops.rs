@@ -172,7 +172,7 @@ struct P {{ kv_dim: u32, head_dim: u32, kv_heads: u32, n_ctx: u32 }}
 @group(0) @binding(6) var<uniform> step: Step;
 
 {entry}"#,
-        entry = row_store_entry(&per, &body)
+        entry = row_store_entry(per, body)
     ))
 }
 
@@ -484,7 +484,7 @@ struct P {{ width: u32, n_ctx: u32, kernel: u32, has_bias: u32 }}
 @group(0) @binding(4) var<uniform> step: Step;
 
 {entry}"#,
-        entry = row_store_entry(&per, &body)
+        entry = row_store_entry(per, body)
     ))
 }
 
