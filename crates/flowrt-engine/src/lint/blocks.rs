@@ -103,13 +103,11 @@ pub(super) fn check(g: &BlockGrid) -> BlockOutliers {
         })
         .collect();
     let mut worst = 0f32;
-    for r in 0..rows {
-        for j in 0..per {
-            let a = g.absmax[r * per + j];
+    for (r, (row, &mr)) in g.absmax.chunks_exact(per).zip(&row_med).enumerate() {
+        for (j, (&a, &mc)) in row.iter().zip(&col_med).enumerate() {
             if !a.is_finite() {
                 continue;
             }
-            let (mr, mc) = (row_med[r], col_med[j]);
             let (hi, lo) = (mr.max(mc), mr.min(mc));
             let up = if hi > 0.0 { a / hi } else { 0.0 };
             // A zeroed block: a very large, finite ratio.
