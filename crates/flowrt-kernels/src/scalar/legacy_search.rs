@@ -267,123 +267,126 @@ fn pack_nibbles(q: &[u8; QK]) -> [u8; QK / 2] {
     std::array::from_fn(|j| q[j] | (q[j + QK / 2] << 4))
 }
 
-pub(crate) fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ4_0::SIZE))
-    {
-        super::quant::quantize_row_q4_0(xb, ob);
-        if !finite(xb) {
-            continue;
+/// The row driver of every type here: each block quantised by `reference` (ggml's rule),
+/// then, when all its values are finite, `read` gives the reference block's [`Fit`] (its
+/// levels and their error), `search` the fit to store (the reference's unless better), and
+/// `write` stores it.
+fn search_rows(
+    x: &[f32],
+    out: &mut [u8],
+    size: usize,
+    reference: fn(&[f32], &mut [u8]),
+    read: &dyn Fn(&[f32], &[u8]) -> Fit,
+    search: &dyn Fn(&[f32], Fit) -> Fit,
+    write: &dyn Fn(&Fit, &mut [u8]),
+) {
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(size)) {
+        reference(xb, ob);
+        if finite(xb) {
+            let f = search(xb, read(xb, ob));
+            write(&f, ob);
         }
-        let r = BlockQ4_0::read(ob);
-        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
-        let err = err_sym(xb, f16_to_f32(r.d), &q, 8);
-        let f = search_sym(
-            xb,
-            8,
-            Fit {
-                d: r.d,
-                m: [0; 2],
-                q,
-                err,
-            },
-        );
-        BlockQ4_0 {
-            d: f.d,
-            qs: pack_nibbles(&f.q),
-        }
-        .write(ob);
     }
+}
+
+/// The [`Fit`] of a symmetric block's stored scale `d` and levels `q` (offset `off`).
+fn sym_fit(xb: &[f32], d: [u8; 2], q: [u8; QK], off: i32) -> Fit {
+    let err = err_sym(xb, f16_to_f32(d), &q, off);
+    Fit {
+        d,
+        m: [0; 2],
+        q,
+        err,
+    }
+}
+
+/// The [`Fit`] of an offset block's stored scale `d`, minimum `m` and levels `q`.
+fn asym_fit(xb: &[f32], d: [u8; 2], m: [u8; 2], q: [u8; QK]) -> Fit {
+    let err = err_asym(xb, f16_to_f32(d), f16_to_f32(m), &q);
+    Fit { d, m, q, err }
+}
+
+pub(crate) fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) {
+    search_rows(
+        x,
+        out,
+        BlockQ4_0::SIZE,
+        super::quant::quantize_row_q4_0,
+        &|xb, ob| {
+            let r = BlockQ4_0::read(ob);
+            sym_fit(xb, r.d, std::array::from_fn(|j| r.q(j)), 8)
+        },
+        &|xb, f| search_sym(xb, 8, f),
+        &|f, ob| {
+            BlockQ4_0 {
+                d: f.d,
+                qs: pack_nibbles(&f.q),
+            }
+            .write(ob)
+        },
+    );
 }
 
 pub(crate) fn quantize_row_q5_0(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ5_0::SIZE))
-    {
-        super::kquants::quantize_row_q5_0(xb, ob);
-        if !finite(xb) {
-            continue;
-        }
-        let r = BlockQ5_0::read(ob);
-        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
-        let err = err_sym(xb, f16_to_f32(r.d), &q, 16);
-        let f = search_sym(
-            xb,
-            16,
-            Fit {
-                d: r.d,
-                m: [0; 2],
-                q,
-                err,
-            },
-        );
-        let (qh, qs) = pack_q5(&f.q);
-        BlockQ5_0 { d: f.d, qh, qs }.write(ob);
-    }
+    search_rows(
+        x,
+        out,
+        BlockQ5_0::SIZE,
+        super::kquants::quantize_row_q5_0,
+        &|xb, ob| {
+            let r = BlockQ5_0::read(ob);
+            sym_fit(xb, r.d, std::array::from_fn(|j| r.q(j)), 16)
+        },
+        &|xb, f| search_sym(xb, 16, f),
+        &|f, ob| {
+            let (qh, qs) = pack_q5(&f.q);
+            BlockQ5_0 { d: f.d, qh, qs }.write(ob)
+        },
+    );
 }
 
 pub(crate) fn quantize_row_q4_1(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ4_1::SIZE))
-    {
-        super::quant::quantize_row_q4_1(xb, ob);
-        if !finite(xb) {
-            continue;
-        }
-        let r = BlockQ4_1::read(ob);
-        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
-        let err = err_asym(xb, f16_to_f32(r.d), f16_to_f32(r.m), &q);
-        let f = search_asym(
-            xb,
-            15,
-            Fit {
-                d: r.d,
-                m: r.m,
-                q,
-                err,
-            },
-        );
-        BlockQ4_1 {
-            d: f.d,
-            m: f.m,
-            qs: pack_nibbles(&f.q),
-        }
-        .write(ob);
-    }
+    search_rows(
+        x,
+        out,
+        BlockQ4_1::SIZE,
+        super::quant::quantize_row_q4_1,
+        &|xb, ob| {
+            let r = BlockQ4_1::read(ob);
+            asym_fit(xb, r.d, r.m, std::array::from_fn(|j| r.q(j)))
+        },
+        &|xb, f| search_asym(xb, 15, f),
+        &|f, ob| {
+            BlockQ4_1 {
+                d: f.d,
+                m: f.m,
+                qs: pack_nibbles(&f.q),
+            }
+            .write(ob)
+        },
+    );
 }
 
 pub(crate) fn quantize_row_q5_1(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ5_1::SIZE))
-    {
-        super::kquants::quantize_row_q5_1(xb, ob);
-        if !finite(xb) {
-            continue;
-        }
-        let r = BlockQ5_1::read(ob);
-        let q: [u8; QK] = std::array::from_fn(|j| r.q(j));
-        let err = err_asym(xb, f16_to_f32(r.d), f16_to_f32(r.m), &q);
-        let f = search_asym(
-            xb,
-            31,
-            Fit {
-                d: r.d,
-                m: r.m,
-                q,
-                err,
-            },
-        );
-        let (qh, qs) = pack_q5(&f.q);
-        BlockQ5_1 {
-            d: f.d,
-            m: f.m,
-            qh,
-            qs,
-        }
-        .write(ob);
-    }
+    search_rows(
+        x,
+        out,
+        BlockQ5_1::SIZE,
+        super::kquants::quantize_row_q5_1,
+        &|xb, ob| {
+            let r = BlockQ5_1::read(ob);
+            asym_fit(xb, r.d, r.m, std::array::from_fn(|j| r.q(j)))
+        },
+        &|xb, f| search_asym(xb, 31, f),
+        &|f, ob| {
+            let (qh, qs) = pack_q5(&f.q);
+            BlockQ5_1 {
+                d: f.d,
+                m: f.m,
+                qh,
+                qs,
+            }
+            .write(ob)
+        },
+    );
 }
