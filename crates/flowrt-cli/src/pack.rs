@@ -5,6 +5,7 @@
 //! source row dequantised to f32 and requantised), as `OUT.partial`, renamed to OUT when
 //! complete; on any error, or when the gate refuses, nothing is left at OUT.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,6 +19,7 @@ use flowrt_engine::{EngineOptions, KvPrecision, LoadedModel, ProcMemory, Session
 use flowrt_gguf::write::{partial_path, StreamWriter, TensorSpec};
 use flowrt_gguf::{GgufFile, Value};
 use flowrt_kernels::Kernels;
+use flowrt_model::plan::MatRole;
 
 #[path = "pack_hf.rs"]
 mod hf;
@@ -36,8 +38,13 @@ and the report lists it.
 
 Quantisers: Q4_K, Q5_K and Q6_K blocks are chosen by an error-minimising search over their \
 scales (weighted least squares; no importance matrix), with less RMS error than llama.cpp's \
-llama-quantize on the weights measured in docs/quantisation.md. Q4_0, Q4_1 and Q8_0 round as \
-ggml's reference does: the bytes llama-quantize writes without an importance matrix. MXFP4 \
+llama-quantize on the weights measured in docs/quantisation.md. Q4_0 and Q4_1 blocks search \
+their scale (and offset) for the least squared error, each value weighted by the mean square \
+of the activation column it multiplies (an importance matrix: pack first runs the source \
+over the gate's prompts, and --prompts adds to them), and keep ggml's reference bytes where \
+those do better; the token embedding, the experts and anything else without measured \
+activations get the unweighted search; --no-importance skips the run and weighs every value \
+the same. Q8_0 rounds as ggml's reference does. MXFP4 \
 per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
 E2M1 code (ggml's and gguf-py's rule).
 
@@ -105,6 +112,11 @@ pub struct PackArgs {
     /// Threads for the gate's two models (default: physical cores).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// Q4_0 and Q4_1: search each block's scale for the plain squared error instead of
+    /// weighing each value by the mean square of the activation column it multiplies (measured
+    /// by running the source over the gate's prompts first).
+    #[arg(long = "no-importance")]
+    pub no_importance: bool,
 }
 
 /// The types `--quant` takes, with the gate's default (max mean KL, min top-1).
@@ -197,15 +209,32 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         done.clone(),
     );
     let t0 = Instant::now();
+    let importance = if uses_importance(quant) && !args.no_importance {
+        let imp = importance(&args, &extra)?;
+        println!(
+            "importance: {} matrices, from {} tokens of the gate's prompts through the source ({:.1}s)",
+            imp.len(),
+            imp.values().map(|v| v.1).max().unwrap_or(0),
+            t0.elapsed().as_secs_f64()
+        );
+        imp
+    } else {
+        Default::default()
+    };
     // What llama.cpp would run differently from the model written (HF sources).
     let mut llama_cpp_caveats = Vec::new();
     let fallbacks = if args.source.is_dir() {
         let hf = hf::HfSource::open(&args.source, args.pre.as_deref())?;
         let (meta, tensors) = hf.plan()?;
         llama_cpp_caveats = hf.llama_cpp_caveats();
-        write_pack(&tensors, meta, quant, &args.output, &|t: &SrcTensor<'_>| {
-            t.slices().into_iter().for_each(|s| hf.release(s))
-        })?
+        write_pack(
+            &tensors,
+            meta,
+            quant,
+            &args.output,
+            &importance,
+            &|t: &SrcTensor<'_>| t.slices().into_iter().for_each(|s| hf.release(s)),
+        )?
     } else {
         anyhow::ensure!(
             args.source.exists(),
@@ -228,9 +257,14 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
             })
             .collect();
         let meta = src.metadata().to_vec();
-        write_pack(&tensors, meta, quant, &args.output, &|t: &SrcTensor<'_>| {
-            src.release(t.file_offset, t.data.len())
-        })?
+        write_pack(
+            &tensors,
+            meta,
+            quant,
+            &args.output,
+            &importance,
+            &|t: &SrcTensor<'_>| src.release(t.file_offset, t.data.len()),
+        )?
     };
     let secs = t0.elapsed().as_secs_f64();
     let size = std::fs::metadata(&args.output)
@@ -585,6 +619,7 @@ fn write_pack(
     meta: Vec<(String, Value)>,
     quant: GgmlType,
     out: &Path,
+    importance: &Importance,
     release: &dyn Fn(&SrcTensor<'_>),
 ) -> Result<Vec<(String, GgmlType)>> {
     let mut specs = Vec::new();
@@ -638,6 +673,12 @@ fn write_pack(
         let mut buf = vec![0u8; rows * out_row];
         let mut f = vec![0f32; n];
         let mut ggml = Vec::with_capacity(out_row);
+        // Only a row of the length the statistics were taken for (a fused or split matrix
+        // whose input differs falls back to the plain search).
+        let imp = matrix_key(&t.name)
+            .and_then(|key| importance.get(&key))
+            .map(|v| &v.0[..])
+            .filter(|w| w.len() == n);
         for r in 0..rows {
             let dst = &mut buf[r * out_row..(r + 1) * out_row];
             ggml.clear();
@@ -647,7 +688,7 @@ fn write_pack(
                 continue;
             }
             reader.row(k, r, &mut f);
-            k.quantize_row_weights(spec.ty, &f, dst);
+            k.quantize_row_weighted(spec.ty, &f, imp, dst);
         }
         w.write_tensor(&t.name, &buf)
             .with_context(|| format!("cannot write {}", partial.display()))?;
@@ -685,6 +726,68 @@ fn file_type(quant: GgmlType) -> u32 {
 
 /// Loads the reference (`--against`, else the source as stored) and the pack and compares
 /// them teacher-forced.
+/// Whether `quant`'s mix has types whose search takes importance weights (Q4_0, Q4_1).
+fn uses_importance(quant: GgmlType) -> bool {
+    matches!(quant, GgmlType::Q4_0 | GgmlType::Q4_1)
+}
+
+/// The (layer, role) of the matrix a GGUF tensor name holds, for the ones whose input
+/// statistics the source run gives (`None` for others: embeddings, experts, norms).
+fn matrix_key(name: &str) -> Option<(Option<usize>, MatRole)> {
+    if name == "output.weight" {
+        return Some((None, MatRole::Output));
+    }
+    let rest = name.strip_prefix("blk.")?.strip_suffix(".weight")?;
+    let (layer, base) = rest.split_once('.')?;
+    let role = match base {
+        // Fused Q/K/V and gate/up take the same input as their parts.
+        "attn_q" | "attn_qkv" => MatRole::Q,
+        "attn_k" => MatRole::K,
+        "attn_v" => MatRole::V,
+        "attn_output" => MatRole::O,
+        "ffn_gate" => MatRole::Gate,
+        "ffn_up" => MatRole::Up,
+        "ffn_down" => MatRole::Down,
+        "shortconv.in_proj" => MatRole::ConvIn,
+        "shortconv.out_proj" => MatRole::ConvOut,
+        _ => return None,
+    };
+    Some((Some(layer.parse().ok()?), role))
+}
+
+/// Per matrix: the mean square of each input column of the source over the gate's prompts,
+/// and the tokens it was taken over.
+type Importance = HashMap<(Option<usize>, MatRole), (Vec<f32>, u64)>;
+
+/// Runs the source (at its stored precision) over the gate's prompts and returns each dense
+/// matrix's column importances.
+fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
+    let source = LoadedModel::load(&args.source).with_context(|| {
+        format!(
+            "cannot load source {} to measure its activations (--no-importance skips this)",
+            args.source.display()
+        )
+    })?;
+    let opts = EngineOptions {
+        threads: args.threads.unwrap_or(0),
+        kv: KvPrecision::F32,
+        n_ctx: Some(source.model_ctx().min(512)),
+        ..Default::default()
+    };
+    let prompts =
+        flowrt_engine::builtin_prompts(&source.tokenizer, source.template.as_ref(), extra)?;
+    let stats = flowrt_engine::input_stats(&source, &prompts, &opts)?;
+    Ok(stats
+        .into_iter()
+        .filter(|s| s.rows > 0)
+        .map(|s| {
+            let n = s.rows as f64;
+            let mean: Vec<f32> = s.sum_sq.iter().map(|&v| (v / n) as f32).collect();
+            ((s.layer, s.role), (mean, s.rows))
+        })
+        .collect())
+}
+
 fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport> {
     let (what, path) = match &args.against {
         Some(p) => ("--against model", p),

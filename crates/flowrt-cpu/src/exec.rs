@@ -272,6 +272,9 @@ pub struct CpuBackend {
     pending: Option<(Range<usize>, LogitsWanted)>,
     pending_tokens: Vec<u32>,    // (max_batch)
     pending_spans: Vec<SeqSpan>, // (n_seq)
+    /// The dense matmuls' input statistics while collecting them
+    /// ([`Backend::collect_input_stats`]).
+    input_stats: Option<Vec<flowrt_dispatch::InputStat>>,
 }
 
 impl CpuBackend {
@@ -367,6 +370,7 @@ impl CpuBackend {
             pending: None,
             pending_tokens: Vec::with_capacity(max_batch),
             pending_spans: Vec::with_capacity(opts.n_seq.max(1)),
+            input_stats: None,
             act_quant: opts.act_quant,
             packed,
             model,
@@ -1039,6 +1043,38 @@ impl CpuBackend {
             (0, n)
         };
         let kdim = first.cols;
+        if let Some(stats) = self.input_stats.as_mut() {
+            let s = &self.bufs[src as usize];
+            for &(_, role) in items {
+                let i = match stats
+                    .iter()
+                    .position(|e| e.layer == layer && e.role == role)
+                {
+                    Some(i) => i,
+                    None => {
+                        stats.push(flowrt_dispatch::InputStat {
+                            layer,
+                            role,
+                            sum_sq: vec![0.0; kdim],
+                            rows: 0,
+                        });
+                        stats.len() - 1
+                    }
+                };
+                let e = &mut stats[i];
+                for t in 0..nsel {
+                    let r = if r0 == usize::MAX {
+                        self.logit_rows[t]
+                    } else {
+                        r0 + t
+                    };
+                    for (acc, &v) in e.sum_sq.iter_mut().zip(&s[r * kdim..(r + 1) * kdim]) {
+                        *acc += v as f64 * v as f64;
+                    }
+                }
+                e.rows += nsel as u64;
+            }
+        }
         let act_row = match fmt {
             ActRows::Q16 => flowrt_kernels::q16::q16_row_size(kdim),
             ActRows::Ggml(t) => flowrt_kernels::row_size(t, kdim),
@@ -1374,6 +1410,19 @@ impl Backend for CpuBackend {
         self.model.config.vocab_size
     }
 
+    fn collect_input_stats(&mut self, on: bool) -> Result<(), String> {
+        self.input_stats = on.then(Vec::new);
+        Ok(())
+    }
+    fn take_input_stats(&mut self) -> Vec<flowrt_dispatch::InputStat> {
+        let mut s = self
+            .input_stats
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        s.sort_by_key(|e| (e.layer.is_none(), e.layer, e.role as usize));
+        s
+    }
     fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
         if buf == Buf::Logits {
             return Ok(self.logits().to_vec());

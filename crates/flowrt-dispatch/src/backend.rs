@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use flowrt_model::plan::{Buf, GroupKind};
+use flowrt_model::plan::{Buf, GroupKind, MatRole};
 use flowrt_model::Plan;
 
 use crate::cut::Runlist;
@@ -188,6 +188,20 @@ pub struct DeviceRates {
     pub floor: Duration,
 }
 
+/// The squares of one matmul's inputs, summed per input column over every row it multiplied
+/// while a backend collected them ([`Backend::collect_input_stats`]): what an importance-
+/// weighted quantisation of that matrix weighs its columns by.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputStat {
+    /// The decoder layer (`None`: the output projection).
+    pub layer: Option<usize>,
+    pub role: MatRole,
+    /// `Σ x_j²` of every input column `j` (the matrix's row length of them).
+    pub sum_sq: Vec<f64>,
+    /// Rows (tokens) summed.
+    pub rows: u64,
+}
+
 /// What a backend is, for reports.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackendInfo {
@@ -278,5 +292,21 @@ pub trait Backend: Send {
             "the {} backend cannot write activation buffers ({buf:?})",
             self.info().name
         ))
+    }
+    /// Starts (`true`, from zero) or stops accumulating [`InputStat`]s of every dense matmul
+    /// the following runlists run (not a mixture of experts' expert matrices): `flowrt pack`
+    /// calibrates its importance-weighted quantisation with them. Nothing calls this in
+    /// normal running. A device that cannot answers why not (the default).
+    fn collect_input_stats(&mut self, on: bool) -> Result<(), String> {
+        let _ = on;
+        Err(format!(
+            "the {} backend cannot collect matmul input statistics",
+            self.info().name
+        ))
+    }
+    /// The statistics collected so far (see [`Backend::collect_input_stats`]), in layer and
+    /// role order; empty when none were.
+    fn take_input_stats(&mut self) -> Vec<InputStat> {
+        Vec::new()
     }
 }

@@ -354,4 +354,10 @@ impl<B: Backend> Backend for FaultBackend<B> {
     ) -> Result<(), String> {
         self.inner.write_activation(buf, values)
     }
+    fn collect_input_stats(&mut self, on: bool) -> Result<(), String> {
+        self.inner.collect_input_stats(on)
+    }
+    fn take_input_stats(&mut self) -> Vec<crate::InputStat> {
+        self.inner.take_input_stats()
+    }
 }

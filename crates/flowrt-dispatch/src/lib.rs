@@ -29,7 +29,9 @@ pub mod settings;
 pub mod trace;
 pub mod watch;
 
-pub use backend::{Backend, BackendInfo, Batch, DeviceError, DeviceRates, LogitsWanted, SeqSpan};
+pub use backend::{
+    Backend, BackendInfo, Batch, DeviceError, DeviceRates, InputStat, LogitsWanted, SeqSpan,
+};
 pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};
 pub use dispatcher::{Attempt, DispatchError, DispatchOptions, Dispatcher, MIN_WATCHDOG_GRACE};

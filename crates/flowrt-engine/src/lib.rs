@@ -4,6 +4,7 @@
 
 mod bandwidth;
 mod bench;
+mod calibrate;
 mod compare;
 mod constraint;
 mod diff;
@@ -23,13 +24,14 @@ pub use bench::{
     bench, bench_parallel, weight_bytes, BackendReport, BenchOptions, BenchReport, ParallelReport,
     Roofline, Stat,
 };
+pub use calibrate::input_stats;
 pub use compare::{builtin_prompts, compare_models, BUILTIN_CHAT, BUILTIN_TEXTS};
 pub use constraint::{Constraint, ConstraintError, ConstraintSpec, Guide};
 pub use diff::{diff, DiffOptions, DiffPrompt, DiffReport, LayerDiff, DEFAULT_DIFF_THRESHOLD};
 pub use embed::{l2_normalize, EmbedOptions, Embedder, Embeddings};
 pub use error::EngineError;
 pub use flowrt_backends::{BackendKind, OpenError};
-pub use flowrt_dispatch::KvPrecision;
+pub use flowrt_dispatch::{InputStat, KvPrecision};
 pub use flowrt_model::{EmbeddingSpec, Pooling};
 pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};

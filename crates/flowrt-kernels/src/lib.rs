@@ -480,8 +480,26 @@ impl Kernels {
     /// # Panics
     /// On an unsupported type or a length mismatch.
     pub fn quantize_row_weights(&self, ty: GgmlType, x: &[f32], out: &mut [u8]) {
+        self.quantize_row_weighted(ty, x, None, out)
+    }
+
+    /// [`Kernels::quantize_row_weights`] with an importance per value of the row (`weights`,
+    /// `x.len()` of them, finite and non-negative: e.g. the mean square of the activation
+    /// column each weight multiplies): the Q4_0, Q4_1, Q5_0 and Q5_1 searches minimise the
+    /// squared error weighted by them, and keep ggml's reference bytes wherever those have
+    /// the lower weighted error. Other types ignore the weights. `None` is the plain search.
+    ///
+    /// # Panics
+    /// On an unsupported type or a length mismatch.
+    pub fn quantize_row_weighted(
+        &self,
+        ty: GgmlType,
+        x: &[f32],
+        weights: Option<&[f32]>,
+        out: &mut [u8],
+    ) {
         use scalar::legacy_search as ls;
-        let f: QuantizeFn = match ty {
+        let f: fn(&[f32], Option<&[f32]>, &mut [u8]) = match ty {
             GgmlType::Q4_0 => ls::quantize_row_q4_0,
             GgmlType::Q4_1 => ls::quantize_row_q4_1,
             GgmlType::Q5_0 => ls::quantize_row_q5_0,
@@ -494,7 +512,10 @@ impl Kernels {
             "quantize_row_weights({ty}): output length for {} values",
             x.len()
         );
-        f(x, out)
+        if let Some(w) = weights {
+            assert_eq!(w.len(), x.len(), "quantize_row_weighted({ty}): weights");
+        }
+        f(x, weights, out)
     }
 
     /// Dequantises (or converts) one row: `row.len() == row_size(ty, out.len())`.

@@ -86,7 +86,7 @@ pub enum NormWeight {
 }
 
 /// Which matrix an op multiplies by (of the group's layer, or the output projection).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MatRole {
     Q,
     K,

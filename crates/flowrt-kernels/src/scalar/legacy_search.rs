@@ -38,24 +38,28 @@ struct Fit {
     err: f64,
 }
 
-/// Squared error of a symmetric block `d * (q - off)` against `x`, as the decoder computes it.
-fn err_sym(x: &[f32], d: f32, q: &[u8; QK], off: i32) -> f64 {
+/// Squared error of a symmetric block `d * (q - off)` against `x`, each value's weighted by
+/// `w`, as the decoder computes it.
+fn err_sym(x: &[f32], w: &[f32], d: f32, q: &[u8; QK], off: i32) -> f64 {
     x.iter()
         .zip(q)
-        .map(|(&v, &l)| {
+        .zip(w)
+        .map(|((&v, &l), &w)| {
             let e = (v - (l as i32 - off) as f32 * d) as f64;
-            e * e
+            w as f64 * e * e
         })
         .sum()
 }
 
-/// Squared error of an offset block `d * q + m` against `x`, as the decoder computes it.
-fn err_asym(x: &[f32], d: f32, m: f32, q: &[u8; QK]) -> f64 {
+/// Squared error of an offset block `d * q + m` against `x`, each value's weighted by `w`, as
+/// the decoder computes it.
+fn err_asym(x: &[f32], w: &[f32], d: f32, m: f32, q: &[u8; QK]) -> f64 {
     x.iter()
         .zip(q)
-        .map(|(&v, &l)| {
+        .zip(w)
+        .map(|((&v, &l), &w)| {
             let e = (v - (d * l as f32 + m)) as f64;
-            e * e
+            w as f64 * e * e
         })
         .sum()
 }
@@ -91,56 +95,62 @@ fn round_asym(x: &[f32], d: f32, m: f32, top: i32) -> [u8; QK] {
     q
 }
 
-/// Candidate rounding of a symmetric block with inverse scale `id`: `(Σ x q, Σ q²)` of the
+/// Candidate rounding of a symmetric block with inverse scale `id`: `(Σ w x q, Σ w q²)` of the
 /// signed levels (no array: the search only ranks candidates by these sums).
 #[inline(always)]
-fn sums_sym(x: &[f32], id: f32, lo: f32, hi: f32) -> (f32, f32) {
+fn sums_sym(x: &[f32], w: &[f32], id: f32, lo: f32, hi: f32) -> (f32, f32) {
     let (mut sxq, mut sqq) = (0f32, 0f32);
-    for &v in x {
+    for (&v, &w) in x.iter().zip(w) {
         let q = rnd((v * id).clamp(lo, hi));
-        sxq += v * q;
-        sqq += q * q;
+        sxq += w * v * q;
+        sqq += w * q * q;
     }
     (sxq, sqq)
 }
 
 /// Candidate rounding of an offset block (`q = round((x - min) id)` in `0..=top`):
-/// `(Σ q, Σ q², Σ (x - min) q)`.
+/// `(Σ w q, Σ w q², Σ w (x - min) q)`.
 #[inline(always)]
-fn sums_asym(x: &[f32], min: f32, id: f32, top: f32) -> (f32, f32, f32) {
+fn sums_asym(x: &[f32], w: &[f32], min: f32, id: f32, top: f32) -> (f32, f32, f32) {
     let (mut sq, mut sqq, mut sxq) = (0f32, 0f32, 0f32);
-    for &v in x {
+    for (&v, &w) in x.iter().zip(w) {
         let y = v - min;
         let q = rnd((y * id).clamp(0.0, top));
-        sq += q;
-        sqq += q * q;
-        sxq += y * q;
+        sq += w * q;
+        sqq += w * q * q;
+        sxq += w * y * q;
     }
     (sq, sqq, sxq)
 }
 
-/// Least-squares scale for fixed signed levels `q - off`: `Σ x q / Σ q²` and its error
-/// `Σx² − (Σxq)² / Σq²` (`None` when every level is 0).
-fn fit_sym(x: &[f32], q: &[u8; QK], off: i32, sxx: f64) -> Option<(f64, f64)> {
+/// Weighted least-squares scale for fixed signed levels `q - off`: `Σ w x q / Σ w q²` and its
+/// error `Σwx² − (Σwxq)² / Σwq²` (`None` when every weighted level is 0).
+fn fit_sym(x: &[f32], w: &[f32], q: &[u8; QK], off: i32, sxx: f64) -> Option<(f64, f64)> {
     let (mut sxq, mut sqq) = (0f64, 0f64);
-    for (&v, &l) in x.iter().zip(q) {
+    for ((&v, &l), &w) in x.iter().zip(q).zip(w) {
         let s = (l as i32 - off) as f64;
-        sxq += v as f64 * s;
-        sqq += s * s;
+        sxq += w as f64 * v as f64 * s;
+        sqq += w as f64 * s * s;
     }
     (sqq > 0.0).then(|| (sxq / sqq, sxx - sxq * sxq / sqq))
 }
 
-/// Least-squares scale and offset for fixed levels `q`, and their error (`None` when every
-/// level is the same).
-fn fit_asym(x: &[f32], q: &[u8; QK], sx: f64, sxx: f64) -> Option<(f64, f64, f64)> {
-    let n = QK as f64;
+/// Weighted least-squares scale and offset for fixed levels `q`, and their error (`None` when
+/// every level is the same). `n`, `sx`, `sxx`: `Σw`, `Σwx`, `Σwx²`.
+fn fit_asym(
+    x: &[f32],
+    w: &[f32],
+    q: &[u8; QK],
+    n: f64,
+    sx: f64,
+    sxx: f64,
+) -> Option<(f64, f64, f64)> {
     let (mut sq, mut sqq, mut sxq) = (0f64, 0f64, 0f64);
-    for (&v, &l) in x.iter().zip(q) {
-        let s = l as f64;
-        sq += s;
-        sqq += s * s;
-        sxq += v as f64 * s;
+    for ((&v, &l), &w) in x.iter().zip(q).zip(w) {
+        let (s, w) = (l as f64, w as f64);
+        sq += w * s;
+        sqq += w * s * s;
+        sxq += w * v as f64 * s;
     }
     let det = n * sqq - sq * sq;
     if det <= 0.0 {
@@ -152,7 +162,7 @@ fn fit_asym(x: &[f32], q: &[u8; QK], sx: f64, sxx: f64) -> Option<(f64, f64, f64
 }
 
 /// Q4_0 (`half` 8) / Q5_0 (`half` 16): `x ≈ d * (q - half)`, q in `0..2 half`.
-fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
+fn search_sym(x: &[f32], w: &[f32], half: i32, reference: Fit) -> Fit {
     let top = 2 * half - 1;
     let mx = x
         .iter()
@@ -160,7 +170,11 @@ fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
     if mx == 0.0 || !reference.err.is_finite() {
         return reference;
     }
-    let sxx: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let sxx: f64 = x
+        .iter()
+        .zip(w)
+        .map(|(&v, &w)| w as f64 * v as f64 * v as f64)
+        .sum();
     // The candidate rounding whose least-squares scale `Σxq / Σq²` leaves the least error
     // (`Σx² − (Σxq)² / Σq²`, so the largest `(Σxq)² / Σq²`).
     let (lo, hi) = (-half as f32, (half - 1) as f32);
@@ -169,7 +183,7 @@ fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
         let r = R_FIRST + R_STEP * i as f32;
         // The extreme value at the lowest level (as the reference) or at the highest.
         for levels in [-(half as f32) - r, (half - 1) as f32 + r] {
-            let (sxq, sqq) = sums_sym(x, levels / mx, lo, hi);
+            let (sxq, sqq) = sums_sym(x, w, levels / mx, lo, hi);
             if sqq > 0.0 {
                 let gain = sxq * sxq / sqq;
                 if best.is_none_or(|(_, g)| gain > g) {
@@ -187,7 +201,7 @@ fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
         let dh = f32_to_f16(d as f32);
         let df = f16_to_f32(dh);
         let q = round_sym(x, df, half, top);
-        let err = err_sym(x, df, &q, half);
+        let err = err_sym(x, w, df, &q, half);
         if err < out.err {
             out = Fit {
                 d: dh,
@@ -196,7 +210,7 @@ fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
                 err,
             };
         }
-        match fit_sym(x, &q, half, sxx) {
+        match fit_sym(x, w, &q, half, sxx) {
             Some((d2, _)) => d = d2,
             None => break,
         }
@@ -205,23 +219,32 @@ fn search_sym(x: &[f32], half: i32, reference: Fit) -> Fit {
 }
 
 /// Q4_1 (`top` 15) / Q5_1 (`top` 31): `x ≈ d * q + m`, q in `0..=top`.
-fn search_asym(x: &[f32], top: i32, reference: Fit) -> Fit {
+fn search_asym(x: &[f32], w: &[f32], top: i32, reference: Fit) -> Fit {
     let min = x.iter().copied().fold(f32::INFINITY, f32::min);
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let range = max - min;
     if range <= 0.0 || !range.is_finite() || !reference.err.is_finite() {
         return reference;
     }
-    let sx: f64 = x.iter().map(|&v| v as f64).sum();
-    let sxx: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let sw: f64 = w.iter().map(|&w| w as f64).sum();
+    let sx: f64 = x.iter().zip(w).map(|(&v, &w)| w as f64 * v as f64).sum();
+    let sxx: f64 = x
+        .iter()
+        .zip(w)
+        .map(|(&v, &w)| w as f64 * v as f64 * v as f64)
+        .sum();
     // Candidates are fitted on `y = x - min` (fewer cancelling digits than on `x`).
-    let sy: f32 = x.iter().map(|&v| v - min).sum();
-    let syy: f32 = x.iter().map(|&v| (v - min) * (v - min)).sum();
-    let n = QK as f32;
+    let sy: f32 = x.iter().zip(w).map(|(&v, &w)| w * (v - min)).sum();
+    let syy: f32 = x
+        .iter()
+        .zip(w)
+        .map(|(&v, &w)| w * (v - min) * (v - min))
+        .sum();
+    let n = w.iter().sum::<f32>();
     let mut best: Option<(f64, f64, f32)> = None;
     for i in 0..R_STEPS {
         let r = R_FIRST + R_STEP * i as f32;
-        let (sq, sqq, syq) = sums_asym(x, min, (top as f32 + r) / range, top as f32);
+        let (sq, sqq, syq) = sums_asym(x, w, min, (top as f32 + r) / range, top as f32);
         let det = n * sqq - sq * sq;
         if det > 0.0 {
             let d = (n * syq - sq * sy) / det;
@@ -240,7 +263,7 @@ fn search_asym(x: &[f32], top: i32, reference: Fit) -> Fit {
         let (dh, mh) = (f32_to_f16(d as f32), f32_to_f16(m as f32));
         let (df, mf) = (f16_to_f32(dh), f16_to_f32(mh));
         let q = round_asym(x, df, mf, top);
-        let err = err_asym(x, df, mf, &q);
+        let err = err_asym(x, w, df, mf, &q);
         if err < out.err {
             out = Fit {
                 d: dh,
@@ -249,7 +272,7 @@ fn search_asym(x: &[f32], top: i32, reference: Fit) -> Fit {
                 err,
             };
         }
-        match fit_asym(x, &q, sx, sxx) {
+        match fit_asym(x, w, &q, sw, sx, sxx) {
             Some((d2, m2, _)) => (d, m) = (d2, m2),
             None => break,
         }
@@ -267,31 +290,48 @@ fn pack_nibbles(q: &[u8; QK]) -> [u8; QK / 2] {
     std::array::from_fn(|j| q[j] | (q[j + QK / 2] << 4))
 }
 
+/// Weights of one block when none are given: every value counts the same (multiplying by
+/// 1.0 is exact, so the unweighted search is bit-for-bit the plain squared error's).
+const ONES: [f32; QK] = [1.0; QK];
+
+/// A block's values and weights, and its reference bytes: the reference's [`Fit`].
+type ReadFn<'a> = &'a dyn Fn(&[f32], &[f32], &[u8]) -> Fit;
+/// A block's values and weights, and the reference's [`Fit`]: the fit to store.
+type SearchFn<'a> = &'a dyn Fn(&[f32], &[f32], Fit) -> Fit;
+
 /// The row driver of every type here: each block quantised by `reference` (ggml's rule),
 /// then, when all its values are finite, `read` gives the reference block's [`Fit`] (its
-/// levels and their error), `search` the fit to store (the reference's unless better), and
-/// `write` stores it.
+/// levels and their error under the block's weights), `search` the fit to store (the
+/// reference's unless better), and `write` stores it. `weights`: one per value of the row
+/// (an importance per column), or `None` for plain squared error.
+#[allow(clippy::too_many_arguments)]
 fn search_rows(
     x: &[f32],
+    weights: Option<&[f32]>,
     out: &mut [u8],
     size: usize,
     reference: fn(&[f32], &mut [u8]),
-    read: &dyn Fn(&[f32], &[u8]) -> Fit,
-    search: &dyn Fn(&[f32], Fit) -> Fit,
+    read: ReadFn<'_>,
+    search: SearchFn<'_>,
     write: &dyn Fn(&Fit, &mut [u8]),
 ) {
-    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(size)) {
+    for (b, (xb, ob)) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(size))
+        .enumerate()
+    {
         reference(xb, ob);
+        let wb = weights.map_or(&ONES[..], |w| &w[b * QK..(b + 1) * QK]);
         if finite(xb) {
-            let f = search(xb, read(xb, ob));
+            let f = search(xb, wb, read(xb, wb, ob));
             write(&f, ob);
         }
     }
 }
 
 /// The [`Fit`] of a symmetric block's stored scale `d` and levels `q` (offset `off`).
-fn sym_fit(xb: &[f32], d: [u8; 2], q: [u8; QK], off: i32) -> Fit {
-    let err = err_sym(xb, f16_to_f32(d), &q, off);
+fn sym_fit(xb: &[f32], wb: &[f32], d: [u8; 2], q: [u8; QK], off: i32) -> Fit {
+    let err = err_sym(xb, wb, f16_to_f32(d), &q, off);
     Fit {
         d,
         m: [0; 2],
@@ -301,22 +341,23 @@ fn sym_fit(xb: &[f32], d: [u8; 2], q: [u8; QK], off: i32) -> Fit {
 }
 
 /// The [`Fit`] of an offset block's stored scale `d`, minimum `m` and levels `q`.
-fn asym_fit(xb: &[f32], d: [u8; 2], m: [u8; 2], q: [u8; QK]) -> Fit {
-    let err = err_asym(xb, f16_to_f32(d), f16_to_f32(m), &q);
+fn asym_fit(xb: &[f32], wb: &[f32], d: [u8; 2], m: [u8; 2], q: [u8; QK]) -> Fit {
+    let err = err_asym(xb, wb, f16_to_f32(d), f16_to_f32(m), &q);
     Fit { d, m, q, err }
 }
 
-pub(crate) fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) {
+pub(crate) fn quantize_row_q4_0(x: &[f32], w: Option<&[f32]>, out: &mut [u8]) {
     search_rows(
         x,
+        w,
         out,
         BlockQ4_0::SIZE,
         super::quant::quantize_row_q4_0,
-        &|xb, ob| {
+        &|xb, wb, ob| {
             let r = BlockQ4_0::read(ob);
-            sym_fit(xb, r.d, std::array::from_fn(|j| r.q(j)), 8)
+            sym_fit(xb, wb, r.d, std::array::from_fn(|j| r.q(j)), 8)
         },
-        &|xb, f| search_sym(xb, 8, f),
+        &|xb, wb, f| search_sym(xb, wb, 8, f),
         &|f, ob| {
             BlockQ4_0 {
                 d: f.d,
@@ -327,17 +368,18 @@ pub(crate) fn quantize_row_q4_0(x: &[f32], out: &mut [u8]) {
     );
 }
 
-pub(crate) fn quantize_row_q5_0(x: &[f32], out: &mut [u8]) {
+pub(crate) fn quantize_row_q5_0(x: &[f32], w: Option<&[f32]>, out: &mut [u8]) {
     search_rows(
         x,
+        w,
         out,
         BlockQ5_0::SIZE,
         super::kquants::quantize_row_q5_0,
-        &|xb, ob| {
+        &|xb, wb, ob| {
             let r = BlockQ5_0::read(ob);
-            sym_fit(xb, r.d, std::array::from_fn(|j| r.q(j)), 16)
+            sym_fit(xb, wb, r.d, std::array::from_fn(|j| r.q(j)), 16)
         },
-        &|xb, f| search_sym(xb, 16, f),
+        &|xb, wb, f| search_sym(xb, wb, 16, f),
         &|f, ob| {
             let (qh, qs) = pack_q5(&f.q);
             BlockQ5_0 { d: f.d, qh, qs }.write(ob)
@@ -345,17 +387,18 @@ pub(crate) fn quantize_row_q5_0(x: &[f32], out: &mut [u8]) {
     );
 }
 
-pub(crate) fn quantize_row_q4_1(x: &[f32], out: &mut [u8]) {
+pub(crate) fn quantize_row_q4_1(x: &[f32], w: Option<&[f32]>, out: &mut [u8]) {
     search_rows(
         x,
+        w,
         out,
         BlockQ4_1::SIZE,
         super::quant::quantize_row_q4_1,
-        &|xb, ob| {
+        &|xb, wb, ob| {
             let r = BlockQ4_1::read(ob);
-            asym_fit(xb, r.d, r.m, std::array::from_fn(|j| r.q(j)))
+            asym_fit(xb, wb, r.d, r.m, std::array::from_fn(|j| r.q(j)))
         },
-        &|xb, f| search_asym(xb, 15, f),
+        &|xb, wb, f| search_asym(xb, wb, 15, f),
         &|f, ob| {
             BlockQ4_1 {
                 d: f.d,
@@ -367,17 +410,18 @@ pub(crate) fn quantize_row_q4_1(x: &[f32], out: &mut [u8]) {
     );
 }
 
-pub(crate) fn quantize_row_q5_1(x: &[f32], out: &mut [u8]) {
+pub(crate) fn quantize_row_q5_1(x: &[f32], w: Option<&[f32]>, out: &mut [u8]) {
     search_rows(
         x,
+        w,
         out,
         BlockQ5_1::SIZE,
         super::kquants::quantize_row_q5_1,
-        &|xb, ob| {
+        &|xb, wb, ob| {
             let r = BlockQ5_1::read(ob);
-            asym_fit(xb, r.d, r.m, std::array::from_fn(|j| r.q(j)))
+            asym_fit(xb, wb, r.d, r.m, std::array::from_fn(|j| r.q(j)))
         },
-        &|xb, f| search_asym(xb, 31, f),
+        &|xb, wb, f| search_asym(xb, wb, 31, f),
         &|f, ob| {
             let (qh, qs) = pack_q5(&f.q);
             BlockQ5_1 {
