@@ -239,8 +239,9 @@ fn bits(outs: &[Vec<f32>]) -> Vec<Vec<u32>> {
 /// LFM2's logits with the pool at `threads`: a 70-token prefill, a prefix-reuse re-sync, then
 /// three sequences prefilled in one step and stepped together at different positions with
 /// different numbers of tokens (rows of several sequences in one batch). The 70-token prefill
-/// and the steps of 66 and more rows are large enough for the pool (the convolution keeps
-/// a few rows on the calling thread); the small steps read what the large ones cached.
+/// and the steps of 66 and more rows are large enough for the pool (below 2048 rows × channels
+/// the convolution stays on the calling thread: 32 rows of `lfm2`'s 64 channels, 64 rows of
+/// `lfm2-conv-bias`'s 32); the small steps read what the large ones cached.
 fn lfm2_outputs(m: &LoadedModel, kv: KvPrecision, threads: usize) -> Vec<Vec<f32>> {
     // Attention's key-range split depends on the thread count; off, so that only the
     // convolution (and ops that never depend on it) could make threads differ.
