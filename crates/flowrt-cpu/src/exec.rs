@@ -19,6 +19,7 @@ use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
 
 mod attention;
+mod short_conv;
 pub use attention::AttnSplit;
 
 /// Rows of a weight matrix one matmul task computes: at least enough that the kernels'
@@ -262,7 +263,6 @@ pub struct CpuBackend {
     per_thread: Vec<Mutex<ThreadScratch>>,
     /// A mixture-of-experts layer's batch scratch (empty without experts).
     moe: crate::moe::MoeBatch,
-    conv_bx: Vec<f32>, // (hidden) one row's B · x on its way to the cache
     attn_split: AttnSplit,
     /// (slots, group, head_dim + 2) partial outputs of split attention, with each head's max
     /// and sum (see `attention::slot_len`); empty when no batch can split.
@@ -363,7 +363,6 @@ impl CpuBackend {
             logit_rows: Vec::with_capacity(max_batch),
             per_thread,
             moe: Default::default(),
-            conv_bx: Vec::new(),
             attn_split: opts.attn_split,
             attn_parts: vec![0.0; attn_slots * attention::slot_len(group, c.head_dim)],
             n_logit_rows: 0,
@@ -693,68 +692,7 @@ impl CpuBackend {
             }
             Op::ShortConv { src, dst, kernel } => {
                 let l = layer.ok_or("short_conv outside a layer")?;
-                let lw = &self.model.layers[l];
-                let cw = lw
-                    .conv
-                    .as_ref()
-                    .ok_or("the layer has no short convolution weights")?;
-                let (w, conv_bias) = (&cw.kernel, cw.kernel_bias.as_deref());
-                let kv = &mut self.kv;
-                if kv.conv_width[l] != h
-                    || w.len() != h * kernel
-                    || conv_bias.is_some_and(|b| b.len() != h)
-                {
-                    return Err("the layer's convolution cache or kernel has the wrong size".into());
-                }
-                let (s, d) = two_bufs(&mut self.bufs, src, dst);
-                // B · x of every row into the cache first: a row reads earlier rows' values.
-                let bx = &mut self.conv_bx;
-                bx.resize(h, 0.0);
-                for (t, &(seq, pos)) in self.rows.iter().enumerate() {
-                    let r = &s[t * 3 * h..(t + 1) * 3 * h];
-                    for (o, (b, x)) in bx.iter_mut().zip(r[..h].iter().zip(&r[2 * h..])) {
-                        *o = b * x;
-                    }
-                    let o = kv.conv_offset(l, seq, pos);
-                    match &mut kv.k[l] {
-                        KvStore::F16(st) => k.f32_to_f16(bx, as_f16_mut(&mut st[o..o + h])),
-                        KvStore::F32(st) => st[o..o + h].copy_from_slice(bx),
-                    }
-                }
-                // dst = C · Σ_j w_j · Bx[pos - (kernel - 1) + j], positions before 0 as 0.
-                for (t, &(seq, pos)) in self.rows.iter().enumerate() {
-                    let out = &mut d[t * h..(t + 1) * h];
-                    out.fill(0.0);
-                    for j in 0..kernel {
-                        let back = kernel - 1 - j;
-                        if back > pos {
-                            continue;
-                        }
-                        let o = kv.conv_offset(l, seq, pos - back);
-                        match &kv.k[l] {
-                            KvStore::F16(st) => {
-                                let row = kv::as_f16(&st[o..o + h]);
-                                for (ch, (acc, v)) in out.iter_mut().zip(row).enumerate() {
-                                    *acc += w[ch * kernel + j] * v.to_f32();
-                                }
-                            }
-                            KvStore::F32(st) => {
-                                for (ch, (acc, v)) in out.iter_mut().zip(&st[o..o + h]).enumerate()
-                                {
-                                    *acc += w[ch * kernel + j] * v;
-                                }
-                            }
-                        }
-                    }
-                    // The convolution's bias (LFM2 `conv_bias`), before the C gate.
-                    if let Some(b) = conv_bias {
-                        k.add(out, b);
-                    }
-                    let cg = &s[t * 3 * h + h..t * 3 * h + 2 * h];
-                    for (acc, c) in out.iter_mut().zip(cg) {
-                        *acc *= c;
-                    }
-                }
+                self.short_conv(l, src, dst, kernel, n)?;
             }
             Op::Attention {
                 window,

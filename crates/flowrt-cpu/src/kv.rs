@@ -48,6 +48,12 @@ pub fn offset(n_ctx: usize, head_dim: usize, head: usize, pos: usize) -> usize {
     (head * n_ctx + pos) * head_dim
 }
 
+/// Row of `(seq, pos)` within a convolution layer's store of `n_ctx` positions per sequence,
+/// seen as rows of the layer's `conv_width` values.
+pub fn conv_row(n_ctx: usize, seq: usize, pos: usize) -> usize {
+    seq * n_ctx + pos
+}
+
 /// View f16 bits as halves.
 pub fn as_f16(bits: &[u16]) -> &[f16] {
     bits.reinterpret_cast()
@@ -128,7 +134,7 @@ impl KvCache {
 
     /// Offset of `(seq, pos)` within convolution layer `layer`'s store.
     pub fn conv_offset(&self, layer: usize, seq: usize, pos: usize) -> usize {
-        (seq * self.n_ctx + pos) * self.conv_width[layer]
+        conv_row(self.n_ctx, seq, pos) * self.conv_width[layer]
     }
 
     /// Offset of `(seq, head, pos)` within a layer's store.

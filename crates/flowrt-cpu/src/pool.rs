@@ -377,6 +377,62 @@ impl ThreadPool {
             }
         });
     }
+
+    /// Let tasks own column blocks of two row-major buffers at once: task `i` writes columns
+    /// `c0..c1` of every row of `a` (rows of `strides.0` elements) and of `b` (rows of
+    /// `strides.1`), where `(c0, c1) = block(i)`, through the two [`ColumnWriter`]s that
+    /// `f(tid, i, a_writer, b_writer)` gets. The buffers may hold different types (a cache of
+    /// halves next to a buffer of floats). Blocks must not overlap. A single block runs on the
+    /// calling thread without waking the workers.
+    #[allow(clippy::type_complexity)] // one callback taking both writers
+    pub fn for_each_column_block_pair<A: Send, B: Send>(
+        &self,
+        a: &mut [A],
+        b: &mut [B],
+        strides: (usize, usize),
+        n_blocks: usize,
+        block: &(dyn Fn(usize) -> (usize, usize) + Sync),
+        f: &(dyn Fn(usize, usize, &mut ColumnWriter<'_, A>, &mut ColumnWriter<'_, B>) + Sync),
+    ) {
+        let tasks = TaskCounter::new(n_blocks);
+        let rows_a = a.len().checked_div(strides.0).unwrap_or(0);
+        let rows_b = b.len().checked_div(strides.1).unwrap_or(0);
+        let (ba, bb) = (DisjointMut::new(a), DisjointMut::new(b));
+        let job = |tid: usize, _| {
+            while let Some(i) = tasks.claim() {
+                let (c0, c1) = block(i);
+                assert!(
+                    c0 <= c1 && c1 <= strides.0.min(strides.1),
+                    "column block {c0}..{c1} out of {} and {}",
+                    strides.0,
+                    strides.1
+                );
+                let mut wa = ColumnWriter {
+                    buf: &ba,
+                    stride: strides.0,
+                    r0: 0,
+                    n_rows: rows_a,
+                    c0,
+                    c1,
+                };
+                let mut wb = ColumnWriter {
+                    buf: &bb,
+                    stride: strides.1,
+                    r0: 0,
+                    n_rows: rows_b,
+                    c0,
+                    c1,
+                };
+                f(tid, i, &mut wa, &mut wb);
+            }
+        };
+        // One task: the caller alone, without waking the workers.
+        if n_blocks <= 1 {
+            job(0, 1);
+        } else {
+            self.run(&job);
+        }
+    }
 }
 
 /// Write access to columns `c0..c1` of rows `r0..r0 + n_rows` of a shared row-major buffer.
@@ -525,6 +581,40 @@ mod tests {
         );
         assert!(a.iter().enumerate().all(|(i, &x)| x == i as u32 + 1));
         assert!(b.iter().enumerate().all(|(i, &x)| x == 1000 + i as u32 + 1));
+    }
+
+    /// Both buffers' columns of every block, every row, once; one block runs on the caller.
+    #[test]
+    fn column_block_pairs_cover_both_buffers_once() {
+        for (n_threads, blk) in [(3, 8), (2, 40), (1, 8)] {
+            let pool = ThreadPool::new(n_threads);
+            let (rows_a, rows_b, h) = (7, 3, 37);
+            let mut a = vec![0u16; rows_a * h];
+            let mut b = vec![0f32; rows_b * h];
+            let block = |i: usize| (i * blk, ((i + 1) * blk).min(h));
+            pool.for_each_column_block_pair(
+                &mut a,
+                &mut b,
+                (h, h),
+                h.div_ceil(blk),
+                &block,
+                &|_, i, wa, wb| {
+                    let (c0, _) = block(i);
+                    for r in 0..wa.n_rows() {
+                        for (c, x) in wa.row(r).iter_mut().enumerate() {
+                            *x += (r * h + c0 + c) as u16 + 1;
+                        }
+                    }
+                    for r in 0..wb.n_rows() {
+                        for (c, x) in wb.row(r).iter_mut().enumerate() {
+                            *x += (r * h + c0 + c) as f32 + 0.5;
+                        }
+                    }
+                },
+            );
+            assert!(a.iter().enumerate().all(|(i, &x)| x == i as u16 + 1));
+            assert!(b.iter().enumerate().all(|(i, &x)| x == i as f32 + 0.5));
+        }
     }
 
     #[test]

@@ -228,3 +228,77 @@ fn batched_sequences_equal_solo_runs_lfm2_moe() {
 fn prefix_reuse_equals_fresh_prefill_lfm2_moe() {
     prefix_reuse_equals_fresh("lfm2-moe", 11, 8);
 }
+
+/// Every logit of every output, as bits.
+fn bits(outs: &[Vec<f32>]) -> Vec<Vec<u32>> {
+    outs.iter()
+        .map(|o| o.iter().map(|x| x.to_bits()).collect())
+        .collect()
+}
+
+/// LFM2's logits with the pool at `threads`: a 70-token prefill, a prefix-reuse re-sync, then
+/// three sequences prefilled in one step and stepped together at different positions with
+/// different numbers of tokens (rows of several sequences in one batch). The 70-token prefill
+/// and the steps of 66 and more rows are large enough for the pool (below 2048 rows × channels
+/// the convolution stays on the calling thread: 32 rows of `lfm2`'s 64 channels, 64 rows of
+/// `lfm2-conv-bias`'s 32); the small steps read what the large ones cached.
+fn lfm2_outputs(m: &LoadedModel, kv: KvPrecision, threads: usize) -> Vec<Vec<f32>> {
+    // Attention's key-range split depends on the thread count; off, so that only the
+    // convolution (and ops that never depend on it) could make threads differ.
+    let o = EngineOptions {
+        threads,
+        kv,
+        max_batch: 128,
+        ..opts()
+    }
+    .with_option("attn-split", "off");
+    let seq =
+        |len: u32, a: u32, b: u32| -> Vec<u32> { (0..len).map(|i| (i * a + b) % 300).collect() };
+    let mut out = Vec::new();
+    let a = seq(70, 17, 3);
+    let mut s = Session::new(m, &o).unwrap();
+    out.push(s.feed(&a).unwrap().to_vec());
+    let mut b = a[..10].to_vec();
+    b.extend(seq(9, 23, 40));
+    out.push(s.sync(&b).unwrap().to_vec());
+    let mut bs = BatchSession::new(m, &o, 4).unwrap();
+    let slots = [2, 0, 3];
+    for (step, lens) in [[25, 30, 20], [1, 3, 2], [22, 23, 21], [2, 1, 1]]
+        .iter()
+        .enumerate()
+    {
+        let toks: Vec<Vec<u32>> = (0..3)
+            .map(|k| seq(lens[k], 7 + 2 * k as u32, 11 * step as u32 + k as u32))
+            .collect();
+        let items: Vec<(usize, &[u32])> = (0..3).map(|k| (slots[k], &toks[k][..])).collect();
+        out.push(bs.step(&items).unwrap().to_vec());
+    }
+    out
+}
+
+/// Issue 17: the short convolution runs over the thread pool by channel blocks, each channel
+/// keeping the additions of the one-thread op in their order, so the logits with 2 and 3
+/// threads are bit-identical to 1 thread's, with and without a convolution bias, over f16 and
+/// f32 caches.
+#[test]
+fn issue_17_lfm2_logits_bit_identical_over_1_2_3_threads() {
+    for case in ["lfm2", "lfm2-conv-bias"] {
+        let m = LoadedModel::load(&common::fixture(&format!("families/{case}"))).unwrap();
+        for kv in [KvPrecision::F16, KvPrecision::F32] {
+            let one = bits(&lfm2_outputs(&m, kv, 1));
+            for threads in [2, 3] {
+                let got = bits(&lfm2_outputs(&m, kv, threads));
+                assert_eq!(got.len(), one.len());
+                for (i, (g, w)) in got.iter().zip(&one).enumerate() {
+                    let diff = g.iter().zip(w).filter(|(a, b)| a != b).count();
+                    assert!(
+                        diff == 0 && g.len() == w.len(),
+                        "{case}, {kv:?} cache, {threads} threads: output {i} has {diff} of {} \
+                         logits differing from 1 thread's",
+                        w.len()
+                    );
+                }
+            }
+        }
+    }
+}
