@@ -36,8 +36,10 @@ and the report lists it.
 
 Quantisers: Q4_K, Q5_K and Q6_K blocks are chosen by an error-minimising search over their \
 scales (weighted least squares; no importance matrix), with less RMS error than llama.cpp's \
-llama-quantize on the weights measured in docs/quantisation.md. Q4_0, Q4_1 and Q8_0 round as \
-ggml's reference does: the bytes llama-quantize writes without an importance matrix. MXFP4 \
+llama-quantize on the weights measured in docs/quantisation.md. Q4_0 and Q4_1 blocks take a \
+searched scale (and offset) where its squared error is below ggml's reference rounding, and \
+that rounding's bytes otherwise. Q8_0 rounds as ggml's reference does: the bytes \
+llama-quantize writes without an importance matrix. MXFP4 \
 per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
 E2M1 code (ggml's and gguf-py's rule).
 

@@ -608,6 +608,7 @@ fn help_states_the_mix_and_the_bounds() {
         "ffn_down",
         "falls back",
         "Gate defaults",
+        "Q4_0 and Q4_1 blocks take a searched scale",
     ] {
         assert!(stdout.contains(s), "`{s}` missing from --help: {stdout}");
     }
