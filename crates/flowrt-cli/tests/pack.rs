@@ -608,6 +608,8 @@ fn help_states_the_mix_and_the_bounds() {
         "ffn_down",
         "falls back",
         "Gate defaults",
+        "weighted by the mean square",
+        "--no-importance",
     ] {
         assert!(stdout.contains(s), "`{s}` missing from --help: {stdout}");
     }
