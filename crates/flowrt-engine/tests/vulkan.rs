@@ -8,7 +8,7 @@ mod common;
 use flowrt_dispatch::DispatchOptions;
 use flowrt_engine::{
     generate, verify, BackendKind, BatchSession, EngineOptions, GenerateOptions, KvPrecision,
-    LoadedModel, Session,
+    LoadOptions, LoadedModel, Session,
 };
 use flowrt_sample::SamplerConfig;
 use flowrt_testkit::coverage;
@@ -673,9 +673,11 @@ fn diff_on_vulkan_gives_the_cpus_figures() {
 /// A MoE prefill with its expert matmuls grouped by expert (`moe-grouping=grouped`: the
 /// step's (token, slot) pairs sorted by expert on the device, each weight tile read once for
 /// a tile of pairs) against the same steps with each pair on its own (`per-slot`), the
-/// default choice (`auto`) and the CPU, on every MoE fixture and weight type the fixtures
-/// carry: f32 (Qwen3-MoE, gpt-oss with per-expert biases and the clamped SwiGLU, LFM2-MoE's
-/// sigmoid router with a selection bias), q8_0 GGUFs and gpt-oss's MXFP4 experts. Uneven
+/// default choice (`auto`, grouped here: 40 tokens give 8 experts 10 pairs each on average)
+/// and the CPU, on every MoE fixture and weight type the fixtures carry: f32 (Qwen3-MoE,
+/// gpt-oss with per-expert biases and the clamped SwiGLU, LFM2-MoE's sigmoid router with a
+/// selection bias), q8_0 GGUFs, gpt-oss's MXFP4 experts, and Q4_0 / Q4_1 quantised on load
+/// (the K-quants need rows of 256 the fixtures lack). Uneven
 /// loads: a 40-token prompt of one repeated token sends every token to the same experts in
 /// the first sparse layer (two experts with 40 slots each, five tiles, the others none; the
 /// repeated token's value rows are equal, so attention returns them whatever its weights),
@@ -691,17 +693,30 @@ fn moe_prefill_grouped_by_expert_on_vulkan_matches_per_slot_and_cpu() {
     let same: Vec<u32> = vec![41; 40];
     let mut mixed: Vec<u32> = vec![77; 24];
     mixed.extend((0..16).map(|i| (i * 37 + 11) % 300));
-    for (case, file, cpu_bound) in [
-        ("qwen3-moe", None, 1e-4f32),
-        ("qwen3-moe", Some("model-q8_0.gguf"), 5e-3),
-        ("gpt-oss", None, 1e-4),
-        ("gpt-oss", Some("model-mxfp4.gguf"), 5e-3),
-        ("lfm2-moe", None, 1e-4),
-        ("lfm2-moe", Some("model-q8_0.gguf"), 5e-3),
+    use flowrt_dtype::GgmlType::{Q4_0, Q4_1};
+    for (case, file, quant, cpu_bound) in [
+        ("qwen3-moe", None, None, 1e-4f32),
+        ("qwen3-moe", Some("model-q8_0.gguf"), None, 5e-3),
+        ("qwen3-moe", None, Some(Q4_0), 5e-3),
+        ("gpt-oss", None, None, 1e-4),
+        ("gpt-oss", Some("model-mxfp4.gguf"), None, 5e-3),
+        ("gpt-oss", None, Some(Q4_1), 5e-3),
+        ("lfm2-moe", None, None, 1e-4),
+        ("lfm2-moe", Some("model-q8_0.gguf"), None, 5e-3),
     ] {
         let dir = common::fixture(&format!("families/{case}"));
-        let m = LoadedModel::load(&file.map_or(dir.clone(), |f| dir.join(f))).unwrap();
-        let name = format!("{case} {}", file.unwrap_or("f32"));
+        let m = LoadedModel::load_with(
+            &file.map_or(dir.clone(), |f| dir.join(f)),
+            &LoadOptions { quant },
+        )
+        .unwrap();
+        let name = format!(
+            "{case} {}",
+            file.map_or_else(
+                || quant.map_or("f32".into(), |q| format!("{q}")),
+                String::from
+            )
+        );
         let vocab = m.model.config.vocab_size;
         for prompt in [&same, &mixed] {
             // Every position's logits of the prefill (one step), then three decode steps.
