@@ -10,13 +10,24 @@
 //! A sparse layer's experts are stacked per role (gate, up, down) in chunks of whole experts
 //! ([`DeviceExperts`]), in their file types. The router is a plain matmul into `Router`; the
 //! `moe_route` kernel writes each token's top-k expert ids and weights (as the CPU's `route`:
-//! ties to the lower index) into device buffers; the expert matmuls (`matmul_id`) run over the
-//! batch's (token, slot) pairs, each reading its expert id from that buffer and only that
-//! expert's rows; then the activation (SiLU, GELU-tanh or the clamped SwiGLU), per-expert
-//! biases where the family has them, and `moe_combine`, the weighted sum in expert order.
-//! Nothing is read back mid-step. Decode reads only the chosen experts; a prefill runs each
-//! (token, slot) pair on its own, so an expert chosen by `m` tokens of a batch is read `m`
-//! times (not grouped by expert as the CPU does: correctness first). Routers are softmax,
+//! ties to the lower index) into device buffers; the expert matmuls run over the batch's
+//! (token, slot) pairs in one of two forms, chosen per step by its token count
+//! ([`MoeGrouping`]):
+//!
+//! - per pair (`matmul_id`; decode and small batches): each pair reads its expert id and only
+//!   that expert's rows, so an expert chosen by `m` pairs is read `m` times;
+//! - grouped by expert (batches where the average expert gets at least half a tile of
+//!   pairs): `moe_group`, one workgroup, counts each expert's pairs, writes their offsets,
+//!   the pairs expert-major (tokens ascending) and a tile list (expert, first pair, end),
+//!   each tile at most `nt` pairs (the batch shape's tokens per thread); then
+//!   `matmul_grouped` runs one workgroup layer per tile, as many as the step can have (a
+//!   static bound from its token count; layers past the list's end do nothing), so each
+//!   dequantised weight serves every pair of the tile and an expert's weights are read
+//!   `ceil(m / nt)` times. Each pair's sum is the same as per pair up to summation order.
+//!
+//! Then the activation (SiLU, GELU-tanh or the clamped SwiGLU), per-expert biases where the
+//! family has them, and `moe_combine`, the weighted sum in expert order, all over the pairs
+//! in their (token, slot) order. Nothing is read back mid-step. Routers are softmax,
 //! top-k softmax or sigmoid, optionally choosing by score plus a per-expert selection bias,
 //! renormalised with an epsilon and scaled (LFM2-MoE), as the CPU's `route`.
 //!
