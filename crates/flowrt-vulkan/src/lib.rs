@@ -42,6 +42,6 @@ pub mod gpu;
 mod ops;
 pub mod quant;
 
-pub use backend::VulkanBackend;
+pub use backend::{MoeGrouping, VulkanBackend};
 pub use error::VulkanError;
 pub use gpu::{devices, unavailable, DeviceDesc, Gpu};

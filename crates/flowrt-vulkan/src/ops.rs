@@ -536,6 +536,65 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     ))
 }
 
+/// Groups the step's `n_tok * top_k` (token, slot) pairs by expert for the grouped expert
+/// matmul, in one workgroup: `cnt[e]` the pairs that chose expert `e` and `cnt[experts + e]`
+/// the first of them in `perm`; `perm` the pair indices expert-major, ascending within an
+/// expert (so tokens ascending); `tiles[0]` the number of tiles and then per tile `(e, s0,
+/// s1)`: expert `e`'s pairs `perm[s0..min(s0 + tile, s1)]`, `s1` the end of its pairs. An id
+/// outside `0..experts` is in no tile (as the per-pair form, which skips it).
+pub fn moe_group() -> String {
+    with_common(
+        r#"
+struct P { experts: u32, top_k: u32, tile: u32, p0: u32 }
+@group(0) @binding(0) var<storage, read> ids: array<u32>;
+@group(0) @binding(1) var<storage, read_write> cnt: array<u32>;
+@group(0) @binding(2) var<storage, read_write> perm: array<u32>;
+@group(0) @binding(3) var<storage, read_write> tiles: array<u32>;
+@group(0) @binding(4) var<uniform> p: P;
+@group(0) @binding(5) var<uniform> step: Step;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) li: u32) {
+    let n = step.n_tok * p.top_k;
+    for (var e = li; e < p.experts; e += 64u) {
+        var c = 0u;
+        for (var q = 0u; q < n; q++) {
+            if (ids[q] == e) { c++; }
+        }
+        cnt[e] = c;
+    }
+    storageBarrier();
+    if (li == 0u) {
+        var off = 0u;
+        var nt = 0u;
+        for (var e = 0u; e < p.experts; e++) {
+            let c = cnt[e];
+            cnt[p.experts + e] = off;
+            for (var s = 0u; s < c; s += p.tile) {
+                tiles[1u + 3u * nt] = e;
+                tiles[2u + 3u * nt] = off + s;
+                tiles[3u + 3u * nt] = off + c;
+                nt++;
+            }
+            off += c;
+        }
+        tiles[0] = nt;
+    }
+    storageBarrier();
+    for (var e = li; e < p.experts; e += 64u) {
+        var o = cnt[p.experts + e];
+        for (var q = 0u; q < n; q++) {
+            if (ids[q] == e) {
+                perm[o] = q;
+                o++;
+            }
+        }
+    }
+}
+"#,
+    )
+}
+
 /// Per-expert biases: `y[p, j] += b[ids[p] * width + j]` over the step's `n_tok * top_k`
 /// (token, slot) pairs of `width` values.
 pub fn moe_bias() -> String {

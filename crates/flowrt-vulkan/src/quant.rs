@@ -63,6 +63,7 @@ pub fn supported(ty: GgmlType) -> bool {
     TYPES.contains(&ty)
 }
 
+use wgsl::Ids;
 pub use wgsl::Shape;
 
 /// Which shapes the matmul kernels run in and when each is used.
@@ -210,6 +211,9 @@ enum Kind {
     Mat(Shape, bool),
     /// The expert matmul (`matmul_id`) in this shape; whether activations are vec4s.
     MatId(Shape, bool),
+    /// The expert matmul over pairs grouped by expert, in this shape; whether activations
+    /// are vec4s.
+    MatGrouped(Shape, bool),
     Embed,
 }
 
@@ -248,6 +252,12 @@ impl QuantKernels {
         *self.tuning.get_or_insert_with(|| Tuning::for_device(gpu))
     }
 
+    /// Pairs per tile of the grouped expert matmul (the batch shape's tokens per thread):
+    /// what the grouping kernel cuts each expert's slots into.
+    pub fn group_tile(&mut self, gpu: &Gpu) -> u32 {
+        self.tuning_for(gpu).tiled.nt
+    }
+
     /// Pipelines compiled so far.
     pub fn len(&self) -> usize {
         self.cache.len()
@@ -280,7 +290,7 @@ impl QuantKernels {
                     sh.nt,
                     if xvec4 { "_x4" } else { "" }
                 ),
-                wgsl::matmul(&info, aligned, xvec4, sh, false),
+                wgsl::matmul(&info, aligned, xvec4, sh, Ids::None),
             ),
             Kind::MatId(sh, xvec4) => (
                 format!(
@@ -289,7 +299,17 @@ impl QuantKernels {
                     sh.rpt,
                     if xvec4 { "_x4" } else { "" }
                 ),
-                wgsl::matmul(&info, aligned, xvec4, sh, true),
+                wgsl::matmul(&info, aligned, xvec4, sh, Ids::PerPair),
+            ),
+            Kind::MatGrouped(sh, xvec4) => (
+                format!(
+                    "matmul_grouped_{ty}_t{}r{}n{}{}",
+                    sh.tpr,
+                    sh.rpt,
+                    sh.nt,
+                    if xvec4 { "_x4" } else { "" }
+                ),
+                wgsl::matmul(&info, aligned, xvec4, sh, Ids::Grouped),
             ),
             Kind::Embed => (format!("embed_{ty}"), wgsl::embed(&info, aligned)),
         };
@@ -309,7 +329,7 @@ impl QuantKernels {
 pub fn source(ty: GgmlType, shape: Option<Shape>, aligned: bool, xvec4: bool) -> Option<String> {
     let info = wgsl::info(ty)?;
     Some(match shape {
-        Some(sh) => wgsl::matmul(&info, aligned, xvec4, sh, false),
+        Some(sh) => wgsl::matmul(&info, aligned, xvec4, sh, Ids::None),
         None => wgsl::embed(&info, aligned),
     })
 }
@@ -647,6 +667,9 @@ impl DeviceExperts {
     /// Bind once: for the step's `n_tok * k` (token, slot) pairs `p`, `y[p * y_stride + r] =
     /// sum_c W_ids[p][r, c] * x[(p / x_div) * x_stride + c]`, `ids` holding each pair's
     /// expert (below `experts`).
+    ///
+    /// With `grouping` (`perm`, `tiles`: the pairs grouped by expert, see
+    /// [`BoundMatmulId::record_grouped`]) the grouped form is bound too.
     #[allow(clippy::too_many_arguments)]
     pub fn bind_matmul_id(
         &self,
@@ -660,6 +683,7 @@ impl DeviceExperts {
         ids: &wgpu::Buffer,
         k: u32,
         step: &wgpu::Buffer,
+        grouping: Option<(&wgpu::Buffer, &wgpu::Buffer)>,
     ) -> Result<BoundMatmulId, VulkanError> {
         let aligned = wgsl::info(self.ty).is_some_and(|i| i.aligned(self.row_bytes as u32));
         let tuning = q.tuning_for(gpu);
@@ -693,15 +717,56 @@ impl DeviceExperts {
             let group = gpu.bind(&pipeline, &[buffer, x, y, &uniform, step, ids]);
             chunks.push((group, uniform));
         }
+        let grouped = match grouping {
+            None => None,
+            Some((perm, tiles)) => {
+                // Each dequantised weight serves a tile's pairs: the batch shape.
+                let shape = tuning.tiled.spread(self.rows as u32, tuning.min_groups);
+                let pipeline = q.get(gpu, self.ty, Kind::MatGrouped(shape, xvec4), aligned)?;
+                let groups = self
+                    .chunks
+                    .iter()
+                    .zip(&chunks)
+                    .map(|((_, _, buffer), (_, uniform))| {
+                        gpu.bind(&pipeline, &[buffer, x, y, uniform, step, perm, tiles])
+                    })
+                    .collect();
+                Some(GroupedId {
+                    shape,
+                    pipeline,
+                    groups,
+                })
+            }
+        };
         Ok(BoundMatmulId {
             shape,
             rows: self.rows as u32,
             k,
+            experts: self.experts as u32,
             pipeline,
             chunks,
+            grouped,
             max_groups: gpu.limits.max_compute_workgroups_per_dimension,
         })
     }
+}
+
+/// The most tiles `pairs` (token, slot) pairs make over `experts` experts when each expert's
+/// pairs are cut into tiles of `tile`: `sum_e ceil(c_e / tile)` with `sum_e c_e = pairs`,
+/// at most `(pairs + (tile - 1) m) / tile` for the `m <= min(experts, pairs)` experts with
+/// pairs.
+pub fn max_tiles(pairs: u32, experts: u32, tile: u32) -> u32 {
+    let tile = tile.max(1) as u64;
+    let m = experts.min(pairs) as u64;
+    ((pairs as u64 + (tile - 1) * m) / tile).min(u32::MAX as u64) as u32
+}
+
+/// The grouped form of a [`BoundMatmulId`].
+struct GroupedId {
+    shape: Shape,
+    pipeline: wgpu::ComputePipeline,
+    /// Per chunk (the per-pair form's uniforms).
+    groups: Vec<wgpu::BindGroup>,
 }
 
 /// An expert matmul bound to its buffers; see [`DeviceExperts::bind_matmul_id`].
@@ -709,8 +774,10 @@ pub struct BoundMatmulId {
     shape: Shape,
     rows: u32,
     k: u32,
+    experts: u32,
     pipeline: wgpu::ComputePipeline,
     chunks: Vec<(wgpu::BindGroup, wgpu::Buffer)>,
+    grouped: Option<GroupedId>,
     max_groups: u32,
 }
 
@@ -731,6 +798,39 @@ impl BoundMatmulId {
         for (g, _) in &self.chunks {
             pass.set_bind_group(0, g, &[]);
             pass.dispatch_workgroups(gx, gy, pairs);
+        }
+    }
+
+    /// Whether the grouped form can record `n_tok` tokens: it was bound and the step's most
+    /// tiles ([`max_tiles`]) fit one dispatch dimension.
+    pub fn can_group(&self, n_tok: u32) -> bool {
+        self.grouped.as_ref().is_some_and(|g| {
+            max_tiles(n_tok.saturating_mul(self.k), self.experts, g.shape.nt) <= self.max_groups
+        })
+    }
+
+    /// Records the grouped form for `n_tok` tokens: one workgroup layer per tile of the
+    /// step's tile list, as many layers as the step can have tiles ([`max_tiles`]; layers past
+    /// the list's end do nothing), per chunk. The grouping kernel must have written `perm`
+    /// and `tiles` for this step first. Falls back to [`record`](Self::record) where
+    /// [`can_group`](Self::can_group) says no.
+    pub fn record_grouped(&self, pass: &mut wgpu::ComputePass<'_>, n_tok: u32) {
+        let pairs = n_tok * self.k;
+        if pairs == 0 {
+            return;
+        }
+        let Some(g) = self.grouped.as_ref().filter(|_| self.can_group(n_tok)) else {
+            return self.record(pass, n_tok);
+        };
+        let tiles = max_tiles(pairs, self.experts, g.shape.nt);
+        let (gx, gy) = grid(
+            self.rows.div_ceil(g.shape.rows_per_group()),
+            self.max_groups,
+        );
+        pass.set_pipeline(&g.pipeline);
+        for b in &g.groups {
+            pass.set_bind_group(0, b, &[]);
+            pass.dispatch_workgroups(gx, gy, tiles);
         }
     }
 }
@@ -876,6 +976,43 @@ mod tests {
             nt: 8
         }
         .valid());
+    }
+
+    #[test]
+    fn max_tiles_bounds_every_split() {
+        // Exhaustively for small cases: every way to spread `pairs` over `experts`.
+        fn splits(pairs: u32, experts: u32, out: &mut Vec<Vec<u32>>, cur: &mut Vec<u32>) {
+            if experts == 1 {
+                cur.push(pairs);
+                out.push(cur.clone());
+                cur.pop();
+                return;
+            }
+            for c in 0..=pairs {
+                cur.push(c);
+                splits(pairs - c, experts - 1, out, cur);
+                cur.pop();
+            }
+        }
+        for experts in 1..5 {
+            for pairs in 0..13 {
+                for tile in 1..6 {
+                    let mut all = Vec::new();
+                    splits(pairs, experts, &mut all, &mut Vec::new());
+                    let worst = all
+                        .iter()
+                        .map(|s| s.iter().map(|c| c.div_ceil(tile)).sum::<u32>())
+                        .max()
+                        .unwrap();
+                    assert!(
+                        worst <= max_tiles(pairs, experts, tile),
+                        "{pairs} pairs, {experts} experts, tile {tile}: {worst} tiles"
+                    );
+                }
+            }
+        }
+        assert_eq!(max_tiles(46, 8, 8), 12);
+        assert_eq!(max_tiles(0, 8, 8), 0);
     }
 
     #[test]

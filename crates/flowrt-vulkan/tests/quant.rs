@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::Kernels;
 use flowrt_testkit::coverage;
-use flowrt_vulkan::quant::{self, DeviceMatrix, Form, QuantKernels, Shape, StepParams, Tuning};
+use flowrt_vulkan::quant::{
+    self, DeviceExperts, DeviceMatrix, Form, QuantKernels, Shape, StepParams, Tuning,
+};
 use flowrt_vulkan::{Gpu, VulkanError};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -412,6 +414,168 @@ fn matmul_device_tunings() {
 
 /// Float rows that end inside the kernels' 32-value virtual block (and rows of odd length,
 /// whose F16/BF16 rows are not 4-byte aligned).
+/// The expert matmul grouped by expert (`record_grouped`: pairs sorted by expert, tiles of
+/// `nt` pairs of one expert per workgroup layer) against the per-pair form and the f64
+/// reference, for every type, in two tunings (tiles of 3 pairs with one thread per row, and
+/// with rows split over 4 threads: the reduction's write path). 5 experts of 19 rows in
+/// chunks of 2 experts; 11 tokens x 2 slots with uneven loads: expert 0 in every token's
+/// first slot (11 pairs, 4 tiles, the last partial), expert 1 in none, the rest mixed. The
+/// grouping (`perm`, `tiles`) is computed here as the backend's `moe_group` kernel writes it
+/// (that kernel is checked through the engine's MoE tests).
+#[test]
+fn matmul_id_grouped_every_type() {
+    let what = "expert matmul grouped by expert, every type";
+    let Some(gpu) = open(what) else {
+        return;
+    };
+    let (ne, rows, cols, n_tok, k) = (5usize, 19usize, 256usize, 11usize, 2usize);
+    let ids: Vec<u32> = (0..n_tok)
+        .flat_map(|t| [0u32, [2, 3, 4][t % 3] as u32])
+        .collect();
+    let pairs = n_tok * k;
+    let mut worst_ref = 0f64;
+    let mut worst_pair = 0f32;
+    for tiled in [
+        Shape {
+            tpr: 1,
+            rpt: 3,
+            nt: 3,
+        },
+        Shape {
+            tpr: 4,
+            rpt: 2,
+            nt: 3,
+        },
+    ] {
+        let tuning = Tuning {
+            tiled,
+            ..TEST_TUNING
+        };
+        let mut q = QuantKernels::with_tuning(tuning);
+        let tile = q.group_tile(&gpu) as usize;
+        assert_eq!(tile, 3);
+        // The grouping: pairs expert-major, ascending; tiles (e, s0, s1).
+        let mut perm = Vec::new();
+        let mut tiles = vec![0u32];
+        for e in 0..ne as u32 {
+            let s0 = perm.len();
+            perm.extend((0..pairs as u32).filter(|&p| ids[p as usize] == e));
+            let s1 = perm.len();
+            for s in (s0..s1).step_by(tile) {
+                tiles.extend([e, s as u32, s1 as u32]);
+            }
+        }
+        tiles[0] = ((tiles.len() - 1) / 3) as u32;
+        assert!(tiles[0] <= quant::max_tiles(pairs as u32, ne as u32, tile as u32));
+        for (i, &ty) in quant::TYPES.iter().enumerate() {
+            let mut rng = ChaCha8Rng::seed_from_u64(900 + i as u64);
+            let mats: Vec<Vec<u8>> = (0..ne)
+                .map(|_| random_matrix(&mut rng, ty, rows, cols))
+                .collect();
+            let w: Vec<Vec<f32>> = mats.iter().map(|b| dequantize(ty, b, rows, cols)).collect();
+            let parts: Vec<(&str, GgmlType, usize, usize, &[u8])> = mats
+                .iter()
+                .map(|b| ("expert", ty, rows, cols, &b[..]))
+                .collect();
+            let per_expert = rows * row_bytes(ty, cols);
+            let ex = DeviceExperts::upload(&gpu, "experts", &parts, (2 * per_expert + 8) as u64)
+                .unwrap();
+            assert_eq!(ex.chunks.len(), 3, "{ty}: chunks of 2 experts");
+            let x_stride = cols + 4;
+            let mut x = vec![f32::NAN; n_tok * x_stride];
+            for t in 0..n_tok {
+                for c in 0..cols {
+                    x[t * x_stride + c] = rng.random_range(-1.0f32..1.0);
+                }
+            }
+            let y_stride = rows + 5;
+            let y_len = pairs * y_stride;
+            let xb = gpu.upload("x", &bytes_of(&x)).unwrap();
+            let yb = gpu.storage("y", (y_len * 4) as u64).unwrap();
+            let rb = gpu.readback("y readback", (y_len * 4) as u64).unwrap();
+            let idb = gpu.upload("ids", bytemuck::cast_slice(&ids)).unwrap();
+            let pb = gpu.upload("perm", bytemuck::cast_slice(&perm)).unwrap();
+            let tb = gpu.upload("tiles", bytemuck::cast_slice(&tiles)).unwrap();
+            let sp = StepParams {
+                n_tok: n_tok as u32,
+                n_out: 0,
+                _pad: [0; 2],
+            };
+            let step = gpu.uniform("step", bytemuck::bytes_of(&sp)).unwrap();
+            let bound = ex
+                .bind_matmul_id(
+                    &gpu,
+                    &mut q,
+                    &xb,
+                    x_stride as u32,
+                    k as u32,
+                    &yb,
+                    y_stride as u32,
+                    &idb,
+                    k as u32,
+                    &step,
+                    Some((&pb, &tb)),
+                )
+                .unwrap();
+            assert!(bound.can_group(n_tok as u32));
+            let mut outs = Vec::new();
+            for grouped in [false, true] {
+                gpu.queue
+                    .write_buffer(&yb, 0, &bytes_of(&vec![SENTINEL; y_len]));
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                {
+                    let mut pass = enc.begin_compute_pass(&Default::default());
+                    if grouped {
+                        bound.record_grouped(&mut pass, n_tok as u32);
+                    } else {
+                        bound.record(&mut pass, n_tok as u32);
+                    }
+                }
+                gpu.queue.submit([enc.finish()]);
+                let y = floats(&gpu.read(&yb, &rb, 0, (y_len * 4) as u64, TIMEOUT).unwrap());
+                gpu.check().unwrap();
+                let what = format!("{ty} grouped={grouped} {tiled:?}");
+                for p in 0..pairs {
+                    let (e, t) = (ids[p] as usize, p / k);
+                    for col in 0..y_stride {
+                        let got = y[p * y_stride + col];
+                        if col >= rows {
+                            assert_eq!(got, SENTINEL, "{what}: pair {p} wrote column {col}");
+                            continue;
+                        }
+                        let (mut s, mut a) = (0f64, 0f64);
+                        for c in 0..cols {
+                            let v = w[e][col * cols + c] as f64 * x[t * x_stride + c] as f64;
+                            s += v;
+                            a += v.abs();
+                        }
+                        let b = 1e-4 * (1.0 + a);
+                        let err = (got as f64 - s).abs();
+                        assert!(
+                            err <= b,
+                            "{what}: pair {p} (token {t}, expert {e}) row {col}: got {got}, \
+                             want {s} (|err| {err:e} > {b:e})"
+                        );
+                        worst_ref = worst_ref.max(err / b);
+                    }
+                }
+                outs.push(y);
+            }
+            let d = outs[0]
+                .iter()
+                .zip(&outs[1])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            worst_pair = worst_pair.max(d);
+        }
+    }
+    eprintln!(
+        "{what} on {}: worst error / bound {worst_ref:.3}, max |grouped - per-pair| {worst_pair:e}",
+        device(&gpu)
+    );
+    coverage::ran(SUITE, &format!("{what} on {}", device(&gpu)));
+}
+
 #[test]
 fn matmul_float_rows_of_any_length() {
     let what = "matmul F32/F16/BF16 with rows of 1, 7, 45 and 100 values";

@@ -398,6 +398,26 @@ pub struct Shape {
     pub nt: u32,
 }
 
+/// Which expert form a matmul kernel takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Ids {
+    /// A plain matmul over the step's tokens.
+    None,
+    /// One (token, slot) pair per workgroup layer `z`, its expert read from `ids[p]`; needs
+    /// `nt == 1`.
+    PerPair,
+    /// The pairs grouped by expert: workgroup layer `z` takes tile `z` of the step's tile list
+    /// (`tiles[0]` tiles, then `(expert, s0, s1)` each), the slots `perm[s0..min(s0 + nt,
+    /// s1)]` of one expert, so each dequantised weight serves up to `nt` pairs.
+    Grouped,
+}
+
+const ID_FIELDS: &str = "
+    k: u32,
+    x_div: u32,
+    e0: u32,
+    ne: u32,";
+
 /// Threads per matmul workgroup.
 pub(crate) const WG: u32 = 64;
 
@@ -439,19 +459,21 @@ impl Shape {
 /// `y[t * y_stride + y_col0 + r] = sum_k W[r, k] x[t * x_stride + k]`, in `shape`. `xvec4`:
 /// the activations are read as vec4s (`x_stride` a multiple of 4).
 ///
-/// `id`: the expert form (`matmul_id`). The weight buffer holds `ne` experts' matrices of
-/// `rows` rows each, experts `e0..e0 + ne` of a stack; the kernel runs over `n_tok * k`
-/// (token, slot) pairs `p`, each reading its expert `ids[p]` (a pair whose expert lies in
-/// another chunk does nothing) and the activation row `p / x_div`, and writing row `p` of `y`:
-/// `y[p * y_stride + r] = sum_k W_ids[p][r, k] x[(p / x_div) * x_stride + k]`. Only the
-/// chosen experts' rows are read. Needs `nt == 1` (each pair has its own expert).
-pub(crate) fn matmul(ty: &TypeInfo, aligned: bool, xvec4: bool, shape: Shape, id: bool) -> String {
+/// `ids`: the expert forms (`matmul_id`, see [`Ids`]). The weight buffer holds `ne` experts'
+/// matrices of `rows` rows each, experts `e0..e0 + ne` of a stack; the kernel runs over the
+/// step's `n_tok * k` (token, slot) pairs `p`, each reading its expert's rows (a pair whose
+/// expert lies in another chunk does nothing) and the activation row `p / x_div`, and writing
+/// row `p` of `y`: `y[p * y_stride + r] = sum_k W_ids[p][r, k] x[(p / x_div) * x_stride + k]`.
+/// Only the chosen experts' rows are read.
+pub(crate) fn matmul(ty: &TypeInfo, aligned: bool, xvec4: bool, shape: Shape, ids: Ids) -> String {
     let Shape { tpr, rpt, nt } = shape;
     assert!(shape.valid(), "{shape:?}");
     assert!(
-        !id || nt == 1,
-        "the expert matmul takes one pair per thread: {shape:?}"
+        ids != Ids::PerPair || nt == 1,
+        "the per-pair expert matmul takes one pair per thread: {shape:?}"
     );
+    let id = ids != Ids::None;
+    let grouped = ids == Ids::Grouped;
     let rg = WG / tpr;
     let mut s = common(ty, aligned);
     let (xtype, xv) = if xvec4 {
@@ -467,18 +489,19 @@ pub(crate) fn matmul(ty: &TypeInfo, aligned: bool, xvec4: bool, shape: Shape, id
     } else {
         "v"
     };
-    let (id_fields, id_binding) = if id {
-        (
-            "
-    k: u32,
-    x_div: u32,
-    e0: u32,
-    ne: u32,",
+    let (id_fields, id_binding) = match ids {
+        Ids::None => ("", ""),
+        Ids::PerPair => (
+            ID_FIELDS,
             "
 @group(0) @binding(5) var<storage, read> ids: array<u32>;",
-        )
-    } else {
-        ("", "")
+        ),
+        Ids::Grouped => (
+            ID_FIELDS,
+            "
+@group(0) @binding(5) var<storage, read> perm: array<u32>;
+@group(0) @binding(6) var<storage, read> tiles: array<u32>;",
+        ),
     };
     s.push_str(&format!(
         "
@@ -530,19 +553,39 @@ fn main(@builtin(local_invocation_index) lid: u32,
     let lane = lid % {tpr}u;
     let grp = lid / {tpr}u;
     let r0 = ((wid.y * nwg.x + wid.x) * {rg}u + grp) * {rpt}u;
-    let n = {n};
-    let t0 = wid.z * {nt}u;
     // Rows and tokens past the end are computed on the last ones and not written.
     let rl = max(mp.rows, 1u) - 1u;
+",
+    ));
+    if grouped {
+        // Tile `wid.z` of the step's list: expert `e`, its slots `perm[s0..min(s0 + nt, s1)]`.
+        // A workgroup past the list's end, or whose expert another chunk holds, does nothing.
+        b.push_str(
+            "    let nti = tiles[0];
+    let tz = min(wid.z, max(nti, 1u) - 1u);
+    let e = tiles[1u + 3u * tz];
+    let s0 = tiles[2u + 3u * tz];
+    // (No slot past the step's pairs, whatever the list holds.)
+    let s1 = min(tiles[3u + 3u * tz], sp.n_tok * mp.k);
+    let ok = wid.z < nti && e >= mp.e0 && e < mp.e0 + mp.ne;
+    let eb = select(0u, e - mp.e0, ok) * mp.rows;
+    let sl = max(s1, 1u) - 1u;
+",
+        );
+    } else {
+        b.push_str(&format!(
+            "    let n = {n};
+    let t0 = wid.z * {nt}u;
     let tl = max(n, 1u) - 1u;
 ",
-        n = if id {
-            "sp.n_tok * mp.k"
-        } else {
-            "select(sp.n_out, sp.n_tok, mp.n_sel == 0u)"
-        }
-    ));
-    if id {
+            n = if id {
+                "sp.n_tok * mp.k"
+            } else {
+                "select(sp.n_out, sp.n_tok, mp.n_sel == 0u)"
+            }
+        ));
+    }
+    if ids == Ids::PerPair {
         // The pair's expert, and whether this chunk holds it (the same for the whole
         // workgroup: one pair per workgroup z).
         b.push_str(
@@ -559,10 +602,13 @@ fn main(@builtin(local_invocation_index) lid: u32,
         ));
     }
     for t in 0..nt {
-        let xrow = if id {
-            format!("(min(t0 + {t}u, tl) / mp.x_div)")
-        } else {
-            format!("min(t0 + {t}u, tl)")
+        let xrow = match ids {
+            Ids::None => format!("min(t0 + {t}u, tl)"),
+            Ids::PerPair => format!("(min(t0 + {t}u, tl) / mp.x_div)"),
+            Ids::Grouped => {
+                b.push_str(&format!("    let p{t} = perm[min(s0 + {t}u, sl)];\n"));
+                format!("(p{t} / mp.x_div)")
+            }
         };
         b.push_str(&format!("    let xo{t} = {xrow} * mp.x_stride;\n"));
         for r in 0..rpt {
@@ -612,10 +658,18 @@ fn main(@builtin(local_invocation_index) lid: u32,
         b.push_str("        }\n");
     }
     b.push_str("    }\n");
+    // Row `t` of this thread's tokens (or slots) in `y`, and whether it exists.
+    let live = if grouped { "s0 + " } else { "t0 + " };
+    let lim = if grouped { "s1" } else { "n" };
     let write = |r: u32, t: u32, v: &str| {
+        let yr = if grouped {
+            format!("p{t}")
+        } else {
+            format!("(t0 + {t}u)")
+        };
         format!(
-            "        if (r0 + {r}u < mp.rows && t0 + {t}u < n{ok}) {{
-            y[(t0 + {t}u) * mp.y_stride + mp.y_col0 + r0 + {r}u] = {v};
+            "        if (r0 + {r}u < mp.rows && {live}{t}u < {lim}{ok}) {{
+            y[{yr} * mp.y_stride + mp.y_col0 + r0 + {r}u] = {v};
         }}
 "
         )
@@ -638,6 +692,14 @@ fn main(@builtin(local_invocation_index) lid: u32,
                 ));
             }
         }
+        if grouped {
+            let ps: Vec<String> = (0..nt).map(|t| format!("p{t}")).collect();
+            b.push_str(&format!(
+                "    var pp = array<u32, {nt}>({});\n",
+                ps.join(", ")
+            ));
+        }
+        let yt = if grouped { "pp[t]" } else { "(t0 + t)" };
         b.push_str(&format!(
             "    workgroupBarrier();
     let first = grp * {tpr}u;
@@ -648,8 +710,8 @@ fn main(@builtin(local_invocation_index) lid: u32,
         }}
         let r = e / {nt}u;
         let t = e % {nt}u;
-        if (r0 + r < mp.rows && t0 + t < n{ok}) {{
-            y[(t0 + t) * mp.y_stride + mp.y_col0 + r0 + r] = sum;
+        if (r0 + r < mp.rows && {live}t < {lim}{ok}) {{
+            y[{yt} * mp.y_stride + mp.y_col0 + r0 + r] = sum;
         }}
     }}
 "
