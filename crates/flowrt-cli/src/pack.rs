@@ -768,12 +768,7 @@ fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
             args.source.display()
         )
     })?;
-    let opts = EngineOptions {
-        threads: args.threads.unwrap_or(0),
-        kv: KvPrecision::F32,
-        n_ctx: Some(source.model_ctx().min(512)),
-        ..Default::default()
-    };
+    let opts = gate_options(args, &source);
     let prompts =
         flowrt_engine::builtin_prompts(&source.tokenizer, source.template.as_ref(), extra)?;
     let stats = flowrt_engine::input_stats(&source, &prompts, &opts)?;
@@ -788,6 +783,17 @@ fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
         .collect())
 }
 
+/// How the gate (and the importance run) run a model: `--threads`, an f32 KV cache, at most
+/// 512 positions.
+fn gate_options(args: &PackArgs, model: &LoadedModel) -> EngineOptions {
+    EngineOptions {
+        threads: args.threads.unwrap_or(0),
+        kv: KvPrecision::F32,
+        n_ctx: Some(model.model_ctx().min(512)),
+        ..Default::default()
+    }
+}
+
 fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport> {
     let (what, path) = match &args.against {
         Some(p) => ("--against model", p),
@@ -797,12 +803,7 @@ fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport
         .with_context(|| format!("cannot load {what} {}", path.display()))?;
     let packed = LoadedModel::load(&args.output)
         .with_context(|| format!("cannot load pack {}", args.output.display()))?;
-    let opts = EngineOptions {
-        threads: args.threads.unwrap_or(0),
-        kv: KvPrecision::F32,
-        n_ctx: Some(reference.model_ctx().min(512)),
-        ..Default::default()
-    };
+    let opts = gate_options(args, &reference);
     let prompts =
         flowrt_engine::builtin_prompts(&reference.tokenizer, reference.template.as_ref(), extra)?;
     if args.against.is_some() {
