@@ -981,36 +981,41 @@ impl CpuBackend {
             (0, n)
         };
         let kdim = first.cols;
+        // Row `t` of the selection: rows `r0..r0 + nsel`, or the logit rows.
+        let logit_rows = &self.logit_rows;
+        let row_of = |t: usize| {
+            if r0 == usize::MAX {
+                logit_rows[t]
+            } else {
+                r0 + t
+            }
+        };
         if let Some(stats) = self.input_stats.as_mut() {
+            // The input's column sums of squares once, added to every matmul that reads it.
             let s = &self.bufs[src as usize];
-            for &(_, role) in items {
-                let i = match stats
-                    .iter()
-                    .position(|e| e.layer == layer && e.role == role)
-                {
-                    Some(i) => i,
-                    None => {
-                        stats.push(flowrt_dispatch::InputStat {
-                            layer,
-                            role,
-                            sum_sq: vec![0.0; kdim],
-                            rows: 0,
-                        });
-                        stats.len() - 1
-                    }
-                };
-                let e = &mut stats[i];
-                for t in 0..nsel {
-                    let r = if r0 == usize::MAX {
-                        self.logit_rows[t]
-                    } else {
-                        r0 + t
-                    };
-                    for (acc, &v) in e.sum_sq.iter_mut().zip(&s[r * kdim..(r + 1) * kdim]) {
-                        *acc += v as f64 * v as f64;
-                    }
+            let mut sq = vec![0f64; kdim];
+            for t in 0..nsel {
+                let r = row_of(t);
+                for (acc, &v) in sq.iter_mut().zip(&s[r * kdim..(r + 1) * kdim]) {
+                    *acc += v as f64 * v as f64;
                 }
-                e.rows += nsel as u64;
+            }
+            for &(_, role) in items {
+                match stats
+                    .iter_mut()
+                    .find(|e| e.layer == layer && e.role == role)
+                {
+                    Some(e) => {
+                        e.sum_sq.iter_mut().zip(&sq).for_each(|(a, v)| *a += v);
+                        e.rows += nsel as u64;
+                    }
+                    None => stats.push(flowrt_dispatch::InputStat {
+                        layer,
+                        role,
+                        sum_sq: sq.clone(),
+                        rows: nsel as u64,
+                    }),
+                }
             }
         }
         let act_row = match fmt {
@@ -1025,11 +1030,7 @@ impl CpuBackend {
             }
             let s = &self.bufs[src as usize];
             for t in 0..nsel {
-                let r = if r0 == usize::MAX {
-                    self.logit_rows[t]
-                } else {
-                    r0 + t
-                };
+                let r = row_of(t);
                 let row = &s[r * kdim..(r + 1) * kdim];
                 let out = &mut self.quant[t * act_row..(t + 1) * act_row];
                 match fmt {
