@@ -13,6 +13,8 @@ use flowrt_kernels::Kernels;
 use flowrt_model::plan::{Buf, CommandGroup, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Model, Plan, WeightMatrix};
 
+pub use crate::act::ActQuant;
+use crate::act::ActRows;
 use crate::kv::{self, as_f16_mut, KvCache, KvStore, KvType};
 use crate::packed::PackedWeights;
 use crate::pool::{ColumnWriter, ThreadPool};
@@ -42,46 +44,6 @@ type WeightAndBias<'a> = (&'a WeightMatrix, Option<&'a Vec<f32>>);
 /// Most matmuls of one input that run as one parallel job.
 const MAX_FUSED: usize = 3;
 
-/// How activations are quantised for matmuls with quantised weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum ActQuant {
-    /// 16-bit integers per block of 32 (see `flowrt_kernels::q16`): agrees with f32 reference
-    /// math to rounding noise. The default.
-    #[default]
-    Q16,
-    /// ggml's 8-bit activation types (Q8_0/Q8_1): less precise.
-    Q8,
-}
-
-impl std::str::FromStr for ActQuant {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "q16" => Ok(ActQuant::Q16),
-            "q8" => Ok(ActQuant::Q8),
-            _ => Err(format!(
-                "unknown activation quantisation `{s}` (use q16 or q8)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for ActQuant {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ActQuant::Q16 => "q16",
-            ActQuant::Q8 => "q8",
-        })
-    }
-}
-
-/// The format of quantised activation rows held for a matmul.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ActRows {
-    Ggml(GgmlType),
-    Q16,
-}
-
 /// Settings of a CPU backend instance.
 #[derive(Clone, Debug)]
 pub struct CpuOptions {
@@ -110,7 +72,7 @@ pub struct CpuOptions {
 ///
 /// - `kernels`: the kernel table, as [`Kernels::select`] names them (`scalar`, `avx2`,
 ///   `avx512`, `avx512vnni`, `neon`); without it the best the host runs, or `FLOWRT_KERNELS`.
-/// - `act-quant`: `q16` (the default) or `q8` (see [`ActQuant`]).
+/// - `act-quant`: `q16` (the default), `q8x` or `q8` (see [`ActQuant`]).
 /// - `repack`: `true` (the default) or `false` (see [`CpuOptions::repack`]).
 /// - `attn-split`: `auto` (the default), `off`, or a number of parts (see [`AttnSplit`]).
 pub const CPU_OPTIONS: [&str; 4] = ["kernels", "act-quant", "repack", "attn-split"];
@@ -310,7 +272,7 @@ impl CpuBackend {
         });
         let pool = ThreadPool::new(opts.threads);
         let packed = if opts.repack
-            && opts.act_quant == ActQuant::Q16
+            && matches!(opts.act_quant, ActQuant::Q16 | ActQuant::Q8x)
             && kernels.isa() != flowrt_kernels::Isa::Scalar
         {
             PackedWeights::build(&model, pool.n_threads()).map_err(BackendError::Repack)?
@@ -803,14 +765,8 @@ impl CpuBackend {
                 )
             }
         };
-        let act_quant = self.act_quant;
-        let fmt = |ty: GgmlType| {
-            if act_quant == ActQuant::Q16 && Kernels::supports_q16(ty) {
-                crate::moe::RowFormat::Q16
-            } else {
-                crate::moe::RowFormat::Ggml(Kernels::vec_dot_type(ty))
-            }
-        };
+        let (act_quant, kern) = (self.act_quant, self.kernels);
+        let fmt = |ty: GgmlType, packed: bool| ActRows::for_weight(act_quant, kern, ty, packed);
         let l = layer.ok_or("the layer has no experts")?;
         let packed = &self.packed;
         let packed = |e: usize, which: usize| packed.expert(l, e, which);
@@ -928,13 +884,10 @@ impl CpuBackend {
         &self.pooled[..self.n_pooled * self.model.config.hidden_size]
     }
 
-    /// How activations are quantised for weights of type `ty`.
-    fn act_rows(&self, ty: GgmlType) -> ActRows {
-        if self.act_quant == ActQuant::Q16 && Kernels::supports_q16(ty) {
-            ActRows::Q16
-        } else {
-            ActRows::Ggml(Kernels::vec_dot_type(ty))
-        }
+    /// How activations are quantised for weights of type `ty` (`packed`: repacked into the
+    /// x8 layout).
+    fn act_rows(&self, ty: GgmlType, packed: bool) -> ActRows {
+        ActRows::for_weight(self.act_quant, self.kernels, ty, packed)
     }
 
     /// `dst_j = src · W_jᵀ (+ bias_j)` for each item, as one parallel job over row blocks of
@@ -955,12 +908,13 @@ impl CpuBackend {
             packed[j] = self.packed.get(layer, role);
         }
         let first = ws[0].expect("at least one matmul").0;
-        let fmt = self.act_rows(first.dtype);
+        let fmt = self.act_rows(first.dtype, packed[0].is_some());
         let fusable = items.len() > 1
-            && ws[..items.len()]
-                .iter()
-                .flatten()
-                .all(|(w, _)| w.cols == first.cols && self.act_rows(w.dtype) == fmt);
+            && ws[..items.len()].iter().zip(&packed).all(|(w, p)| {
+                w.is_some_and(|(w, _)| {
+                    w.cols == first.cols && self.act_rows(w.dtype, p.is_some()) == fmt
+                })
+            });
         if items.len() > 1 && !fusable {
             for &item in items {
                 self.matmuls(layer, src, &[item], batch)?;
@@ -1018,10 +972,7 @@ impl CpuBackend {
                 }
             }
         }
-        let act_row = match fmt {
-            ActRows::Q16 => flowrt_kernels::q16::q16_row_size(kdim),
-            ActRows::Ggml(t) => flowrt_kernels::row_size(t, kdim),
-        };
+        let act_row = fmt.row_size(kdim);
         let kern = self.kernels;
         if self.quant_of != Some((src, fmt, r0, nsel)) {
             let need = nsel * act_row;
@@ -1032,11 +983,7 @@ impl CpuBackend {
             for t in 0..nsel {
                 let r = row_of(t);
                 let row = &s[r * kdim..(r + 1) * kdim];
-                let out = &mut self.quant[t * act_row..(t + 1) * act_row];
-                match fmt {
-                    ActRows::Q16 => kern.quantize_row_q16(row, out),
-                    ActRows::Ggml(t) => kern.quantize_row(t, row, out),
-                }
+                fmt.quantize(kern, row, &mut self.quant[t * act_row..(t + 1) * act_row]);
             }
             self.quant_of = Some((src, fmt, r0, nsel));
         }
@@ -1070,19 +1017,7 @@ impl CpuBackend {
             let nr = c1 - c0;
             let mut scratch = per_thread[tid].lock().unwrap_or_else(|e| e.into_inner());
             let tile = &mut scratch.tile[..nsel * nr];
-            let wb = w.rows_bytes(c0, c1);
-            match (fmt, packed[j]) {
-                // Blocks start at multiples of 8 rows (`row_block`), on whole groups.
-                (ActRows::Q16, Some(p)) => {
-                    let prb = flowrt_kernels::x8::packed_row_bytes(w.dtype, kdim);
-                    let p = &p[c0 * prb..c1 * prb];
-                    kern.matmul_q16_x8(w.dtype, kdim, p, nr, quant, nsel, tile, nr)
-                }
-                (ActRows::Q16, None) => {
-                    kern.matmul_q16(w.dtype, kdim, wb, nr, quant, nsel, tile, nr)
-                }
-                (ActRows::Ggml(_), _) => kern.matmul(w.dtype, kdim, wb, nr, quant, nsel, tile, nr),
-            }
+            fmt.matmul(kern, w, packed[j], c0, c1, quant, nsel, tile);
             for t in 0..nsel {
                 wr.row(t).copy_from_slice(&tile[t * nr..(t + 1) * nr]);
             }
@@ -1202,6 +1137,13 @@ impl Backend for CpuBackend {
         let paths = self.kernels.q16_paths();
         let (decode, prefill) = if self.act_quant == ActQuant::Q8 {
             let k = format!("{}-q8", self.kernels.name());
+            (k.clone(), k)
+        } else if self.packed.any_of_type(&self.model, |ty| {
+            ActRows::for_weight(self.act_quant, self.kernels, ty, true) == ActRows::A8
+        }) {
+            // The A8 kernels are AVX2 code in every x86 table; the types without one (Q8_0,
+            // Q6_K) keep the Q16 x8 path.
+            let k = "avx2-x8-a8".to_string();
             (k.clone(), k)
         } else if self.packed_bytes() > 0 {
             (

@@ -1,6 +1,7 @@
 //! The CPU backend: executes the decoder's command groups ([`flowrt_model::Plan`]) with the
 //! run-time-selected kernels of `flowrt-kernels`, on a persistent thread pool.
 
+mod act;
 mod exec;
 mod kv;
 mod moe;

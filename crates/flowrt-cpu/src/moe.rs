@@ -13,14 +13,8 @@ use flowrt_dtype::GgmlType;
 use flowrt_kernels::Kernels;
 use flowrt_model::{Activation, MoeWeights, Router, RouterScoring, WeightMatrix};
 
+use crate::act::ActRows;
 use crate::pool::ThreadPool;
-
-/// The format of quantised activation rows for a weight type (see `exec::ActRows`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RowFormat {
-    Ggml(GgmlType),
-    Q16,
-}
 
 /// The experts token `logits` (one per expert) chooses and their weights, into `chosen`
 /// (best first): scores by `router.scoring`; the `top_k` highest scores (plus
@@ -122,8 +116,8 @@ pub(crate) struct MoeBatch {
 /// What one mixture-of-experts layer runs with.
 pub(crate) struct MoeLayer<'a> {
     pub kern: &'static Kernels,
-    /// The activation row format for a weight type.
-    pub fmt: &'a (dyn Fn(GgmlType) -> RowFormat + Sync),
+    /// The activation row format for a weight type, repacked (true) or not.
+    pub fmt: &'a (dyn Fn(GgmlType, bool) -> ActRows + Sync),
     pub w: &'a MoeWeights,
     /// Expert `e`'s gate (0), up (1) or down (2) matrix in the x8 layout, where it was
     /// repacked at load (the row layout of `w` otherwise).
@@ -222,7 +216,8 @@ impl MoeBatch {
         let (Some(g0), Some(u0), Some(d0)) = (w.gate.first(), w.up.first(), w.down.first()) else {
             return;
         };
-        let (f_gate, f_up, f_down) = ((l.fmt)(g0.dtype), (l.fmt)(u0.dtype), (l.fmt)(d0.dtype));
+        let fmt = |m: &WeightMatrix, which: usize| (l.fmt)(m.dtype, (l.packed)(0, which).is_some());
+        let (f_gate, f_up, f_down) = (fmt(g0, 0), fmt(u0, 1), fmt(d0, 2));
         let kern = l.kern;
         // The slots' input rows, quantised once for gate and up.
         let slot_tok = &self.slot_tok;
@@ -262,18 +257,8 @@ impl MoeBatch {
                 ut.resize(m * nr, 0.0);
                 let ga = &act_gate[s0 * f_gate.row_size(h)..(s0 + m) * f_gate.row_size(h)];
                 let ua = &act_up[s0 * f_up.row_size(h)..(s0 + m) * f_up.row_size(h)];
-                matmul_rows(
-                    kern,
-                    f_gate,
-                    &w.gate[e],
-                    (l.packed)(e, 0),
-                    c0,
-                    c1,
-                    ga,
-                    m,
-                    gt,
-                );
-                matmul_rows(kern, f_up, &w.up[e], (l.packed)(e, 1), c0, c1, ua, m, ut);
+                f_gate.matmul(kern, &w.gate[e], (l.packed)(e, 0), c0, c1, ga, m, gt);
+                f_up.matmul(kern, &w.up[e], (l.packed)(e, 1), c0, c1, ua, m, ut);
                 // Per-expert biases (gpt-oss), one row of each per expert.
                 for (rows, bias) in [(&mut *gt, &w.gate_bias), (&mut *ut, &w.up_bias)] {
                     if let Some(b) = bias {
@@ -314,7 +299,7 @@ impl MoeBatch {
                 let dt = &mut t.0;
                 dt.resize(m * nr, 0.0);
                 let a = &act_mid[s0 * f_down.row_size(ff)..(s0 + m) * f_down.row_size(ff)];
-                matmul_rows(kern, f_down, &w.down[e], (l.packed)(e, 2), c0, c1, a, m, dt);
+                f_down.matmul(kern, &w.down[e], (l.packed)(e, 2), c0, c1, a, m, dt);
                 if let Some(b) = &w.down_bias {
                     let b = &b[e * h + c0..e * h + c1];
                     dt.chunks_exact_mut(nr).for_each(|r| kern.add(r, b));
@@ -371,21 +356,11 @@ impl<'b> Blocks<'b> {
     }
 }
 
-impl RowFormat {
-    /// Bytes of one quantised row of `k` values.
-    fn row_size(self, k: usize) -> usize {
-        match self {
-            RowFormat::Q16 => flowrt_kernels::q16::q16_row_size(k),
-            RowFormat::Ggml(t) => flowrt_kernels::row_size(t, k),
-        }
-    }
-}
-
 /// Quantise `rows` rows of `k` values (`row(i)` gives row `i`) into `act`, in parallel.
 fn quantize_rows<'s>(
     pool: &ThreadPool,
     kern: &Kernels,
-    f: RowFormat,
+    f: ActRows,
     k: usize,
     rows: usize,
     act: &mut Vec<u8>,
@@ -396,43 +371,9 @@ fn quantize_rows<'s>(
     // Rows are short next to a matmul: several per task.
     pool.for_each_chunk_mut(&mut act[..rows * rs], rs * 8, &|_, i, part| {
         for (j, dst) in part.chunks_exact_mut(rs).enumerate() {
-            let x = row(i * 8 + j);
-            match f {
-                RowFormat::Q16 => kern.quantize_row_q16(x, dst),
-                RowFormat::Ggml(t) => kern.quantize_row(t, x, dst),
-            }
+            f.quantize(kern, row(i * 8 + j), dst);
         }
     });
-}
-
-/// `out` (`(m, c1 - c0)`) = rows `c0..c1` of `w` times `m` quantised rows `act`; `packed`:
-/// `w` in the x8 layout, if it was repacked (`c0` is then a multiple of 8).
-#[allow(clippy::too_many_arguments)]
-fn matmul_rows(
-    kern: &Kernels,
-    f: RowFormat,
-    w: &WeightMatrix,
-    packed: Option<&[u8]>,
-    c0: usize,
-    c1: usize,
-    act: &[u8],
-    m: usize,
-    out: &mut [f32],
-) {
-    let (k, nr) = (w.cols, c1 - c0);
-    let out = &mut out[..m * nr];
-    match (f, packed) {
-        (RowFormat::Q16, Some(p)) => {
-            let prb = flowrt_kernels::x8::packed_row_bytes(w.dtype, k);
-            kern.matmul_q16_x8(w.dtype, k, &p[c0 * prb..c1 * prb], nr, act, m, out, nr)
-        }
-        (RowFormat::Q16, None) => {
-            kern.matmul_q16(w.dtype, k, w.rows_bytes(c0, c1), nr, act, m, out, nr)
-        }
-        (RowFormat::Ggml(_), _) => {
-            kern.matmul(w.dtype, k, w.rows_bytes(c0, c1), nr, act, m, out, nr)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -552,7 +493,7 @@ mod tests {
             .collect();
         let with_x8 = |e: usize, which: usize| Some(&packed[e][which][..]);
         let rows_only = |_: usize, _: usize| None;
-        let fmt = |_: GgmlType| RowFormat::Q16;
+        let fmt = |_: GgmlType, _: bool| ActRows::Q16;
         let router = Router::plain(SOFTMAX, true);
         for n in [1usize, 2, 19] {
             let mut x = vec![0f32; n * h];

@@ -12,6 +12,7 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
+use flowrt_dtype::GgmlType;
 use flowrt_kernels::x8;
 use flowrt_model::plan::MatRole;
 use flowrt_model::{Model, WeightMatrix};
@@ -156,6 +157,29 @@ impl PackedWeights {
         Some(&self.mem.as_ref()?[r.clone()])
     }
 
+    /// Whether some packed matrix of `model` has a type `pred` accepts.
+    pub(crate) fn any_of_type(&self, model: &Model, pred: impl Fn(GgmlType) -> bool) -> bool {
+        let packed_and = |m: Option<&WeightMatrix>, p: Option<&[u8]>| {
+            p.is_some() && m.is_some_and(|m| pred(m.dtype))
+        };
+        let in_layer = |l: usize| {
+            let dense = LAYER_ROLES
+                .iter()
+                .any(|&role| packed_and(model.matrix(Some(l), role), self.get(Some(l), role)));
+            let experts = model.layers[l].moe.as_ref().is_some_and(|x| {
+                (0..x.gate.len()).any(|e| {
+                    [&x.gate[e], &x.up[e], &x.down[e]]
+                        .into_iter()
+                        .enumerate()
+                        .any(|(w, m)| packed_and(Some(m), self.expert(l, e, w)))
+                })
+            });
+            dense || experts
+        };
+        (0..self.layers.len().min(model.layers.len())).any(in_layer)
+            || packed_and(model.output.as_ref(), self.get(None, MatRole::Output))
+    }
+
     /// Bytes of packed weights.
     pub(crate) fn bytes(&self) -> usize {
         self.mem.as_ref().map_or(0, |m| m.len())
@@ -165,7 +189,6 @@ impl PackedWeights {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flowrt_dtype::GgmlType;
     use flowrt_model::{ModelConfig, WeightData};
     use std::path::Path;
 

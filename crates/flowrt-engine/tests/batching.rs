@@ -35,8 +35,8 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Each prompt alone, then `steps` decode tokens: the logits after each.
-fn solo(m: &LoadedModel, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
-    let mut s = Session::new(m, &opts()).unwrap();
+fn solo(m: &LoadedModel, o: &EngineOptions, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
+    let mut s = Session::new(m, o).unwrap();
     let mut out = vec![s.feed(prompt).unwrap().to_vec()];
     for &t in next {
         out.push(s.feed(&[t]).unwrap().to_vec());
@@ -49,13 +49,18 @@ fn solo(m: &LoadedModel, prompt: &[u32], next: &[u32]) -> Vec<Vec<f32>> {
 /// the same arithmetic per row whatever the batch; with quantised weights the matmul tiles
 /// for 1, 4 and 8 tokens sum in different orders, which moves logits by float rounding only.
 fn batched_equals_solo(m: &LoadedModel, tol: f32) {
+    batched_equals_solo_with(m, tol, &opts())
+}
+
+/// [`batched_equals_solo`] with options `o`.
+fn batched_equals_solo_with(m: &LoadedModel, tol: f32, o: &EngineOptions) {
     let ps = prompts();
     let next: Vec<Vec<u32>> = (0..3)
         .map(|k| (0..5).map(|i| (k * 50 + i * 3 + 7) as u32).collect())
         .collect();
-    let want: Vec<_> = (0..3).map(|k| solo(m, &ps[k], &next[k])).collect();
+    let want: Vec<_> = (0..3).map(|k| solo(m, o, &ps[k], &next[k])).collect();
     let vocab = m.model.config.vocab_size;
-    let mut b = BatchSession::new(m, &opts(), 4).unwrap();
+    let mut b = BatchSession::new(m, o, 4).unwrap();
     // Prefill all three in one step (slots 2, 0, 3: order and slot numbers need not match).
     let slots = [2usize, 0, 3];
     let items: Vec<(usize, &[u32])> = (0..3).map(|k| (slots[k], &ps[k][..])).collect();
@@ -169,6 +174,42 @@ fn batched_sequences_equal_solo_runs_qwen3_moe() {
         &LoadedModel::load(&common::fixture("families/qwen3-moe")).unwrap(),
         1e-5,
     );
+}
+
+/// The Q4_0 GGUF of the fixture (made by `flowrt pack`), with 8-bit A8 activations on the repacked weights
+/// (`act-quant=q8x`; every matrix of this fixture is Q4_0, so every matmul takes the A8
+/// kernels): a batch quantises each row on its own and the kernels' tiles only change the
+/// float summation order, so rows equal solo runs up to rounding (measured: bit-identical, as
+/// this fixture's rows are two blocks long). The A8 logits are not Q16's (8-bit rounding),
+/// and close to them.
+#[test]
+fn batched_sequences_equal_solo_runs_qwen3_moe_q4_0_a8() {
+    let m = LoadedModel::load(&common::fixture("families/qwen3-moe/model-q4_0.gguf")).unwrap();
+    let o = opts().with_option("act-quant", "q8x");
+    if cfg!(target_arch = "x86_64") {
+        let s = Session::new(&m, &o).unwrap();
+        assert_eq!(s.backend_info().matmul_prefill, "avx2-x8-a8");
+        let p = &prompts()[1];
+        let a8 = Session::new(&m, &o).unwrap().feed(p).unwrap().to_vec();
+        let q16 = Session::new(&m, &opts()).unwrap().feed(p).unwrap().to_vec();
+        let d = max_diff(&a8, &q16);
+        assert!(d > 0.0 && d < 0.1, "A8 against Q16: max diff {d}");
+        assert_eq!(argmax(&a8), argmax(&q16));
+    }
+    batched_equals_solo_with(&m, 1e-5, &o);
+}
+
+/// MXFP4 experts (and Q8_0 attention, which keeps Q16 activations) with A8 activations: rows
+/// equal solo runs (measured: bit-identical).
+#[test]
+fn batched_sequences_equal_solo_runs_gpt_oss_mxfp4_a8() {
+    let m = LoadedModel::load(&common::fixture("families/gpt-oss/model-mxfp4.gguf")).unwrap();
+    let o = opts().with_option("act-quant", "q8x");
+    if cfg!(target_arch = "x86_64") {
+        let s = Session::new(&m, &o).unwrap();
+        assert_eq!(s.backend_info().matmul_prefill, "avx2-x8-a8");
+    }
+    batched_equals_solo_with(&m, 1e-5, &o);
 }
 
 /// Prefix reuse on the mixture of experts: a session that re-syncs to a longer prompt sharing

@@ -1,9 +1,10 @@
 //! Single-thread decode (one token) matmul speed, in GB/s of weights, with Q16 activations
 //! (and optionally the ggml 8-bit activations).
 //!
-//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8] [x8] [tokens=N]]`
+//! `cargo run --profile ci -p flowrt-kernels --example q16_speed [-- K ROWS [TYPE...] [q8] [x8] [a8] [tokens=N]]`
 //!
-//! `x8` adds the same matmul on weights packed in the x8 layout (`flowrt_kernels::x8`).
+//! `x8` adds the same matmul on weights packed in the x8 layout (`flowrt_kernels::x8`); `a8`
+//! the x8 matmul with 8-bit A8 activations (`flowrt_kernels::a8`), for the types that have it.
 //!
 //! `tokens=N` multiplies N activation rows at once (batched decode or prefill); MAC/s counts
 //! every weight-activation product.
@@ -24,6 +25,7 @@ enum Mode {
     Q16,
     Q8,
     X8,
+    A8,
 }
 
 struct Case {
@@ -44,6 +46,7 @@ fn main() {
     );
     let with_q8 = args.iter().any(|a| a == "q8");
     let with_x8 = args.iter().any(|a| a == "x8");
+    let with_a8 = args.iter().any(|a| a == "a8");
     let ntok: usize = args
         .iter()
         .find_map(|a| a.strip_prefix("tokens=")?.parse().ok())
@@ -82,6 +85,19 @@ fn main() {
         let mut a16 = vec![0u8; q16::q16_row_size(k)];
         kern.quantize_row_q16(&x, &mut a16);
         let a16 = a16.repeat(ntok);
+        if with_a8 && flowrt_kernels::a8::supports(ty) && x8::can_pack(ty, rows, k) {
+            let mut p = vec![0u8; x8::packed_size(ty, rows, k)];
+            x8::pack(ty, rows, k, &w, &mut p);
+            let mut a = vec![0u8; flowrt_kernels::a8::a8_row_size(k)];
+            kern.quantize_row_a8(&x, &mut a);
+            cases.push(Case {
+                ty,
+                mode: Mode::A8,
+                w: p,
+                a: a.repeat(ntok),
+                times: Vec::new(),
+            });
+        }
         if with_x8 && x8::can_pack(ty, rows, k) {
             let mut p = vec![0u8; x8::packed_size(ty, rows, k)];
             x8::pack(ty, rows, k, &w, &mut p);
@@ -124,6 +140,7 @@ fn main() {
                     Mode::Q8 => kern.matmul(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
                     Mode::Q16 => kern.matmul_q16(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
                     Mode::X8 => kern.matmul_q16_x8(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
+                    Mode::A8 => kern.matmul_a8_x8(c.ty, k, &c.w, rows, &c.a, ntok, &mut out, rows),
                 }
             }
             c.times.push(t.elapsed().as_secs_f64() / iters as f64);
@@ -143,6 +160,7 @@ fn main() {
                 Mode::Q8 => "q8 ",
                 Mode::Q16 => "q16",
                 Mode::X8 => "x8 ",
+                Mode::A8 => "a8 ",
             },
             s * 1e6,
             c.w.len() as f64 / s / 1e9,

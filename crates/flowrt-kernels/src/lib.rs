@@ -43,6 +43,7 @@ use std::sync::OnceLock;
 
 use flowrt_dtype::GgmlType;
 
+pub mod a8;
 pub mod blocks;
 pub mod q16;
 mod scalar;
@@ -681,6 +682,82 @@ impl Kernels {
 
     pub fn supports_q16(w: GgmlType) -> bool {
         q16::supports(w)
+    }
+
+    /// Whether this table multiplies x8-packed weights of type `w` with A8 activations in
+    /// SIMD code (see [`a8`]): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and MXFP4 on x86. Elsewhere
+    /// [`Kernels::matmul_a8_x8`] is the scalar reference, correct and slow.
+    pub fn has_a8_x8(&self, w: GgmlType) -> bool {
+        a8::supports(w) && a8::has_simd(self.isa)
+    }
+
+    /// Like [`Kernels::matmul_q16_x8`], with activation rows quantised to A8 by
+    /// [`Kernels::quantize_row_a8`] (8-bit, see [`a8`]).
+    ///
+    /// # Panics
+    /// If `w` has no A8 matmul (see [`a8::supports`]), `nrows` is not a multiple of 8, or on a
+    /// length mismatch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_a8_x8(
+        &self,
+        w: GgmlType,
+        k: usize,
+        packed: &[u8],
+        nrows: usize,
+        a: &[u8],
+        ntok: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let f = a8::matmul_fn(self.isa, w)
+            .unwrap_or_else(|| panic!("matmul_a8_x8: {w} has no A8 matmul"));
+        assert!(
+            nrows.is_multiple_of(x8::ROWS),
+            "matmul_a8_x8: nrows {nrows} is not a multiple of {}",
+            x8::ROWS
+        );
+        assert!(
+            k.is_multiple_of(x8::unit_values(w)),
+            "matmul_a8_x8({w}): k={k} is not whole packed units"
+        );
+        checked_matmul(
+            f,
+            w,
+            k,
+            packed,
+            x8::packed_size(w, nrows, k),
+            nrows,
+            a,
+            a8::a8_row_size(k),
+            ntok,
+            out,
+            out_stride,
+        );
+    }
+
+    /// The scalar reference of [`Kernels::matmul_a8_x8`] (for tests of the SIMD kernels).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul_a8_x8_ref(
+        w: GgmlType,
+        k: usize,
+        packed: &[u8],
+        nrows: usize,
+        a: &[u8],
+        ntok: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        Kernels::scalar().matmul_a8_x8(w, k, packed, nrows, a, ntok, out, out_stride)
+    }
+
+    /// Quantise one activation row to A8 (`x.len()` a multiple of 32).
+    pub fn quantize_row_a8(&self, x: &[f32], out: &mut [u8]) {
+        assert_eq!(
+            out.len(),
+            a8::a8_row_size(x.len()),
+            "quantize_row_a8: output length"
+        );
+        a8::quantize_fn(self.isa)(x, out)
     }
 
     /// Quantise one activation row to Q16 (`x.len()` a multiple of 32).

@@ -274,3 +274,40 @@ fn quantize_row_q8_1(x: &[f32], out: &mut [u8]) {
         ob[2..4].copy_from_slice(&f32_to_f16(d * sum as f32));
     }
 }
+
+/// Quantises one row to A8 (see `crate::a8`): the scalar reference's bytes.
+pub(crate) fn quantize_row_a8(x: &[f32], out: &mut [u8]) {
+    use crate::a8::{a8_row_size, quantize_block_ref, A8_BLOCK_BYTES};
+    assert_eq!(out.len(), a8_row_size(x.len()), "quantize_row_a8: lengths");
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(A8_BLOCK_BYTES)) {
+        // SAFETY: reachable only from x86 tables, which exist only on hosts with AVX2, FMA and
+        // F16C; xb has 32 floats, ob[8..] 32 bytes.
+        let (d, sum) = unsafe { quantize_block(xb.as_ptr(), ob[8..].as_mut_ptr()) };
+        if d != 0.0 && !(1.0 / d).is_finite() {
+            // A block of values below about 1e-36: the reference's rescaled path.
+            quantize_block_ref(xb, ob);
+            continue;
+        }
+        // SAFETY: as above.
+        unsafe { permute_runs(ob[8..].as_mut_ptr()) };
+        ob[0..4].copy_from_slice(&d.to_le_bytes());
+        ob[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+    }
+}
+
+/// Reorders each run of 8 bytes of the 32 at `q` into `crate::a8::PERM`'s order.
+///
+/// # Safety
+/// 32 readable and writable bytes at `q`; AVX2 host.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn permute_runs(q: *mut u8) {
+    let p = _mm256_setr_epi8(
+        0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15, 0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11,
+        12, 14, 13, 15,
+    );
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = _mm256_loadu_si256(q.cast());
+        _mm256_storeu_si256(q.cast(), _mm256_shuffle_epi8(v, p));
+    }
+}

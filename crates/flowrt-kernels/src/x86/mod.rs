@@ -8,7 +8,7 @@
 // Tile kernels index accumulators by (row, token); index loops read better than iterator chains.
 #![allow(clippy::needless_range_loop)]
 
-mod avx2;
+pub(crate) mod avx2;
 mod avx512;
 mod elem;
 pub(crate) mod q16;

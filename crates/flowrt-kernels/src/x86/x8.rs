@@ -10,6 +10,7 @@ use core::arch::x86_64::*;
 
 use flowrt_dtype::GgmlType;
 
+use crate::a8::A8_BLOCK_BYTES;
 use crate::blocks::QK;
 use crate::q16::Q16_BLOCK_BYTES;
 use crate::x8::ROWS;
@@ -49,6 +50,10 @@ pub(super) trait Packed {
     /// Whether the 4-bit codes index the E2M1 table (MXFP4, [`dots_e2m1`]) instead of being
     /// the weights' integers.
     const E2M1: bool = false;
+    /// With A8 activations: the constant added to every integer to make it unsigned (12 for
+    /// MXFP4's doubled E2M1 values), taken back through the activation sums as an offset of
+    /// `-bias * d`.
+    const A8_BIAS: f32 = 0.0;
 }
 
 pub(super) struct P4_0;
@@ -280,6 +285,7 @@ impl Packed for PMxfp4 {
     }
     const BITS: u32 = 4;
     const E2M1: bool = true;
+    const A8_BIAS: f32 = 12.0;
 }
 
 /// Adds the products of `G` groups' MXFP4 blocks (codes laid out as Q4_0's nibbles) to
@@ -365,6 +371,144 @@ unsafe fn dots8<const G: usize, const T: usize>(
     }
 }
 
+/// Four activation bytes at `p`, broadcast to every 32-bit lane.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quad(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at p.
+    _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+/// `acc[g][t] += ` the 16-bit pair sums of `s16[g][t]` widened to 32 bits (`vpmaddwd` by
+/// ones), and `s16` cleared.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen<const G: usize, const T: usize>(
+    s16: &mut [[__m256i; T]; G],
+    acc: &mut [[__m256i; T]; G],
+) {
+    let ones = _mm256_set1_epi16(1);
+    for g in 0..G {
+        for t in 0..T {
+            acc[g][t] = _mm256_add_epi32(acc[g][t], _mm256_madd_epi16(s16[g][t], ones));
+            s16[g][t] = _mm256_setzero_si256();
+        }
+    }
+}
+
+/// With A8 activations (see `crate::a8`): adds the products of `G` groups' 4-bit blocks
+/// (`HB` = 1: a high-bit plane after the nibbles completes 5-bit values) to `acc[g][t]` for
+/// the `T` tokens whose A8 block quants (32 i8 in `a8::PERM` order) start at `a[t]`.
+///
+/// Masking a unit's bytes with `0x0F` gives, in row `r`'s 32-bit lane, its values
+/// `8u, 8u+2, 8u+1, 8u+3`; the same after a shift by 4, `8u+4, 8u+6, 8u+5, 8u+7`: the order of
+/// the activation bytes `8u..8u+4` and `8u+4..8u+8`. `vpmaddubsw` multiplies the unsigned
+/// weights with the signed activations into 16-bit pairs; 16 such products (4-bit weights, at
+/// most `15 * 127` each) or 8 (5-bit, `31 * 127`) add up in 16 bits before they are widened.
+///
+/// # Safety
+/// Each `q[g]` points to a block's quants (and its high-bit plane after them), each `a[t]` to
+/// 32 readable bytes; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize>(
+    q: &[*const u8; G],
+    a: &[*const u8; T],
+    acc: &mut [[__m256i; T]; G],
+) {
+    let m = _mm256_set1_epi8(0x0F);
+    // SAFETY: a 4-bit block has 4 units of 32 bytes at q[g], then HB planes of 32 bytes; unit
+    // u pairs with activation bytes 8u..8u+8 of each a[t].
+    unsafe {
+        let h: [__m256i; G] = std::array::from_fn(|g| {
+            if HB == 1 {
+                _mm256_loadu_si256(q[g].add(128).cast())
+            } else {
+                _mm256_setzero_si256()
+            }
+        });
+        let mut s16 = [[_mm256_setzero_si256(); T]; G];
+        for u in 0..QK / 8 {
+            let raw: [__m256i; G] =
+                std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
+            for half in 0..2 {
+                let mut w = [_mm256_setzero_si256(); G];
+                for (g, w) in w.iter_mut().enumerate() {
+                    *w = if half == 0 {
+                        _mm256_and_si256(raw[g], m)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m)
+                    };
+                    if HB == 1 {
+                        // Positions 2 half and 2 half + 1 of unit u (see `crate::x8`): the low
+                        // and the high byte of each 16-bit lane, their fifth bits at 4 and 12.
+                        let p = (4 * u + 2 * half) as u32;
+                        *w = _mm256_or_si256(*w, bits_to(h[g], p, 4, 1));
+                        *w = _mm256_or_si256(*w, bits_to(h[g], p + 1, 12, 1));
+                    }
+                }
+                for t in 0..T {
+                    let av = quad(a[t].add(8 * u + 4 * half));
+                    for g in 0..G {
+                        s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
+                    }
+                }
+            }
+            if HB == 1 && u == 1 {
+                widen(&mut s16, acc);
+            }
+        }
+        widen(&mut s16, acc);
+    }
+}
+
+/// With A8 activations: as [`dots_e2m1`], each code looked up as its doubled E2M1 value plus
+/// 12 (0..=24, unsigned for `vpmaddubsw`); 8 products of at most `24 * 127` add up in 16 bits.
+///
+/// # Safety
+/// Each `q[g]` points to a block's 128 code bytes, each `a[t]` to 32 readable bytes; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots_e2m1_a8<const G: usize, const T: usize>(
+    q: &[*const u8; G],
+    a: &[*const u8; T],
+    acc: &mut [[__m256i; T]; G],
+) {
+    let lut = _mm256_setr_epi8(
+        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24,
+        12, 11, 10, 9, 8, 6, 4, 0,
+    );
+    let m = _mm256_set1_epi8(0x0F);
+    // SAFETY: 4 units of 32 bytes at q[g]; unit u pairs with activation bytes 8u..8u+8.
+    unsafe {
+        let mut s16 = [[_mm256_setzero_si256(); T]; G];
+        for u in 0..QK / 8 {
+            let raw: [__m256i; G] =
+                std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
+            for half in 0..2 {
+                let mut w = [_mm256_setzero_si256(); G];
+                for (g, w) in w.iter_mut().enumerate() {
+                    let codes = if half == 0 {
+                        _mm256_and_si256(raw[g], m)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m)
+                    };
+                    *w = _mm256_shuffle_epi8(lut, codes);
+                }
+                for t in 0..T {
+                    let av = quad(a[t].add(8 * u + 4 * half));
+                    for g in 0..G {
+                        s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
+                    }
+                }
+            }
+            if u % 2 == 1 {
+                widen(&mut s16, acc);
+            }
+        }
+    }
+}
+
 /// 8 bytes at `p` as 8 f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -405,13 +549,14 @@ impl Packed for P4K {
 /// has AVX2, FMA and F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile<P: Packed, const G: usize, const T: usize>(
+unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
     g: &mut MatmulArgs<'_>,
     grp: usize,
     t0: usize,
 ) {
     let nb = g.k / QK;
-    let astride = nb * Q16_BLOCK_BYTES;
+    let ablock = if A8 { A8_BLOCK_BYTES } else { Q16_BLOCK_BYTES };
+    let astride = nb * ablock;
     let units = nb / P::SUBS;
     let wg: [*const u8; G] =
         std::array::from_fn(|i| g.w.as_ptr().wrapping_add((grp + i) * units * P::BYTES));
@@ -434,7 +579,7 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
                 }
             }
             let ab: [*const u8; T] =
-                std::array::from_fn(|t| a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES));
+                std::array::from_fn(|t| a.add((t0 + t) * astride + b * ablock));
             let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
             let q: [*const u8; G] = std::array::from_fn(|i| p[i].add(P::Q + P::STRIDE * s));
             if P::BITS == 6 {
@@ -458,6 +603,9 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
             }
             let mut isum = [[_mm256_setzero_si256(); T]; G];
             match P::BITS {
+                _ if A8 && P::E2M1 => dots_e2m1_a8::<G, T>(&q, &aq, &mut isum),
+                5 if A8 => dots4_a8::<G, T, 1>(&q, &aq, &mut isum),
+                _ if A8 => dots4_a8::<G, T, 0>(&q, &aq, &mut isum),
                 _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
                 8 => dots8::<G, T>(&q, &aq, &mut isum),
                 5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
@@ -465,6 +613,11 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize>(
             }
             for i in 0..G {
                 let (d, off) = P::scales(p[i], s);
+                let off = if A8 && P::A8_BIAS != 0.0 {
+                    Some(_mm256_mul_ps(d, _mm256_set1_ps(-P::A8_BIAS)))
+                } else {
+                    off
+                };
                 for t in 0..T {
                     let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
                     acc[i][t] = _mm256_fmadd_ps(
@@ -509,6 +662,17 @@ unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn run_groups<P: Packed>(g: &mut MatmulArgs<'_>, from: usize, to: usize) {
+    // SAFETY: forwarded.
+    unsafe { run_groups_as::<P, false>(g, from, to) }
+}
+
+/// [`run_groups`] with Q16 (`A8` false) or A8 activations.
+///
+/// # Safety
+/// As for [`run_groups`]; with `A8`, `P` is a 4- or 5-bit type or MXFP4.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_groups_as<P: Packed, const A8: bool>(g: &mut MatmulArgs<'_>, from: usize, to: usize) {
     let ng = to;
     let mut grp = from;
     // SAFETY: every tile stays within the groups and tokens of `g`.
@@ -516,11 +680,11 @@ pub(super) unsafe fn run_groups<P: Packed>(g: &mut MatmulArgs<'_>, from: usize, 
         // Two groups per tile when there are several tokens: each broadcast activation pair
         // then feeds two multiplies (the loads, not the multiplies, limit one-group tiles).
         while g.ntok > 1 && grp + 2 <= ng {
-            all_tokens::<P, 2>(g, grp);
+            all_tokens::<P, 2, A8>(g, grp);
             grp += 2;
         }
         while grp < ng {
-            all_tokens::<P, 1>(g, grp);
+            all_tokens::<P, 1, A8>(g, grp);
             grp += 1;
         }
     }
@@ -532,19 +696,22 @@ pub(super) unsafe fn run_groups<P: Packed>(g: &mut MatmulArgs<'_>, from: usize, 
 /// As for [`tile`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn all_tokens<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usize) {
+unsafe fn all_tokens<P: Packed, const G: usize, const A8: bool>(
+    g: &mut MatmulArgs<'_>,
+    grp: usize,
+) {
     let nt = g.ntok;
     let mut t = 0;
     // SAFETY: forwarded contract; every tile stays within 0..nt.
     unsafe {
         while t + 4 <= nt {
-            tile::<P, G, 4>(g, grp, t);
+            tile::<P, G, 4, A8>(g, grp, t);
             t += 4;
         }
         match nt - t {
-            3 => tile::<P, G, 3>(g, grp, t),
-            2 => tile::<P, G, 2>(g, grp, t),
-            1 => tile::<P, G, 1>(g, grp, t),
+            3 => tile::<P, G, 3, A8>(g, grp, t),
+            2 => tile::<P, G, 2, A8>(g, grp, t),
+            1 => tile::<P, G, 1, A8>(g, grp, t),
             _ => {}
         }
     }
@@ -557,4 +724,25 @@ pub(crate) fn matmul_mxfp4(mut g: MatmulArgs<'_>) {
     // SAFETY: reachable only from the x86 tables, which exist only on hosts with AVX2, FMA
     // and F16C, with lengths checked by `Kernels::matmul_q16_x8`.
     unsafe { run::<PMxfp4>(&mut g) }
+}
+
+/// The A8 x8 matmul for weight type `w` (see `crate::a8`; every x86 table uses these).
+pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
+    fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
+        let ng = g.nrows / ROWS;
+        // SAFETY: reachable only from the x86 tables, which exist only on hosts with AVX2,
+        // FMA and F16C, with lengths checked by `Kernels::matmul_a8_x8`; P is one of the
+        // types below.
+        unsafe { run_groups_as::<P, true>(&mut g, 0, ng) }
+    }
+    Some(match w {
+        GgmlType::Q4_0 => entry::<P4_0>,
+        GgmlType::Q4_1 => entry::<P4_1>,
+        GgmlType::Q5_0 => entry::<P5_0>,
+        GgmlType::Q5_1 => entry::<P5_1>,
+        GgmlType::Q4K => entry::<P4K>,
+        GgmlType::Q5K => entry::<P5K>,
+        GgmlType::Mxfp4 => entry::<PMxfp4>,
+        _ => return None,
+    })
 }
