@@ -53,10 +53,12 @@ def run_checked(cmd: list[str]) -> str:
     return r.stdout
 
 
-def run_flowrt(flowrt: str, model: str, n_prompt: int, n_gen: int, threads: int) -> dict:
-    """One `flowrt bench` process: a warm-up run and one measured run; its JSON object."""
+def run_flowrt(flowrt: str, model: str, n_prompt: int, n_gen: int, threads: int,
+               extra: tuple[str, ...] = ()) -> dict:
+    """One `flowrt bench` process (with `extra` arguments): a warm-up run and one measured run;
+    its JSON object."""
     return json.loads(run_checked([flowrt, "bench", model, "-p", str(n_prompt), "-n", str(n_gen), "-r", "1",
-                                   "-t", str(threads), "--json"]))
+                                   "-t", str(threads), "--json", *extra]))
 
 
 def run_peer(py: str, model: str, n_prompt: int, n_gen: int, threads: int) -> dict:

@@ -160,11 +160,17 @@ def plan(models: list[str], paths: dict[str, Path], a) -> list[Job]:
     return jobs
 
 
-def run_rounds(jobs: list[Job], flowrt: str, peer_py: str, rounds: int, threads: int) -> None:
+def run_rounds(jobs: list[Job], flowrt: str, peer_py: str, rounds: int, threads: int,
+               act_quant: str | None = None) -> None:
     runners = {"flowrt": lambda j: run_flowrt(flowrt, j.path, j.n_prompt, j.n_gen, threads),
                "llama.cpp": lambda j: run_peer(peer_py, j.path, j.n_prompt, j.n_gen, threads)}
+    if act_quant:
+        runners[f"flowrt {act_quant}"] = lambda j: run_flowrt(flowrt, j.path, j.n_prompt, j.n_gen, threads,
+                                                               ("--act-quant", act_quant))
+    names = list(runners)
     for r in range(rounds):
-        order = ["flowrt", "llama.cpp"] if r % 2 == 0 else ["llama.cpp", "flowrt"]
+        # Each round starts with another runtime (two: the order swaps every round).
+        order = names[r % len(names):] + names[:r % len(names)]
         for j in jobs:
             if j.error:
                 continue
@@ -186,20 +192,24 @@ def table_rows(jobs: list[Job]) -> list[dict]:
             if j.error or not j.rounds:
                 rows.append({**row, "error": j.error or "no rounds"})
                 continue
-            med = {rt: statistics.median(rd[rt][key] for rd in j.rounds) for rt in ("flowrt", "llama.cpp")}
-            ratio = med["flowrt"] / med["llama.cpp"]
-            if kind == "ttft":
-                target, ok = f"<= {TTFT_TARGET_MS:.0f} ms", med["flowrt"] <= TTFT_TARGET_MS
-            else:
-                t = TARGET_RATIO[(j.model, kind)]
-                target, ok = f">= {t:.2f}", ratio >= t
-            rows.append({**row, "flowrt": med["flowrt"], "llama.cpp": med["llama.cpp"], "ratio": ratio,
-                         "target": target, "pass": ok})
-            if kind == "decode":
-                roof = [rd["flowrt"].get("decode_roofline_pct") for rd in j.rounds]
+            peer = statistics.median(rd["llama.cpp"][key] for rd in j.rounds)
+            for rt in [rt for rt in j.rounds[0] if rt.startswith("flowrt")]:
+                med = statistics.median(rd[rt][key] for rd in j.rounds)
+                ratio = med / peer
+                if kind == "ttft":
+                    target, ok = f"<= {TTFT_TARGET_MS:.0f} ms", med <= TTFT_TARGET_MS
+                else:
+                    t = TARGET_RATIO[(j.model, kind)]
+                    target, ok = f">= {t:.2f}", ratio >= t
+                suffix = rt[len("flowrt"):]
+                rows.append({**row, "figure": label + suffix, "runtime": rt, "flowrt": med, "llama.cpp": peer,
+                             "ratio": ratio, "target": target, "pass": ok})
+                if kind != "decode":
+                    continue
+                roof = [rd[rt].get("decode_roofline_pct") for rd in j.rounds]
                 if all(isinstance(x, (int, float)) for x in roof):
                     rows[-1]["roofline"] = {
-                        k: statistics.median(rd["flowrt"][k] for rd in j.rounds)
+                        k: statistics.median(rd[rt][k] for rd in j.rounds)
                         for k in ("decode_roofline_pct", "decode_weight_gb_s", "read_bandwidth_gb_s",
                                   "weight_bytes_per_token")}
     return rows
@@ -214,19 +224,19 @@ def print_table(rows: list[dict], meta: dict) -> None:
     load = meta["load_avg_1_5_15_before"][0]
     if load > 0.5:
         print(f"note: 1-minute load average {load:.2f} before the run: other processes competed for the CPU")
-    head = f"{'model':15}{'figure':13}{'flowrt':>10}{'llama.cpp':>11}{'unit':>7}{'flowrt/peer':>13}  {'target':<11}"
+    head = f"{'model':15}{'figure':17}{'flowrt':>10}{'llama.cpp':>11}{'unit':>7}{'flowrt/peer':>13}  {'target':<11}"
     print(head)
     print("-" * (len(head) + 5))
     for r in rows:
         if "error" in r:
-            print(f"{r['model']:15}{r['figure']:13}  error: {r['error'].splitlines()[0]}")
+            print(f"{r['model']:15}{r['figure']:17}  error: {r['error'].splitlines()[0]}")
             continue
-        print(f"{r['model']:15}{r['figure']:13}{r['flowrt']:10.1f}{r['llama.cpp']:11.1f}{r['unit']:>7}"
+        print(f"{r['model']:15}{r['figure']:17}{r['flowrt']:10.1f}{r['llama.cpp']:11.1f}{r['unit']:>7}"
               f"{r['ratio']:13.2f}  {r['target']:<11}{'pass' if r['pass'] else 'FAIL'}")
     for r in rows:
         if "roofline" in r:
             x = r["roofline"]
-            print(f"{r['model']}: flowrt decode {x['decode_roofline_pct']:.1f} % of the active-weight roofline "
+            print(f"{r['model']}: {r['runtime']} decode {x['decode_roofline_pct']:.1f} % of the active-weight roofline "
                   f"({x['decode_weight_gb_s']:.1f} GB/s of the {x['weight_bytes_per_token'] / 1e6:.1f} MB a token "
                   f"reads, against {x['read_bandwidth_gb_s']:.1f} GB/s read bandwidth; medians)")
 
@@ -271,6 +281,9 @@ def main() -> int:
                     help="where the Qwen3-MoE-geometry checkpoint and GGUFs are made and reused")
     ap.add_argument("--gptoss-cache", type=Path, default=ROOT / ".flowrt-cache" / "gptoss",
                     help="where the gpt-oss-geometry checkpoint and GGUFs are made and reused")
+    ap.add_argument("--act-quant", metavar="Q",
+                    help="also run flowrt with `--act-quant Q` (e.g. q8x) in the same rounds: a third runtime, "
+                         "each round starting with another one; its rows are marked ` Q`")
     ap.add_argument("--prepare-only", action="store_true", help="make or fetch the model files, then exit")
     ap.add_argument("--json", type=Path, metavar="OUT", help="also write the raw per-round numbers here")
     a = ap.parse_args()
@@ -306,7 +319,7 @@ def main() -> int:
         shutil.copy2(a.flowrt, flowrt)
         binary_sha = hashlib.sha256(Path(flowrt).read_bytes()).hexdigest()
         jobs = plan(models, paths, a)
-        run_rounds(jobs, flowrt, str(peer_py), a.rounds, a.threads)
+        run_rounds(jobs, flowrt, str(peer_py), a.rounds, a.threads, a.act_quant)
 
     first = next((j.rounds[0] for j in jobs if j.rounds), {"flowrt": {}, "llama.cpp": {}})
     meta = {"flowrt_commit": commit, "flowrt_binary": a.flowrt, "flowrt_binary_sha256": binary_sha,

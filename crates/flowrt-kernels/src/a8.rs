@@ -10,17 +10,17 @@
 //! The price is ggml's precision class: an activation block keeps 8 bits, as llama.cpp's
 //! Q8_0 activations do.
 //!
-//! Block layout (40 bytes, little-endian): `d: f32` (`amax / 127`), `s: f32` (`d * sum(q)`,
-//! for the weight types' offsets), `q: [i8; 32]`, each run of 8 values stored in the order
+//! Block layout (40 bytes, little-endian): `d: f32` (`amax / 127`), `sum: i32` (`sum(q)`, for
+//! the weight types' offsets: integer ones such as Q4_0's `-8` are added to the integer block
+//! sums, float ones such as Q4_1's `m` multiply `s = d * sum`), `q: [i8; 32]`, each run of 8 values stored in the order
 //! [`PERM`] (values 0, 2, 1, 3, 4, 6, 5, 7 of the run): the byte order in which a masked
 //! 32-bit lane of an x8 4-bit unit holds one row's values (see [`crate::x8`]), so a broadcast
 //! of 4 activation bytes lines up with 4 weights of every row. `q = round(x / d)`, ties away
 //! from zero, in -127..=127.
 //!
 //! Integer block sums are exact: with weights below 32 (unsigned, the offsets applied through
-//! `s` as in Q16) a 16-bit lane sums at most 16 products of at most `31 * 127`. MXFP4's codes
-//! index the doubled E2M1 values plus 12 (0..=24), with `-12` times the block's scale as its
-//! offset.
+//! `sum`) a 16-bit lane sums at most 16 products of at most `31 * 127`. MXFP4's codes index the
+//! doubled E2M1 values plus 12 (0..=24), with `-12` as its integer offset.
 
 use flowrt_dtype::GgmlType;
 
@@ -83,7 +83,7 @@ pub(crate) fn quantize_block_ref(xb: &[f32], ob: &mut [u8]) {
         ob[8 + position(j)] = q as u8;
     }
     ob[0..4].copy_from_slice(&d.to_le_bytes());
-    ob[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+    ob[4..8].copy_from_slice(&sum.to_le_bytes());
 }
 
 /// Where value `j` of a block is stored among its 32 quants.
@@ -98,13 +98,13 @@ fn value(a: &[u8], b: usize, j: usize) -> i32 {
     a[b * A8_BLOCK_BYTES + 8 + position(j)] as i8 as i32
 }
 
-/// `(d, s)` of block `b` of an A8 row.
+/// `(d, sum)` of block `b` of an A8 row.
 #[inline]
-fn ds(a: &[u8], b: usize) -> (f32, f32) {
+pub fn block_scale_sum(a: &[u8], b: usize) -> (f32, i32) {
     let o = b * A8_BLOCK_BYTES;
     (
         f32::from_le_bytes([a[o], a[o + 1], a[o + 2], a[o + 3]]),
-        f32::from_le_bytes([a[o + 4], a[o + 5], a[o + 6], a[o + 7]]),
+        i32::from_le_bytes([a[o + 4], a[o + 5], a[o + 6], a[o + 7]]),
     )
 }
 
@@ -121,9 +121,9 @@ fn dot_ref<W: Q16Weight>(k: usize, w: &[u8], a: &[u8]) -> f32 {
     for b in 0..k / QK {
         let wb = &w[b / W::SUBS * W::BYTES..(b / W::SUBS + 1) * W::BYTES];
         let (dw, cw) = W::sub(wb, b % W::SUBS, &mut wi);
-        let (da, sa) = ds(a, b);
+        let (da, asum) = block_scale_sum(a, b);
         let isum: i64 = (0..QK).map(|j| wi[j] as i64 * value(a, b, j) as i64).sum();
-        sum += dw * da * isum as f32 + cw * sa;
+        sum += dw * da * isum as f32 + cw * (da * asum as f32);
     }
     sum
 }

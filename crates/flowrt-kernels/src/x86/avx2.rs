@@ -291,7 +291,7 @@ pub(crate) fn quantize_row_a8(x: &[f32], out: &mut [u8]) {
         // SAFETY: as above.
         unsafe { permute_runs(ob[8..].as_mut_ptr()) };
         ob[0..4].copy_from_slice(&d.to_le_bytes());
-        ob[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+        ob[4..8].copy_from_slice(&sum.to_le_bytes());
     }
 }
 

@@ -50,10 +50,11 @@ pub(super) trait Packed {
     /// Whether the 4-bit codes index the E2M1 table (MXFP4, [`dots_e2m1`]) instead of being
     /// the weights' integers.
     const E2M1: bool = false;
-    /// With A8 activations: the constant added to every integer to make it unsigned (12 for
-    /// MXFP4's doubled E2M1 values), taken back through the activation sums as an offset of
-    /// `-bias * d`.
-    const A8_BIAS: f32 = 0.0;
+    /// With A8 activations: the weights' integer offset, added to a block's integer sums as
+    /// `offset * sum(q_a)` (Q4_0 -8, Q5_0 -16, MXFP4 -12: its codes look up the doubled E2M1
+    /// values plus 12, unsigned for `vpmaddubsw`); 0 for the types whose offset is a float
+    /// (`Packed::scales`' second value, times `d_a * sum(q_a)`).
+    const A8_INT_OFFSET: i32 = 0;
 }
 
 pub(super) struct P4_0;
@@ -158,6 +159,7 @@ unsafe fn dots4<const G: usize, const T: usize, const HB: usize>(
 impl Packed for P4_0 {
     const BYTES: usize = 144;
     const Q: usize = 16;
+    const A8_INT_OFFSET: i32 = -8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
@@ -188,6 +190,7 @@ impl Packed for P4_1 {
 impl Packed for P5_0 {
     const BYTES: usize = 176;
     const Q: usize = 16;
+    const A8_INT_OFFSET: i32 = -16;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn scales(p: *const u8, _: usize) -> (__m256, Option<__m256>) {
@@ -285,7 +288,7 @@ impl Packed for PMxfp4 {
     }
     const BITS: u32 = 4;
     const E2M1: bool = true;
-    const A8_BIAS: f32 = 12.0;
+    const A8_INT_OFFSET: i32 = -12;
 }
 
 /// Adds the products of `G` groups' MXFP4 blocks (codes laid out as Q4_0's nibbles) to
@@ -611,23 +614,39 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                 5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
                 _ => dots4::<G, T, 0>(&q, &aq, &mut isum, 0, 4),
             }
+            if A8 && P::A8_INT_OFFSET != 0 {
+                // The offset in the integers: exact, and one add per row group and token.
+                for t in 0..T {
+                    let asum = ab[t].add(4).cast::<i32>().read_unaligned();
+                    let c = _mm256_set1_epi32(P::A8_INT_OFFSET * asum);
+                    for i in 0..G {
+                        isum[i][t] = _mm256_add_epi32(isum[i][t], c);
+                    }
+                }
+            }
             for i in 0..G {
                 let (d, off) = P::scales(p[i], s);
-                let off = if A8 && P::A8_BIAS != 0.0 {
-                    Some(_mm256_mul_ps(d, _mm256_set1_ps(-P::A8_BIAS)))
+                let off = if A8 && P::A8_INT_OFFSET != 0 {
+                    None
                 } else {
                     off
                 };
                 for t in 0..T {
-                    let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
+                    let da_s = ab[t].cast::<f32>().read_unaligned();
+                    let da = _mm256_set1_ps(da_s);
                     acc[i][t] = _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(isum[i][t]),
                         _mm256_mul_ps(d, da),
                         acc[i][t],
                     );
                     if let Some(m) = off {
-                        let sa = _mm256_set1_ps(ab[t].add(4).cast::<f32>().read_unaligned());
-                        acc[i][t] = _mm256_fmadd_ps(m, sa, acc[i][t]);
+                        // Q16 blocks hold `s = d_a * sum(q_a)`; A8 blocks the integer sum.
+                        let sa = if A8 {
+                            da_s * ab[t].add(4).cast::<i32>().read_unaligned() as f32
+                        } else {
+                            ab[t].add(4).cast::<f32>().read_unaligned()
+                        };
+                        acc[i][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(sa), acc[i][t]);
                     }
                 }
             }
