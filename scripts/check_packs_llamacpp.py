@@ -460,8 +460,9 @@ def main() -> int:
                     help="the same for F32, F16, BF16 (llama.cpp's matmuls then take F16/BF16 "
                          "activations; largest measured: 5.9e-5, SmolLM2 BF16)")
     ap.add_argument("--no-gate", action="store_true", help="pass --no-gate to flowrt pack")
-    ap.add_argument("--act-quant", choices=["q16", "q8"],
-                    help="flowrt's activation quantisation (its default q16; q8 is ggml's 8-bit activations)")
+    ap.add_argument("--act-quant", choices=["q16", "q8", "q8x"],
+                    help="flowrt's activation quantisation (its default q16; q8x 8-bit activations on the "
+                         "repacked weights, q8 ggml's 8-bit activation types)")
     ap.add_argument("--no-calibrate", action="store_true",
                     help="skip the first table (each runtime against transformers on the GGUF sources)")
     ap.add_argument("--peer-python", default=str(PEER_VENV / "bin" / "python"))
