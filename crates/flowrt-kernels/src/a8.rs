@@ -68,14 +68,7 @@ pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
 pub(crate) fn quantize_block_ref(xb: &[f32], ob: &mut [u8]) {
     let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
-    let (pre, id) = if d == 0.0 {
-        (1.0, 0.0)
-    } else if (1.0 / d).is_finite() {
-        (1.0, 1.0 / d)
-    } else {
-        const TWO_64: f32 = 18_446_744_073_709_551_616.0; // 2^64
-        (TWO_64, 1.0 / (d * TWO_64))
-    };
+    let (pre, id) = q16::prescaled_inverse(d);
     let mut sum = 0i32;
     for (j, &v) in xb.iter().enumerate() {
         let q = (v * pre * id).round().clamp(-127.0, 127.0) as i8;
@@ -131,22 +124,7 @@ fn dot_ref<W: Q16Weight>(k: usize, w: &[u8], a: &[u8]) -> f32 {
 /// Scalar reference on x8-packed weights: each packed block is unpacked to ggml blocks and
 /// multiplied by [`dot_ref`].
 fn matmul_ref<W: Q16Weight>(w: GgmlType, g: MatmulArgs<'_>) {
-    use crate::x8::{unit_bytes, unit_values, unpack_block, ROWS};
-    let bb = W::BYTES;
-    let nb = g.k / unit_values(w);
-    let ub = unit_bytes(w);
-    let arow = a8_row_size(g.k);
-    let mut row = vec![0u8; nb * bb];
-    for r in 0..g.nrows {
-        let (grp, ri) = (r / ROWS, r % ROWS);
-        for b in 0..nb {
-            let o = (grp * nb + b) * ub;
-            unpack_block(w, &g.w[o..o + ub], ri, &mut row[b * bb..(b + 1) * bb]);
-        }
-        for t in 0..g.ntok {
-            g.out[t * g.out_stride + r] = dot_ref::<W>(g.k, &row, &g.a[t * arow..(t + 1) * arow]);
-        }
-    }
+    crate::x8::matmul_unpacked(w, g, a8_row_size, dot_ref::<W>)
 }
 
 /// The scalar reference A8 matmul on x8-packed weights of type `w` (what the SIMD kernels are

@@ -639,8 +639,6 @@ impl Kernels {
         );
     }
 
-    /// Weight types [`Kernels::matmul_q16`] takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-    /// Q6_K, MXFP4.
     /// Like [`Kernels::matmul_q16`], with weights packed by [`x8::pack`]: `packed` holds
     /// `nrows / 8` whole groups (`nrows` a multiple of 8).
     ///
@@ -661,30 +659,12 @@ impl Kernels {
     ) {
         let f = x8::matmul_fn(self.isa, w)
             .unwrap_or_else(|| panic!("matmul_q16_x8: {w} has no x8 layout"));
-        assert!(
-            nrows.is_multiple_of(x8::ROWS),
-            "matmul_q16_x8: nrows {nrows} is not a multiple of {}",
-            x8::ROWS
-        );
-        assert!(
-            k.is_multiple_of(x8::unit_values(w)),
-            "matmul_q16_x8({w}): k={k} is not whole packed units"
-        );
-        checked_matmul(
-            f,
-            w,
-            k,
-            packed,
-            x8::packed_size(w, nrows, k),
-            nrows,
-            a,
-            q16::q16_row_size(k),
-            ntok,
-            out,
-            out_stride,
-        );
+        let arow = q16::q16_row_size(k);
+        checked_x8_matmul(f, w, k, packed, nrows, a, arow, ntok, out, out_stride);
     }
 
+    /// Weight types [`Kernels::matmul_q16`] takes: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+    /// Q6_K, MXFP4.
     pub fn supports_q16(w: GgmlType) -> bool {
         q16::supports(w)
     }
@@ -716,28 +696,8 @@ impl Kernels {
     ) {
         let f = a8::matmul_fn(self.isa, w)
             .unwrap_or_else(|| panic!("matmul_a8_x8: {w} has no A8 matmul"));
-        assert!(
-            nrows.is_multiple_of(x8::ROWS),
-            "matmul_a8_x8: nrows {nrows} is not a multiple of {}",
-            x8::ROWS
-        );
-        assert!(
-            k.is_multiple_of(x8::unit_values(w)),
-            "matmul_a8_x8({w}): k={k} is not whole packed units"
-        );
-        checked_matmul(
-            f,
-            w,
-            k,
-            packed,
-            x8::packed_size(w, nrows, k),
-            nrows,
-            a,
-            a8::a8_row_size(k),
-            ntok,
-            out,
-            out_stride,
-        );
+        let arow = a8::a8_row_size(k);
+        checked_x8_matmul(f, w, k, packed, nrows, a, arow, ntok, out, out_stride);
     }
 
     /// The scalar reference of [`Kernels::matmul_a8_x8`] (for tests of the SIMD kernels).
@@ -904,6 +864,35 @@ fn rows_size(w: GgmlType, k: usize, nrows: usize) -> usize {
     row_size(w, k)
         .checked_mul(nrows)
         .expect("matmul: weight size overflows")
+}
+
+/// [`checked_matmul`] on x8-packed weights: `nrows` whole groups of 8, `k` whole units.
+#[allow(clippy::too_many_arguments)]
+fn checked_x8_matmul(
+    f: MatmulFn,
+    w: GgmlType,
+    k: usize,
+    packed: &[u8],
+    nrows: usize,
+    a: &[u8],
+    arow: usize,
+    ntok: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(
+        nrows.is_multiple_of(x8::ROWS),
+        "x8 matmul: nrows {nrows} is not a multiple of {}",
+        x8::ROWS
+    );
+    assert!(
+        k.is_multiple_of(x8::unit_values(w)),
+        "x8 matmul({w}): k={k} is not whole packed units"
+    );
+    let wsize = x8::packed_size(w, nrows, k);
+    checked_matmul(
+        f, w, k, packed, wsize, nrows, a, arow, ntok, out, out_stride,
+    );
 }
 
 /// Check a matmul's lengths (programmer errors panic here, before any SIMD code runs) and call

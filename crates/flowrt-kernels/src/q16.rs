@@ -66,14 +66,7 @@ pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
 /// first (exactly), so `q` still approximates `x / d` instead of becoming `±inf` (or NaN for a
 /// zero). The SIMD quantisers hand such blocks to this function.
 pub(crate) fn quantize_block_ref(xb: &[f32], d: f32, ob: &mut [u8]) {
-    let (pre, id) = if d == 0.0 {
-        (1.0, 0.0)
-    } else if (1.0 / d).is_finite() {
-        (1.0, 1.0 / d)
-    } else {
-        const TWO_64: f32 = 18_446_744_073_709_551_616.0; // 2^64
-        (TWO_64, 1.0 / (d * TWO_64))
-    };
+    let (pre, id) = prescaled_inverse(d);
     let mut sum = 0i32;
     for (j, &v) in xb.iter().enumerate() {
         let q = (v * pre * id).round().clamp(-32767.0, 32767.0) as i16;
@@ -82,6 +75,20 @@ pub(crate) fn quantize_block_ref(xb: &[f32], d: f32, ob: &mut [u8]) {
     }
     ob[0..4].copy_from_slice(&d.to_le_bytes());
     ob[4..8].copy_from_slice(&(d * sum as f32).to_le_bytes());
+}
+
+/// `(pre, id)` such that `x * pre * id` is `x / d`: `(1, 1/d)`, `(1, 0)` for `d = 0`, and
+/// where `1/d` overflows f32 (`d` below about 3e-39) `(2^64, 1 / (d 2^64))`, exact scalings
+/// that keep the quotient finite. Shared by the activation quantisers' references.
+pub(crate) fn prescaled_inverse(d: f32) -> (f32, f32) {
+    if d == 0.0 {
+        (1.0, 0.0)
+    } else if (1.0 / d).is_finite() {
+        (1.0, 1.0 / d)
+    } else {
+        const TWO_64: f32 = 18_446_744_073_709_551_616.0; // 2^64
+        (TWO_64, 1.0 / (d * TWO_64))
+    }
 }
 
 /// `(d, s)` of activation block `b` of a Q16 row.

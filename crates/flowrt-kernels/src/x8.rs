@@ -538,10 +538,21 @@ pub fn dequantize_row(w: GgmlType, packed: &[u8], row: usize, out: &mut [f32]) {
 /// Scalar reference: each packed block is unpacked to ggml blocks and multiplied exactly as
 /// [`q16`]'s reference does, so the result equals the unpacked matmul's bit for bit.
 fn matmul_ref<W: Q16Weight>(w: GgmlType, g: MatmulArgs<'_>) {
-    let bb = W::BYTES;
+    matmul_unpacked(w, g, q16::q16_row_size, q16::dot_ref::<W>)
+}
+
+/// Each row of the packed matrix `g.w` unpacked to ggml's layout, then `dot(k, row, a_t)` with
+/// each activation row (`arow(k)` bytes): the x8 scalar references (Q16 and A8 activations).
+pub(crate) fn matmul_unpacked(
+    w: GgmlType,
+    g: MatmulArgs<'_>,
+    arow: fn(usize) -> usize,
+    dot: fn(usize, &[u8], &[u8]) -> f32,
+) {
+    let bb = block_bytes(w);
     let nb = g.k / unit_values(w);
     let ub = unit_bytes(w);
-    let arow = q16::q16_row_size(g.k);
+    let arow = arow(g.k);
     let mut row = vec![0u8; nb * bb];
     for r in 0..g.nrows {
         let (grp, ri) = (r / ROWS, r % ROWS);
@@ -550,8 +561,7 @@ fn matmul_ref<W: Q16Weight>(w: GgmlType, g: MatmulArgs<'_>) {
             unpack_block(w, &g.w[o..o + ub], ri, &mut row[b * bb..(b + 1) * bb]);
         }
         for t in 0..g.ntok {
-            g.out[t * g.out_stride + r] =
-                q16::dot_ref::<W>(g.k, &row, &g.a[t * arow..(t + 1) * arow]);
+            g.out[t * g.out_stride + r] = dot(g.k, &row, &g.a[t * arow..(t + 1) * arow]);
         }
     }
 }

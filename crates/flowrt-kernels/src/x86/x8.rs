@@ -67,7 +67,7 @@ pub(super) struct P5K;
 pub(super) struct P6K;
 pub(super) struct PMxfp4;
 
-/// Two 16-bit values at `p`, broadcast to every 32-bit lane.
+/// The 4 bytes at `p` (two Q16 values, or four A8 ones), broadcast to every 32-bit lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pair(p: *const u8) -> __m256i {
@@ -374,14 +374,6 @@ unsafe fn dots8<const G: usize, const T: usize>(
     }
 }
 
-/// Four activation bytes at `p`, broadcast to every 32-bit lane.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quad(p: *const u8) -> __m256i {
-    // SAFETY: the caller guarantees 4 readable bytes at p.
-    _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
-}
-
 /// `acc[g][t] += ` the 16-bit pair sums of `s16[g][t]` widened to 32 bits (`vpmaddwd` by
 /// ones), and `s16` cleared.
 #[inline]
@@ -451,7 +443,7 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize>(
                     }
                 }
                 for t in 0..T {
-                    let av = quad(a[t].add(8 * u + 4 * half));
+                    let av = pair(a[t].add(8 * u + 4 * half));
                     for g in 0..G {
                         s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
                     }
@@ -499,7 +491,7 @@ unsafe fn dots_e2m1_a8<const G: usize, const T: usize>(
                     *w = _mm256_shuffle_epi8(lut, codes);
                 }
                 for t in 0..T {
-                    let av = quad(a[t].add(8 * u + 4 * half));
+                    let av = pair(a[t].add(8 * u + 4 * half));
                     for g in 0..G {
                         s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
                     }
