@@ -573,7 +573,7 @@ impl CpuBackend {
                 if src == dst {
                     let x = &mut self.bufs[src as usize];
                     for row in x[..n * h].chunks_exact_mut(h) {
-                        rms_norm_in_place(row, w, c.rms_norm_eps);
+                        rms_norm_in_place(k, row, w, c.rms_norm_eps);
                     }
                 } else {
                     let (s, d) = two_bufs(&mut self.bufs, src, dst);
@@ -609,7 +609,7 @@ impl CpuBackend {
                 for (b, w, width) in [(Buf::Q, qn, qd), (Buf::K, kn, kvd)] {
                     let buf = &mut self.bufs[b as usize];
                     for head in buf[..n * width].chunks_exact_mut(hd) {
-                        rms_norm_in_place(head, w, c.rms_norm_eps);
+                        rms_norm_in_place(k, head, w, c.rms_norm_eps);
                     }
                 }
             }
@@ -1090,8 +1090,10 @@ fn two_bufs(bufs: &mut [Vec<f32>; 12], a: Buf, b: Buf) -> (&[f32], &mut [f32]) {
     (a, b)
 }
 
-fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+/// `x = x / sqrt(mean(x^2) + eps) * w`, as `Kernels::rms_norm` computes it (its sum of squares
+/// is the table's `dot_f32`, SIMD where the table has it).
+fn rms_norm_in_place(k: &Kernels, x: &mut [f32], w: &[f32], eps: f32) {
+    let ss = k.dot_f32(x, x) / x.len().max(1) as f32;
     let inv = 1.0 / (ss + eps).sqrt();
     for (v, &wi) in x.iter_mut().zip(w) {
         *v *= inv * wi;
