@@ -16,8 +16,8 @@ pub enum ActQuant {
     /// ggml's 8-bit activation types (Q8_0/Q8_1/Q8_K) on the file's row layout: less precise,
     /// and slower than Q16 on the repacked weights; for comparisons with ggml's numerics.
     Q8,
-    /// 8-bit activations (`flowrt_kernels::a8`) for the repacked (x8) weights of the 4- to 6-bit
-    /// types and MXFP4, Q16 for Q8_0: faster batches (prefill) on x86, at about
+    /// 8-bit activations (`flowrt_kernels::a8`) for the repacked (x8) weights of the 4- and
+    /// 5-bit types and MXFP4, Q16 for the rest: faster batches (prefill) on x86, at about
     /// ggml's precision. Opt-in.
     Q8x,
 }

@@ -1,27 +1,25 @@
 //! A8 activations: rows quantised to 8-bit integers in blocks of 32, for matmuls with weights
-//! in the [`crate::x8`] layouts of the 4-, 5- and 6-bit types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-//! Q5_K, Q6_K, MXFP4). An opt-in alternative to [`crate::q16`] (the CPU backend's `act-quant=q8x`).
+//! in the [`crate::x8`] layouts of the 4- and 5-bit types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+//! MXFP4). An opt-in alternative to [`crate::q16`] (the CPU backend's `act-quant=q8x`).
 //!
 //! Q16 keeps the activation rounding negligible, and its AVX2 kernels are bound by
 //! `vpmaddwd` + `vpaddd`: two instructions per 16 products. With 8-bit activations the
-//! unsigned 4- to 6-bit weights meet the signed activations in `vpmaddubsw` (32 products
+//! unsigned 4- or 5-bit weights meet the signed activations in `vpmaddubsw` (32 products
 //! into 16-bit pairs per instruction), several of which add up in 16 bits before one
 //! `vpmaddwd` by ones widens a block's sums: about half the integer instructions per product.
 //! The price is ggml's precision class: an activation block keeps 8 bits, as llama.cpp's
 //! Q8_0 activations do.
 //!
-//! Block layout (40 bytes, little-endian): `d: f32` (`amax / 127`), `sums: [i16; 2]` (the sums
-//! of `q` over values 0..16 and 16..32, for the weight types' offsets: integer ones such as
-//! Q4_0's `-8` are added to the integer block sums, Q6_K's `-32` per 16-value sub-block, float
-//! ones such as Q4_1's `m` multiply `s = d * sum`), `q: [i8; 32]`, each run of 8 values stored in the order
+//! Block layout (40 bytes, little-endian): `d: f32` (`amax / 127`), `sum: i32` (`sum(q)`, for
+//! the weight types' offsets: integer ones such as Q4_0's `-8` are added to the integer block
+//! sums, float ones such as Q4_1's `m` multiply `s = d * sum`), `q: [i8; 32]`, each run of 8 values stored in the order
 //! [`PERM`] (values 0, 2, 1, 3, 4, 6, 5, 7 of the run): the byte order in which a masked
 //! 32-bit lane of an x8 4-bit unit holds one row's values (see [`crate::x8`]), so a broadcast
 //! of 4 activation bytes lines up with 4 weights of every row. `q = round(x / d)`, ties away
 //! from zero, in -127..=127.
 //!
 //! Integer block sums are exact: with weights below 32 (unsigned, the offsets applied through
-//! the sums) a 16-bit lane sums at most 16 products of at most `31 * 127`; Q6_K's (below 64) at
-//! most 4 of `63 * 127`. MXFP4's codes index the
+//! `sum`) a 16-bit lane sums at most 16 products of at most `31 * 127`. MXFP4's codes index the
 //! doubled E2M1 values plus 12 (0..=24), with `-12` as its integer offset.
 
 use flowrt_dtype::GgmlType;
@@ -53,7 +51,7 @@ pub fn a8_row_size(k: usize) -> usize {
 /// Weight types with an A8 matmul on their x8 layout.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K | Mxfp4)
+    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Mxfp4)
 }
 
 /// Scalar reference: quantise one row.
@@ -71,15 +69,14 @@ pub(crate) fn quantize_block_ref(xb: &[f32], ob: &mut [u8]) {
     let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let (pre, id) = q16::prescaled_inverse(d);
-    let mut sums = [0i16; 2];
+    let mut sum = 0i32;
     for (j, &v) in xb.iter().enumerate() {
         let q = (v * pre * id).round().clamp(-127.0, 127.0) as i8;
-        sums[j / 16] += q as i16;
+        sum += q as i32;
         ob[8 + position(j)] = q as u8;
     }
     ob[0..4].copy_from_slice(&d.to_le_bytes());
-    ob[4..6].copy_from_slice(&sums[0].to_le_bytes());
-    ob[6..8].copy_from_slice(&sums[1].to_le_bytes());
+    ob[4..8].copy_from_slice(&sum.to_le_bytes());
 }
 
 /// Where value `j` of a block is stored among its 32 quants.
@@ -94,16 +91,13 @@ fn value(a: &[u8], b: usize, j: usize) -> i32 {
     a[b * A8_BLOCK_BYTES + 8 + position(j)] as i8 as i32
 }
 
-/// `(d, [sum of values 0..16, sum of values 16..32])` of block `b` of an A8 row.
+/// `(d, sum)` of block `b` of an A8 row.
 #[inline]
-pub fn block_scale_sums(a: &[u8], b: usize) -> (f32, [i32; 2]) {
+pub fn block_scale_sum(a: &[u8], b: usize) -> (f32, i32) {
     let o = b * A8_BLOCK_BYTES;
     (
         f32::from_le_bytes([a[o], a[o + 1], a[o + 2], a[o + 3]]),
-        [
-            i16::from_le_bytes([a[o + 4], a[o + 5]]) as i32,
-            i16::from_le_bytes([a[o + 6], a[o + 7]]) as i32,
-        ],
+        i32::from_le_bytes([a[o + 4], a[o + 5], a[o + 6], a[o + 7]]),
     )
 }
 
@@ -120,8 +114,7 @@ fn dot_ref<W: Q16Weight>(k: usize, w: &[u8], a: &[u8]) -> f32 {
     for b in 0..k / QK {
         let wb = &w[b / W::SUBS * W::BYTES..(b / W::SUBS + 1) * W::BYTES];
         let (dw, cw) = W::sub(wb, b % W::SUBS, &mut wi);
-        let (da, [lo, hi]) = block_scale_sums(a, b);
-        let asum = lo + hi;
+        let (da, asum) = block_scale_sum(a, b);
         let isum: i64 = (0..QK).map(|j| wi[j] as i64 * value(a, b, j) as i64).sum();
         sum += dw * da * isum as f32 + cw * (da * asum as f32);
     }
@@ -144,7 +137,6 @@ pub(crate) fn matmul_ref_fn(w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_1 => |g| matmul_ref::<q16::W5_1>(GgmlType::Q5_1, g),
         GgmlType::Q4K => |g| matmul_ref::<q16::W4K>(GgmlType::Q4K, g),
         GgmlType::Q5K => |g| matmul_ref::<q16::W5K>(GgmlType::Q5K, g),
-        GgmlType::Q6K => |g| matmul_ref::<q16::W6K>(GgmlType::Q6K, g),
         GgmlType::Mxfp4 => |g| matmul_ref::<q16::WMxfp4>(GgmlType::Mxfp4, g),
         _ => return None,
     })

@@ -288,12 +288,10 @@ pub(crate) fn quantize_row_a8(x: &[f32], out: &mut [u8]) {
             quantize_block_ref(xb, ob);
             continue;
         }
-        let lo: i32 = ob[8..24].iter().map(|&q| q as i8 as i32).sum();
         // SAFETY: as above.
         unsafe { permute_runs(ob[8..].as_mut_ptr()) };
         ob[0..4].copy_from_slice(&d.to_le_bytes());
-        ob[4..6].copy_from_slice(&(lo as i16).to_le_bytes());
-        ob[6..8].copy_from_slice(&((sum - lo) as i16).to_le_bytes());
+        ob[4..8].copy_from_slice(&sum.to_le_bytes());
     }
 }
 

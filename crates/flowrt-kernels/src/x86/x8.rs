@@ -457,73 +457,6 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize>(
     }
 }
 
-/// With A8 activations: the products of `G` groups' Q6_K sub-block half `half` (values
-/// `16 half..16 half + 16`: units `2 half`, `2 half + 1`) as unsigned 6-bit integers (`q + 32`,
-/// 0..=63; the caller takes back `32 * sum(q_a)` of the half) into `acc[g][t]` for the `T`
-/// tokens whose A8 quants start at `a[t]`. The two high bits of each value come from the two
-/// vectors after the nibbles (see `crate::x8`); two products of at most `63 * 127` per pair,
-/// so each unit's two `vpmaddubsw` are widened before the next.
-///
-/// # Safety
-/// Each `q[g]` points to a sub-block's 128 nibble bytes and its two 32-byte high-bit vectors,
-/// each `a[t]` to 32 readable bytes; AVX2 host.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots6_a8<const G: usize, const T: usize>(
-    q: &[*const u8; G],
-    a: &[*const u8; T],
-    acc: &mut [[__m256i; T]; G],
-    half: usize,
-) {
-    let m = _mm256_set1_epi8(0x0F);
-    // SAFETY: as the contract says; unit u pairs with activation bytes 8u..8u+8.
-    unsafe {
-        let h: [__m256i; G] =
-            std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(128 + 32 * half).cast()));
-        let mut s16 = [[_mm256_setzero_si256(); T]; G];
-        for u in 2 * half..2 * half + 2 {
-            let raw: [__m256i; G] =
-                std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
-            for nib in 0..2 {
-                let mut w = [_mm256_setzero_si256(); G];
-                for (g, w) in w.iter_mut().enumerate() {
-                    *w = if nib == 0 {
-                        _mm256_and_si256(raw[g], m)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m)
-                    };
-                    // Positions 2 nib (low byte) and 2 nib + 1 (high byte): their 2-bit fields.
-                    let f = (2 * (4 * (u % 2) + 2 * nib)) as u32;
-                    *w = _mm256_or_si256(*w, bits_to(h[g], f, 4, 2));
-                    *w = _mm256_or_si256(*w, bits_to(h[g], f + 2, 12, 2));
-                }
-                for t in 0..T {
-                    let av = pair(a[t].add(8 * u + 4 * nib));
-                    for g in 0..G {
-                        s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
-                    }
-                }
-            }
-            widen(&mut s16, acc);
-        }
-    }
-}
-
-/// The A8 block at `p`: the sums of its quants over values 0..16 and 16..32.
-///
-/// # Safety
-/// `p` points to an A8 block.
-#[inline]
-unsafe fn a8_sums(p: *const u8) -> [i32; 2] {
-    // SAFETY: an A8 block has its two i16 sums at bytes 4..8.
-    unsafe {
-        [
-            p.add(4).cast::<i16>().read_unaligned() as i32,
-            p.add(6).cast::<i16>().read_unaligned() as i32,
-        ]
-    }
-}
-
 /// With A8 activations: as [`dots_e2m1`], each code looked up as its doubled E2M1 value plus
 /// 12 (0..=24, unsigned for `vpmaddubsw`); 8 products of at most `24 * 127` add up in 16 bits.
 ///
@@ -648,18 +581,7 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                 // A scale per 16 values: each half's integer sums are scaled on their own.
                 for half in 0..2 {
                     let mut isum = [[_mm256_setzero_si256(); T]; G];
-                    if A8 {
-                        dots6_a8::<G, T>(&q, &aq, &mut isum, half);
-                        // The -32 of every value, through the half's activation sum.
-                        for t in 0..T {
-                            let c = _mm256_set1_epi32(-32 * a8_sums(ab[t])[half]);
-                            for i in 0..G {
-                                isum[i][t] = _mm256_add_epi32(isum[i][t], c);
-                            }
-                        }
-                    } else {
-                        dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
-                    }
+                    dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
                     for i in 0..G {
                         let dsc = P::half_scales(p[i], 2 * s + half);
                         for t in 0..T {
@@ -687,8 +609,8 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
             if A8 && P::A8_INT_OFFSET != 0 {
                 // The offset in the integers: exact, and one add per row group and token.
                 for t in 0..T {
-                    let [lo, hi] = a8_sums(ab[t]);
-                    let c = _mm256_set1_epi32(P::A8_INT_OFFSET * (lo + hi));
+                    let asum = ab[t].add(4).cast::<i32>().read_unaligned();
+                    let c = _mm256_set1_epi32(P::A8_INT_OFFSET * asum);
                     for i in 0..G {
                         isum[i][t] = _mm256_add_epi32(isum[i][t], c);
                     }
@@ -712,8 +634,7 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                     if let Some(m) = off {
                         // Q16 blocks hold `s = d_a * sum(q_a)`; A8 blocks the integer sum.
                         let sa = if A8 {
-                            let [lo, hi] = a8_sums(ab[t]);
-                            da_s * (lo + hi) as f32
+                            da_s * ab[t].add(4).cast::<i32>().read_unaligned() as f32
                         } else {
                             ab[t].add(4).cast::<f32>().read_unaligned()
                         };
@@ -832,7 +753,6 @@ pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_1 => entry::<P5_1>,
         GgmlType::Q4K => entry::<P4K>,
         GgmlType::Q5K => entry::<P5K>,
-        GgmlType::Q6K => entry::<P6K>,
         GgmlType::Mxfp4 => entry::<PMxfp4>,
         _ => return None,
     })
