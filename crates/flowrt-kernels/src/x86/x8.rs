@@ -391,27 +391,36 @@ unsafe fn widen<const G: usize, const T: usize>(
     }
 }
 
-/// With A8 activations (see `crate::a8`): adds the products of `G` groups' 4-bit blocks
-/// (`HB` = 1: a high-bit plane after the nibbles completes 5-bit values) to `acc[g][t]` for
-/// the `T` tokens whose A8 block quants (32 i8 in `a8::PERM` order) start at `a[t]`.
+/// With A8 activations (see `crate::a8`): adds the products of `G` groups' 4-bit blocks to
+/// `acc[g][t]` for the `T` tokens whose A8 block quants (32 i8 in `a8::PERM` order) start at
+/// `a[t]`. The 4-bit codes are the weights' integers (`HB` = 1: a high-bit plane after the
+/// nibbles completes 5-bit values), or with `E2M1` (MXFP4) index the doubled E2M1 values plus
+/// 12 (0..=24, unsigned for `vpmaddubsw`).
 ///
 /// Masking a unit's bytes with `0x0F` gives, in row `r`'s 32-bit lane, its values
 /// `8u, 8u+2, 8u+1, 8u+3`; the same after a shift by 4, `8u+4, 8u+6, 8u+5, 8u+7`: the order of
 /// the activation bytes `8u..8u+4` and `8u+4..8u+8`. `vpmaddubsw` multiplies the unsigned
-/// weights with the signed activations into 16-bit pairs; 16 such products (4-bit weights, at
-/// most `15 * 127` each) or 8 (5-bit, `31 * 127`) add up in 16 bits before they are widened.
+/// weights with the signed activations into 16-bit pairs, which add up in 16 bits before they
+/// are widened: 16 products of 4-bit weights (at most `15 * 127` each), 8 of 5-bit ones
+/// (`31 * 127`) or of E2M1 ones (`24 * 127`).
 ///
 /// # Safety
-/// Each `q[g]` points to a block's quants (and its high-bit plane after them), each `a[t]` to
-/// 32 readable bytes; AVX2 host.
+/// Each `q[g]` points to a block's 128 quant bytes (and its high-bit plane after them), each
+/// `a[t]` to 32 readable bytes; AVX2 host.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize>(
+unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize, const E2M1: bool>(
     q: &[*const u8; G],
     a: &[*const u8; T],
     acc: &mut [[__m256i; T]; G],
 ) {
     let m = _mm256_set1_epi8(0x0F);
+    let lut = _mm256_setr_epi8(
+        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24,
+        12, 11, 10, 9, 8, 6, 4, 0,
+    );
+    // Units whose products fit 16 bits before widening: all 4 for plain 4-bit weights, 2 else.
+    let span = if HB == 0 && !E2M1 { 4 } else { 2 };
     // SAFETY: a 4-bit block has 4 units of 32 bytes at q[g], then HB planes of 32 bytes; unit
     // u pairs with activation bytes 8u..8u+8 of each a[t].
     unsafe {
@@ -434,6 +443,9 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize>(
                     } else {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m)
                     };
+                    if E2M1 {
+                        *w = _mm256_shuffle_epi8(lut, *w);
+                    }
                     if HB == 1 {
                         // Positions 2 half and 2 half + 1 of unit u (see `crate::x8`): the low
                         // and the high byte of each 16-bit lane, their fifth bits at 4 and 12.
@@ -449,55 +461,7 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize>(
                     }
                 }
             }
-            if HB == 1 && u == 1 {
-                widen(&mut s16, acc);
-            }
-        }
-        widen(&mut s16, acc);
-    }
-}
-
-/// With A8 activations: as [`dots_e2m1`], each code looked up as its doubled E2M1 value plus
-/// 12 (0..=24, unsigned for `vpmaddubsw`); 8 products of at most `24 * 127` add up in 16 bits.
-///
-/// # Safety
-/// Each `q[g]` points to a block's 128 code bytes, each `a[t]` to 32 readable bytes; AVX2 host.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dots_e2m1_a8<const G: usize, const T: usize>(
-    q: &[*const u8; G],
-    a: &[*const u8; T],
-    acc: &mut [[__m256i; T]; G],
-) {
-    let lut = _mm256_setr_epi8(
-        12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14, 15, 16, 18, 20, 24,
-        12, 11, 10, 9, 8, 6, 4, 0,
-    );
-    let m = _mm256_set1_epi8(0x0F);
-    // SAFETY: 4 units of 32 bytes at q[g]; unit u pairs with activation bytes 8u..8u+8.
-    unsafe {
-        let mut s16 = [[_mm256_setzero_si256(); T]; G];
-        for u in 0..QK / 8 {
-            let raw: [__m256i; G] =
-                std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
-            for half in 0..2 {
-                let mut w = [_mm256_setzero_si256(); G];
-                for (g, w) in w.iter_mut().enumerate() {
-                    let codes = if half == 0 {
-                        _mm256_and_si256(raw[g], m)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m)
-                    };
-                    *w = _mm256_shuffle_epi8(lut, codes);
-                }
-                for t in 0..T {
-                    let av = pair(a[t].add(8 * u + 4 * half));
-                    for g in 0..G {
-                        s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
-                    }
-                }
-            }
-            if u % 2 == 1 {
+            if u % span == span - 1 {
                 widen(&mut s16, acc);
             }
         }
@@ -598,9 +562,9 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
             }
             let mut isum = [[_mm256_setzero_si256(); T]; G];
             match P::BITS {
-                _ if A8 && P::E2M1 => dots_e2m1_a8::<G, T>(&q, &aq, &mut isum),
-                5 if A8 => dots4_a8::<G, T, 1>(&q, &aq, &mut isum),
-                _ if A8 => dots4_a8::<G, T, 0>(&q, &aq, &mut isum),
+                _ if A8 && P::E2M1 => dots4_a8::<G, T, 0, true>(&q, &aq, &mut isum),
+                5 if A8 => dots4_a8::<G, T, 1, false>(&q, &aq, &mut isum),
+                _ if A8 => dots4_a8::<G, T, 0, false>(&q, &aq, &mut isum),
                 _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
                 8 => dots8::<G, T>(&q, &aq, &mut isum),
                 5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
