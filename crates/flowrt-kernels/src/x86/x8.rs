@@ -521,7 +521,11 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
         std::array::from_fn(|i| g.w.as_ptr().wrapping_add((grp + i) * units * P::BYTES));
     let wend = g.w.as_ptr().wrapping_add(g.w.len());
     let a = g.a.as_ptr();
-    let mut acc = [[_mm256_setzero_ps(); T]; G];
+    // The float sums live in memory, read and written once per block: with them in registers
+    // too, a two-group, four-token tile needs more than the 16 ymm registers, and where the
+    // compiler then spills (the integer sums of the inner loop, or these) decides the speed.
+    let mut acc_mem = [[_mm256_setzero_ps(); T]; G];
+    let acc: *mut __m256 = acc_mem.as_mut_ptr().cast();
     // SAFETY (loop): block b of the groups and of tokens t0..t0+T lies inside `g.w` / `g.a`.
     unsafe {
         for b in 0..nb {
@@ -550,11 +554,12 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                         let dsc = P::half_scales(p[i], 2 * s + half);
                         for t in 0..T {
                             let da = _mm256_set1_ps(ab[t].cast::<f32>().read_unaligned());
-                            acc[i][t] = _mm256_fmadd_ps(
+                            let p = acc.add(i * T + t);
+                            p.write_volatile(_mm256_fmadd_ps(
                                 _mm256_cvtepi32_ps(isum[i][t]),
                                 _mm256_mul_ps(dsc, da),
-                                acc[i][t],
-                            );
+                                p.read_volatile(),
+                            ));
                         }
                     }
                 }
@@ -590,10 +595,11 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                 for t in 0..T {
                     let da_s = ab[t].cast::<f32>().read_unaligned();
                     let da = _mm256_set1_ps(da_s);
-                    acc[i][t] = _mm256_fmadd_ps(
+                    let p = acc.add(i * T + t);
+                    let mut v = _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(isum[i][t]),
                         _mm256_mul_ps(d, da),
-                        acc[i][t],
+                        p.read_volatile(),
                     );
                     if let Some(m) = off {
                         // Q16 blocks hold `s = d_a * sum(q_a)`; A8 blocks the integer sum.
@@ -602,8 +608,9 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                         } else {
                             ab[t].add(4).cast::<f32>().read_unaligned()
                         };
-                        acc[i][t] = _mm256_fmadd_ps(m, _mm256_set1_ps(sa), acc[i][t]);
+                        v = _mm256_fmadd_ps(m, _mm256_set1_ps(sa), v);
                     }
+                    p.write_volatile(v);
                 }
             }
         }
@@ -612,7 +619,7 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
             for t in 0..T {
                 _mm256_storeu_ps(
                     out.add((t0 + t) * g.out_stride + (grp + i) * ROWS),
-                    acc[i][t],
+                    acc.add(i * T + t).read_volatile(),
                 );
             }
         }
