@@ -432,6 +432,8 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize, const E2M1: 
             }
         });
         let mut s16 = [[_mm256_setzero_si256(); T]; G];
+        let mut part_mem = [[_mm256_setzero_si256(); T]; G];
+        let part: *mut __m256i = part_mem.as_mut_ptr().cast();
         for u in 0..QK / 8 {
             let raw: [__m256i; G] =
                 std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
@@ -462,7 +464,28 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize, const E2M1: 
                 }
             }
             if u % span == span - 1 {
-                widen(&mut s16, acc);
+                if u + 1 < QK / 8 {
+                    // Not the block's last units: the widened sums wait in memory, so that
+                    // the 16-bit sums and the weights keep the registers (as in [`tile`]).
+                    let ones = _mm256_set1_epi16(1);
+                    for g in 0..G {
+                        for t in 0..T {
+                            let p = part.add(g * T + t);
+                            let w = _mm256_madd_epi16(s16[g][t], ones);
+                            p.write_volatile(_mm256_add_epi32(p.read_volatile(), w));
+                            s16[g][t] = _mm256_setzero_si256();
+                        }
+                    }
+                } else {
+                    widen(&mut s16, acc);
+                }
+            }
+        }
+        if span < QK / 8 {
+            for g in 0..G {
+                for t in 0..T {
+                    acc[g][t] = _mm256_add_epi32(acc[g][t], part.add(g * T + t).read_volatile());
+                }
             }
         }
     }
