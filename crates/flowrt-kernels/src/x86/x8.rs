@@ -467,6 +467,8 @@ unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize, const E2M1: 
                 if u + 1 < QK / 8 {
                     // Not the block's last units: the widened sums wait in memory, so that
                     // the 16-bit sums and the weights keep the registers (as in [`tile`]).
+                    // Written out rather than through `widen` and a temporary array, which
+                    // compiled to a 13 % slower MXFP4 prefill (docs/performance.md).
                     let ones = _mm256_set1_epi16(1);
                     for g in 0..G {
                         for t in 0..T {
