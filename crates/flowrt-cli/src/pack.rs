@@ -5,7 +5,7 @@
 //! source row dequantised to f32 and requantised), as `OUT.partial`, renamed to OUT when
 //! complete; on any error, or when the gate refuses, nothing is left at OUT.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,10 +15,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flowrt_dtype::GgmlType;
-use flowrt_engine::{EngineOptions, KvPrecision, LoadedModel, ProcMemory, Session};
+use flowrt_engine::{EngineOptions, InputStatKind, KvPrecision, LoadedModel, ProcMemory, Session};
 use flowrt_gguf::write::{partial_path, StreamWriter, TensorSpec};
 use flowrt_gguf::{GgufFile, Value};
-use flowrt_kernels::Kernels;
+use flowrt_kernels::{gptq, Kernels};
 use flowrt_model::plan::MatRole;
 
 #[path = "pack_hf.rs"]
@@ -44,7 +44,14 @@ of the activation column it multiplies (an importance matrix: pack first runs th
 over the gate's prompts, and --prompts adds to them), and keep ggml's reference bytes where \
 those do better; the token embedding, the experts and anything else without measured \
 activations get the unweighted search; --no-importance skips the run and weighs every value \
-the same. Q8_0 rounds as ggml's reference does. MXFP4 \
+the same. --gptq (Q4_0, Q4_1) also measures each input's second-moment matrix and quantises \
+each row a column at a time, spreading its rounding errors over the columns still to come \
+(error feedback, the GPTQ method): closer to the source on text like the calibration \
+prompts, slower, 4 n^2 bytes held per distinct input of n columns (docs/quantisation.md); \
+its gate runs on built-in held-out prompts instead of the calibration ones, and it needs at \
+least as many calibration tokens as the widest matrix input has columns (add text with \
+--prompts FILE). \
+Q8_0 rounds as ggml's reference does. MXFP4 \
 per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
 E2M1 code (ggml's and gguf-py's rule).
 
@@ -117,6 +124,14 @@ pub struct PackArgs {
     /// by running the source over the gate's prompts first).
     #[arg(long = "no-importance")]
     pub no_importance: bool,
+    /// Q4_0 and Q4_1: quantise each dense matrix with error feedback (the GPTQ method): the
+    /// source run also measures each matrix input's second-moment matrix, and each row is
+    /// quantised a column at a time, its rounding errors spread over the columns not yet
+    /// quantised so that the matrix's output moves least. Costs memory for those matrices
+    /// (4·n² bytes per distinct input of n columns, every layer's, held until the pack is
+    /// written) and time (about n²/2 multiply-adds per row). Same file format.
+    #[arg(long, conflicts_with = "no_importance")]
+    pub gptq: bool,
 }
 
 /// The types `--quant` takes, with the gate's default (max mean KL, min top-1).
@@ -203,20 +218,54 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         args.output != args.source,
         "the output must not be the source"
     );
+    anyhow::ensure!(
+        !args.gptq || uses_importance(quant),
+        "--gptq applies to Q4_0 and Q4_1 (not {quant})"
+    );
     let done = Arc::new(AtomicBool::new(false));
     remove_on_interrupt(
         vec![partial_path(&args.output), args.output.clone()],
         done.clone(),
     );
     let t0 = Instant::now();
+    let threads = match args.threads {
+        Some(t) if t > 0 => t,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
     let importance = if uses_importance(quant) && !args.no_importance {
         let imp = importance(&args, &extra)?;
+        let grams: HashSet<*const Vec<f32>> = imp
+            .values()
+            .filter_map(|v| v.2.as_ref().map(Arc::as_ptr))
+            .collect();
         println!(
-            "importance: {} matrices, from {} tokens of the gate's prompts through the source ({:.1}s)",
+            "importance: {} matrices, from {} tokens of the gate's prompts through the source{} ({:.1}s)",
             imp.len(),
             imp.values().map(|v| v.1).max().unwrap_or(0),
+            if args.gptq {
+                format!(", with the second moments of {} inputs (--gptq)", grams.len())
+            } else {
+                String::new()
+            },
             t0.elapsed().as_secs_f64()
         );
+        if args.gptq {
+            let tokens = imp.values().map(|v| v.1).max().unwrap_or(0);
+            let widest = imp
+                .values()
+                .filter_map(|v| v.2.as_ref())
+                .map(|g| g.len().isqrt())
+                .max()
+                .unwrap_or(0);
+            anyhow::ensure!(
+                tokens >= widest as u64,
+                "--gptq: the calibration has {tokens} tokens, fewer than the widest matrix \
+                 input ({widest} columns), so its second moments are rank-deficient and error \
+                 feedback would fit those prompts rather than the model (measured worse than \
+                 the weighted search, docs/quantisation.md); add calibration text with \
+                 --prompts FILE"
+            );
+        }
         imp
     } else {
         Default::default()
@@ -233,6 +282,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
             quant,
             &args.output,
             &importance,
+            threads,
             &|t: &SrcTensor<'_>| t.slices().into_iter().for_each(|s| hf.release(s)),
         )?
     } else {
@@ -263,6 +313,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
             quant,
             &args.output,
             &importance,
+            threads,
             &|t: &SrcTensor<'_>| src.release(t.file_offset, t.data.len()),
         )?
     };
@@ -296,6 +347,12 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         println!(
             "gate:      against {} (--against), not the source",
             a.display()
+        );
+    }
+    if args.gptq {
+        println!(
+            "gate:      on {} held-out prompts, not the ones --gptq calibrated on",
+            HELDOUT.lines().filter(|l| !l.trim().is_empty()).count()
         );
     }
     let result = gate(&args, &extra);
@@ -620,6 +677,7 @@ fn write_pack(
     quant: GgmlType,
     out: &Path,
     importance: &Importance,
+    threads: usize,
     release: &dyn Fn(&SrcTensor<'_>),
 ) -> Result<Vec<(String, GgmlType)>> {
     let mut specs = Vec::new();
@@ -664,6 +722,8 @@ fn write_pack(
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let k = Kernels::detect();
+    // Error-feedback factors of the last few inputs (Q, K and V share one, gate and up one).
+    let mut factors: Vec<(*const Vec<f32>, Arc<gptq::Factor>)> = Vec::new();
     for (t, spec) in tensors.iter().zip(&specs) {
         bar.set_message(t.name.clone());
         let src_ty = *t.ty.as_ref().expect("checked above");
@@ -675,10 +735,43 @@ fn write_pack(
         let mut ggml = Vec::with_capacity(out_row);
         // Only a row of the length the statistics were taken for (a fused or split matrix
         // whose input differs falls back to the plain search).
-        let imp = matrix_key(&t.name)
-            .and_then(|key| importance.get(&key))
-            .map(|v| &v.0[..])
-            .filter(|w| w.len() == n);
+        let stat = matrix_key(&t.name).and_then(|key| importance.get(&key));
+        let imp = stat.map(|v| &v.0[..]).filter(|w| w.len() == n);
+        let gram = stat
+            .and_then(|v| v.2.as_ref())
+            .filter(|g| g.len() == n * n && gptq::supports(spec.ty));
+        if let Some(g) = gram {
+            let key = Arc::as_ptr(g);
+            let factor = match factors.iter().find(|(p, _)| *p == key) {
+                Some((_, f)) => Ok(f.clone()),
+                None => gptq::Factor::new(g, n, threads).map(Arc::new),
+            };
+            match factor {
+                Ok(factor) => {
+                    if !factors.iter().any(|(p, _)| *p == key) {
+                        factors.push((key, factor.clone()));
+                        if factors.len() > 4 {
+                            factors.remove(0);
+                        }
+                    }
+                    let mut m = vec![0f32; rows * n];
+                    for (r, row) in m.chunks_mut(n.max(1)).enumerate() {
+                        reader.row(k, r, row);
+                    }
+                    gptq::quantize_matrix(spec.ty, &mut m, &factor, &mut buf, threads)
+                        .with_context(|| format!("tensor `{}`: error feedback", t.name))?;
+                    w.write_tensor(&t.name, &buf)
+                        .with_context(|| format!("cannot write {}", partial.display()))?;
+                    release(t);
+                    bar.inc(1);
+                    continue;
+                }
+                Err(e) => bar.println(format!(
+                    "gptq:      `{}`: {e}; quantised with the weighted search instead",
+                    t.name
+                )),
+            }
+        }
         for r in 0..rows {
             let dst = &mut buf[r * out_row..(r + 1) * out_row];
             ggml.clear();
@@ -756,8 +849,8 @@ fn matrix_key(name: &str) -> Option<(Option<usize>, MatRole)> {
 }
 
 /// Per matrix: the mean square of each input column of the source over the gate's prompts,
-/// and the tokens it was taken over.
-type Importance = HashMap<(Option<usize>, MatRole), (Vec<f32>, u64)>;
+/// the tokens it was taken over, and (`--gptq`) the input's second-moment matrix.
+type Importance = HashMap<(Option<usize>, MatRole), (Vec<f32>, u64, Option<Arc<Vec<f32>>>)>;
 
 /// Runs the source (at its stored precision) over the gate's prompts and returns each dense
 /// matrix's column importances.
@@ -771,14 +864,19 @@ fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
     let opts = gate_options(args, &source);
     let prompts =
         flowrt_engine::builtin_prompts(&source.tokenizer, source.template.as_ref(), extra)?;
-    let stats = flowrt_engine::input_stats(&source, &prompts, &opts)?;
+    let kind = if args.gptq {
+        InputStatKind::Gram
+    } else {
+        InputStatKind::SumSquares
+    };
+    let stats = flowrt_engine::input_stats(&source, &prompts, &opts, kind)?;
     Ok(stats
         .into_iter()
         .filter(|s| s.rows > 0)
         .map(|s| {
             let n = s.rows as f64;
             let mean: Vec<f32> = s.sum_sq.iter().map(|&v| (v / n) as f32).collect();
-            ((s.layer, s.role), (mean, s.rows))
+            ((s.layer, s.role), (mean, s.rows, s.gram))
         })
         .collect())
 }
@@ -794,6 +892,10 @@ fn gate_options(args: &PackArgs, model: &LoadedModel) -> EngineOptions {
     }
 }
 
+/// The gate's prompts under `--gptq`, which calibrates on the built-in ones (and
+/// `--prompts`): eight paragraphs of prose and code that nothing calibrates on.
+const HELDOUT: &str = include_str!("../../../tests/fixtures/heldout-prompts.txt");
+
 fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport> {
     let (what, path) = match &args.against {
         Some(p) => ("--against model", p),
@@ -804,11 +906,25 @@ fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport
     let packed = LoadedModel::load(&args.output)
         .with_context(|| format!("cannot load pack {}", args.output.display()))?;
     let opts = gate_options(args, &reference);
-    let prompts =
-        flowrt_engine::builtin_prompts(&reference.tokenizer, reference.template.as_ref(), extra)?;
+    let prompts_of = |m: &LoadedModel| -> Result<Vec<Vec<u32>>> {
+        if args.gptq {
+            // Error feedback fits the calibration prompts closely: gate on text it never saw.
+            let mut out = Vec::new();
+            for line in HELDOUT.lines().filter(|l| !l.trim().is_empty()) {
+                out.push(m.tokenizer.encode(line, true, false)?);
+            }
+            Ok(out)
+        } else {
+            Ok(flowrt_engine::builtin_prompts(
+                &m.tokenizer,
+                m.template.as_ref(),
+                extra,
+            )?)
+        }
+    };
+    let prompts = prompts_of(&reference)?;
     if args.against.is_some() {
-        let mine =
-            flowrt_engine::builtin_prompts(&packed.tokenizer, packed.template.as_ref(), extra)?;
+        let mine = prompts_of(&packed)?;
         if let Some(i) = (0..prompts.len()).find(|&i| mine.get(i) != prompts.get(i)) {
             bail!(
                 "the --against model tokenises gate prompt {i} differently from the pack \

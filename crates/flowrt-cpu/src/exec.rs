@@ -21,6 +21,7 @@ use crate::pool::{ColumnWriter, ThreadPool};
 use crate::rope::RopeTable;
 
 mod attention;
+mod input_stats;
 mod short_conv;
 pub use attention::AttnSplit;
 
@@ -236,7 +237,7 @@ pub struct CpuBackend {
     pending_spans: Vec<SeqSpan>, // (n_seq)
     /// The dense matmuls' input statistics while collecting them
     /// ([`Backend::collect_input_stats`]).
-    input_stats: Option<Vec<flowrt_dispatch::InputStat>>,
+    input_stats: Option<input_stats::InputStats>,
 }
 
 impl CpuBackend {
@@ -945,32 +946,15 @@ impl CpuBackend {
             }
         };
         if let Some(stats) = self.input_stats.as_mut() {
-            // The input's column sums of squares once, added to every matmul that reads it.
             let s = &self.bufs[src as usize];
-            let mut sq = vec![0f64; kdim];
-            for t in 0..nsel {
-                let r = row_of(t);
-                for (acc, &v) in sq.iter_mut().zip(&s[r * kdim..(r + 1) * kdim]) {
-                    *acc += v as f64 * v as f64;
-                }
-            }
-            for &(_, role) in items {
-                match stats
-                    .iter_mut()
-                    .find(|e| e.layer == layer && e.role == role)
-                {
-                    Some(e) => {
-                        e.sum_sq.iter_mut().zip(&sq).for_each(|(a, v)| *a += v);
-                        e.rows += nsel as u64;
-                    }
-                    None => stats.push(flowrt_dispatch::InputStat {
-                        layer,
-                        role,
-                        sum_sq: sq.clone(),
-                        rows: nsel as u64,
-                    }),
-                }
-            }
+            let rows: Vec<&[f32]> = (0..nsel)
+                .map(|t| {
+                    let r = row_of(t);
+                    &s[r * kdim..(r + 1) * kdim]
+                })
+                .collect();
+            let roles: Vec<MatRole> = items.iter().map(|&(_, role)| role).collect();
+            stats.add(layer, &roles, &rows, kdim, self.pool.n_threads());
         }
         let act_row = fmt.row_size(kdim);
         let kern = self.kernels;
@@ -1293,18 +1277,18 @@ impl Backend for CpuBackend {
         self.model.config.vocab_size
     }
 
-    fn collect_input_stats(&mut self, on: bool) -> Result<(), String> {
-        self.input_stats = on.then(Vec::new);
+    fn collect_input_stats(
+        &mut self,
+        what: Option<flowrt_dispatch::InputStatKind>,
+    ) -> Result<(), String> {
+        self.input_stats = what.map(input_stats::InputStats::new);
         Ok(())
     }
     fn take_input_stats(&mut self) -> Vec<flowrt_dispatch::InputStat> {
-        let mut s = self
-            .input_stats
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
-        s.sort_by_key(|e| (e.layer.is_none(), e.layer, e.role as usize));
-        s
+        match self.input_stats.as_mut() {
+            Some(s) => std::mem::replace(s, input_stats::InputStats::new(s.kind())).take(),
+            None => Vec::new(),
+        }
     }
     fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
         if buf == Buf::Logits {

@@ -200,6 +200,20 @@ pub struct InputStat {
     pub sum_sq: Vec<f64>,
     /// Rows (tokens) summed.
     pub rows: u64,
+    /// `Σ x xᵀ` over the same rows (`n × n`, row-major, f32) when [`InputStatKind::Gram`]
+    /// was asked for; shared by the matmuls that read the same input.
+    pub gram: Option<std::sync::Arc<Vec<f32>>>,
+}
+
+/// What [`Backend::collect_input_stats`] accumulates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputStatKind {
+    /// Each input column's sum of squares ([`InputStat::sum_sq`]).
+    SumSquares,
+    /// That and the whole second-moment matrix `Σ x xᵀ` of each distinct input
+    /// ([`InputStat::gram`]): `4 n²` bytes per input of `n` columns (every layer's), for
+    /// error-feedback quantisation.
+    Gram,
 }
 
 /// What a backend is, for reports.
@@ -293,12 +307,13 @@ pub trait Backend: Send {
             self.info().name
         ))
     }
-    /// Starts (`true`, from zero) or stops accumulating [`InputStat`]s of every dense matmul
-    /// the following runlists run (not a mixture of experts' expert matrices): `flowrt pack`
-    /// calibrates its importance-weighted quantisation with them. Nothing calls this in
-    /// normal running. A device that cannot answers why not (the default).
-    fn collect_input_stats(&mut self, on: bool) -> Result<(), String> {
-        let _ = on;
+    /// Starts (`Some`, from zero) or stops (`None`) accumulating [`InputStat`]s of every
+    /// dense matmul the following runlists run (not a mixture of experts' expert matrices):
+    /// `flowrt pack` calibrates its importance-weighted and error-feedback quantisation with
+    /// them. Nothing calls this in normal running. A device that cannot answers why not (the
+    /// default).
+    fn collect_input_stats(&mut self, what: Option<InputStatKind>) -> Result<(), String> {
+        let _ = what;
         Err(format!(
             "the {} backend cannot collect matmul input statistics",
             self.info().name

@@ -354,8 +354,8 @@ impl<B: Backend> Backend for FaultBackend<B> {
     ) -> Result<(), String> {
         self.inner.write_activation(buf, values)
     }
-    fn collect_input_stats(&mut self, on: bool) -> Result<(), String> {
-        self.inner.collect_input_stats(on)
+    fn collect_input_stats(&mut self, what: Option<crate::InputStatKind>) -> Result<(), String> {
+        self.inner.collect_input_stats(what)
     }
     fn take_input_stats(&mut self) -> Vec<crate::InputStat> {
         self.inner.take_input_stats()

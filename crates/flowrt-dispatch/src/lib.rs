@@ -30,7 +30,8 @@ pub mod trace;
 pub mod watch;
 
 pub use backend::{
-    Backend, BackendInfo, Batch, DeviceError, DeviceRates, InputStat, LogitsWanted, SeqSpan,
+    Backend, BackendInfo, Batch, DeviceError, DeviceRates, InputStat, InputStatKind, LogitsWanted,
+    SeqSpan,
 };
 pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use flowrt_dispatch::{Backend, Batch, InputStat, LogitsWanted, Runlist, SeqSpan};
+use flowrt_dispatch::{Backend, Batch, InputStat, InputStatKind, LogitsWanted, Runlist, SeqSpan};
 
 use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
@@ -21,6 +21,7 @@ pub fn input_stats(
     model: &LoadedModel,
     prompts: &[Vec<u32>],
     opts: &EngineOptions,
+    kind: InputStatKind,
 ) -> Result<Vec<InputStat>, EngineError> {
     let max = model.model_ctx().max(1);
     let prompts: Vec<&[u32]> = prompts
@@ -37,7 +38,7 @@ pub fn input_stats(
     let settings = opts.backend_settings(n_ctx, 1);
     let mut backend = flowrt_backends::open(opts.backend, model.model.clone(), &settings)?;
     let fail = |e: String| EngineError::Invalid(format!("matmul input statistics: {e}"));
-    backend.collect_input_stats(true).map_err(fail)?;
+    backend.collect_input_stats(Some(kind)).map_err(fail)?;
     let plan = model.plan.clone();
     let layers = model.model.config.num_hidden_layers;
     let rl = Runlist {

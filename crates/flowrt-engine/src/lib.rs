@@ -31,7 +31,7 @@ pub use diff::{diff, DiffOptions, DiffPrompt, DiffReport, LayerDiff, DEFAULT_DIF
 pub use embed::{l2_normalize, EmbedOptions, Embedder, Embeddings};
 pub use error::EngineError;
 pub use flowrt_backends::{BackendKind, OpenError};
-pub use flowrt_dispatch::{InputStat, KvPrecision};
+pub use flowrt_dispatch::{InputStat, InputStatKind, KvPrecision};
 pub use flowrt_model::{EmbeddingSpec, Pooling};
 pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};

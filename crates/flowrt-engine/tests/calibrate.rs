@@ -3,7 +3,9 @@
 
 mod common;
 
-use flowrt_engine::{input_stats, EngineOptions, InputStat, KvPrecision, LoadedModel};
+use flowrt_engine::{
+    input_stats, EngineOptions, InputStat, InputStatKind, KvPrecision, LoadedModel,
+};
 use flowrt_model::plan::MatRole;
 
 fn stat(stats: &[InputStat], layer: Option<usize>, role: MatRole) -> &InputStat {
@@ -32,7 +34,7 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
         kv: KvPrecision::F32,
         ..Default::default()
     };
-    let stats = input_stats(&m, &prompts, &opts).unwrap();
+    let stats = input_stats(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
     let tokens: u64 = prompts.iter().map(|p| p.len() as u64).sum();
     let c = &m.model.config;
     let h = c.hidden_size;
@@ -71,6 +73,7 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
     assert_eq!(emb.dtype, flowrt_dtype::GgmlType::F32);
     let norm = &m.model.layers[0].attn_norm;
     let mut want = vec![0f64; h];
+    let mut want_gram = vec![0f64; h * h];
     for &t in prompts.iter().flatten() {
         let row: Vec<f32> = emb.bytes()[t as usize * emb.row_bytes..][..h * 4]
             .chunks_exact(4)
@@ -78,9 +81,14 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
             .collect();
         let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / h as f64;
         let inv = 1.0 / (ms + c.rms_norm_eps as f64).sqrt();
-        for j in 0..h {
-            let x = row[j] as f64 * inv * norm[j] as f64;
-            want[j] += x * x;
+        let x: Vec<f64> = (0..h)
+            .map(|j| row[j] as f64 * inv * norm[j] as f64)
+            .collect();
+        for i in 0..h {
+            want[i] += x[i] * x[i];
+            for j in 0..h {
+                want_gram[i * h + j] += x[i] * x[j];
+            }
         }
     }
     let got = &stat(&stats, Some(0), MatRole::Q).sum_sq;
@@ -90,4 +98,31 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
             "column {j}: {g} vs {w}"
         );
     }
+    // The second moments of the same input: symmetric, its diagonal the sums of squares,
+    // one matrix shared by Q, K and V (and by gate and up).
+    let gram = stat(&stats, Some(0), MatRole::Q)
+        .gram
+        .as_ref()
+        .expect("gram");
+    assert_eq!(gram.len(), h * h);
+    for (k, (g, w)) in gram.iter().zip(&want_gram).enumerate() {
+        let scale = (want[k / h] * want[k % h]).sqrt().max(1e-3);
+        assert!(
+            (*g as f64 - w).abs() <= 1e-4 * scale,
+            "gram {},{}: {g} vs {w}",
+            k / h,
+            k % h
+        );
+    }
+    for l in 0..c.num_hidden_layers {
+        let g = |r| stat(&stats, Some(l), r).gram.clone().expect("gram");
+        assert!(std::sync::Arc::ptr_eq(&g(MatRole::Q), &g(MatRole::V)));
+        assert!(std::sync::Arc::ptr_eq(&g(MatRole::Gate), &g(MatRole::Up)));
+        assert!(!std::sync::Arc::ptr_eq(&g(MatRole::Q), &g(MatRole::O)));
+        assert_eq!(g(MatRole::Down).len(), c.intermediate_size.pow(2));
+    }
+    // Without asking for them, no second moments.
+    let plain = input_stats(&m, &prompts, &opts, InputStatKind::SumSquares).unwrap();
+    assert!(plain.iter().all(|s| s.gram.is_none()));
+    assert_eq!(stat(&plain, Some(0), MatRole::Q).sum_sq, *got);
 }

@@ -50,6 +50,7 @@ use flowrt_dtype::GgmlType;
 
 pub mod a8;
 pub mod blocks;
+pub mod gptq;
 pub mod q16;
 mod scalar;
 mod tiling;

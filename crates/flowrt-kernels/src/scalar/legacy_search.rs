@@ -434,3 +434,110 @@ pub(crate) fn quantize_row_q5_1(x: &[f32], w: Option<&[f32]>, out: &mut [u8]) {
         },
     );
 }
+
+/// A block's stored scale (and offset) as chosen by the search, for quantising its values
+/// one at a time with error feedback ([`crate::gptq`]): each value then takes the level
+/// nearest to it on this grid, and the block is written with those levels.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Grid {
+    ty: flowrt_dtype::GgmlType,
+    d: [u8; 2],
+    m: [u8; 2],
+    df: f32,
+    mf: f32,
+}
+
+impl Grid {
+    /// Whether `ty` has a grid here (Q4_0, Q4_1, Q5_0, Q5_1).
+    pub(crate) fn supports(ty: flowrt_dtype::GgmlType) -> bool {
+        use flowrt_dtype::GgmlType::*;
+        matches!(ty, Q4_0 | Q4_1 | Q5_0 | Q5_1)
+    }
+
+    /// The grid the weighted search gives the 32 values `xb` with weights `wb`.
+    pub(crate) fn search(ty: flowrt_dtype::GgmlType, xb: &[f32], wb: &[f32]) -> Self {
+        use flowrt_dtype::GgmlType::*;
+        let mut bytes = [0u8; BlockQ5_1::SIZE];
+        let (d, m) = match ty {
+            Q4_0 => {
+                quantize_row_q4_0(xb, Some(wb), &mut bytes[..BlockQ4_0::SIZE]);
+                (BlockQ4_0::read(&bytes).d, [0; 2])
+            }
+            Q4_1 => {
+                quantize_row_q4_1(xb, Some(wb), &mut bytes[..BlockQ4_1::SIZE]);
+                let b = BlockQ4_1::read(&bytes);
+                (b.d, b.m)
+            }
+            Q5_0 => {
+                quantize_row_q5_0(xb, Some(wb), &mut bytes[..BlockQ5_0::SIZE]);
+                (BlockQ5_0::read(&bytes).d, [0; 2])
+            }
+            Q5_1 => {
+                quantize_row_q5_1(xb, Some(wb), &mut bytes);
+                let b = BlockQ5_1::read(&bytes);
+                (b.d, b.m)
+            }
+            _ => panic!("no block grid for {ty}"),
+        };
+        Self {
+            ty,
+            d,
+            m,
+            df: f16_to_f32(d),
+            mf: f16_to_f32(m),
+        }
+    }
+
+    /// The level nearest to `v` and the value the decoder gives it.
+    #[inline]
+    pub(crate) fn level(&self, v: f32) -> (u8, f32) {
+        use flowrt_dtype::GgmlType::*;
+        let (sym, top) = match self.ty {
+            Q4_0 => (true, 15),
+            Q5_0 => (true, 31),
+            Q4_1 => (false, 15),
+            _ => (false, 31),
+        };
+        if sym {
+            let off = (top + 1) / 2;
+            let l = round_sym(&[v], self.df, off, top)[0];
+            (l, (l as i32 - off) as f32 * self.df)
+        } else {
+            let l = round_asym(&[v], self.df, self.mf, top)[0];
+            (l, self.df * l as f32 + self.mf)
+        }
+    }
+
+    /// Writes the block with levels `q` (from [`Grid::level`]) into `out` (the type's block
+    /// size).
+    pub(crate) fn write(&self, q: &[u8; QK], out: &mut [u8]) {
+        use flowrt_dtype::GgmlType::*;
+        match self.ty {
+            Q4_0 => BlockQ4_0 {
+                d: self.d,
+                qs: pack_nibbles(q),
+            }
+            .write(out),
+            Q4_1 => BlockQ4_1 {
+                d: self.d,
+                m: self.m,
+                qs: pack_nibbles(q),
+            }
+            .write(out),
+            Q5_0 => {
+                let (qh, qs) = pack_q5(q);
+                BlockQ5_0 { d: self.d, qh, qs }.write(out)
+            }
+            _ => {
+                let (qh, qs) = pack_q5(q);
+                BlockQ5_1 {
+                    d: self.d,
+                    m: self.m,
+                    qh,
+                    qs,
+                }
+                .write(out)
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The dense matmuls' input statistics while a pack calibrates
+//! ([`flowrt_dispatch::Backend::collect_input_stats`]): each input column's sum of squares,
+//! and with [`InputStatKind::Gram`] the second-moment matrix `Σ x xᵀ` of each distinct input
+//! (one per call of `matmuls`, shared by the matrices it feeds).
+
+use std::sync::Arc;
+
+use flowrt_dispatch::{InputStat, InputStatKind};
+use flowrt_model::plan::MatRole;
+
+pub(super) struct InputStats {
+    kind: InputStatKind,
+    stats: Vec<InputStat>,
+    /// Upper triangles (row-major `n × n`, the lower part left zero until [`Self::take`]).
+    grams: Vec<(usize, Vec<f32>)>,
+    /// Per entry of `stats`: its gram.
+    gram_of: Vec<Option<usize>>,
+}
+
+impl InputStats {
+    pub(super) fn new(kind: InputStatKind) -> Self {
+        Self {
+            kind,
+            stats: Vec::new(),
+            grams: Vec::new(),
+            gram_of: Vec::new(),
+        }
+    }
+
+    pub(super) fn kind(&self) -> InputStatKind {
+        self.kind
+    }
+
+    /// Adds the input `rows` (each `k` values) of the matmuls of `roles` in `layer`, on up
+    /// to `threads` threads.
+    pub(super) fn add(
+        &mut self,
+        layer: Option<usize>,
+        roles: &[MatRole],
+        rows: &[&[f32]],
+        k: usize,
+        threads: usize,
+    ) {
+        let mut sq = vec![0f64; k];
+        for r in rows {
+            for (acc, &v) in sq.iter_mut().zip(r.iter()) {
+                *acc += v as f64 * v as f64;
+            }
+        }
+        let mut gram = None;
+        for &role in roles {
+            match self
+                .stats
+                .iter()
+                .position(|e| e.layer == layer && e.role == role)
+            {
+                Some(i) => {
+                    let e = &mut self.stats[i];
+                    e.sum_sq.iter_mut().zip(&sq).for_each(|(a, v)| *a += v);
+                    e.rows += rows.len() as u64;
+                    gram = gram.or(self.gram_of[i]);
+                }
+                None => {
+                    self.stats.push(InputStat {
+                        layer,
+                        role,
+                        sum_sq: sq.clone(),
+                        rows: rows.len() as u64,
+                        gram: None,
+                    });
+                    self.gram_of.push(None);
+                }
+            }
+        }
+        if self.kind != InputStatKind::Gram {
+            return;
+        }
+        let g = match gram {
+            Some(g) => g,
+            None => {
+                self.grams.push((k, vec![0f32; k * k]));
+                self.grams.len() - 1
+            }
+        };
+        for &role in roles {
+            let i = self
+                .stats
+                .iter()
+                .position(|e| e.layer == layer && e.role == role)
+                .expect("added above");
+            self.gram_of[i] = Some(g);
+        }
+        add_outer(&mut self.grams[g].1, rows, k, threads);
+    }
+
+    /// The statistics in layer and role order, each Gram matrix made symmetric and shared.
+    pub(super) fn take(self) -> Vec<InputStat> {
+        let grams: Vec<Arc<Vec<f32>>> = self
+            .grams
+            .into_iter()
+            .map(|(k, mut g)| {
+                for i in 0..k {
+                    for j in 0..i {
+                        g[i * k + j] = g[j * k + i];
+                    }
+                }
+                Arc::new(g)
+            })
+            .collect();
+        let mut s: Vec<InputStat> = self
+            .stats
+            .into_iter()
+            .zip(self.gram_of)
+            .map(|(mut e, g)| {
+                e.gram = g.map(|g| grams[g].clone());
+                e
+            })
+            .collect();
+        s.sort_by_key(|e| (e.layer.is_none(), e.layer, e.role as usize));
+        s
+    }
+}
+
+/// `g += Σ_t x_t x_tᵀ` on the upper triangle, rows of `g` dealt round-robin to `threads`
+/// threads (their lengths fall along the triangle). Each row of `g` takes every token in
+/// turn, so it stays in the first-level cache.
+fn add_outer(g: &mut [f32], rows: &[&[f32]], k: usize, threads: usize) {
+    let threads = threads.clamp(1, k.max(1));
+    let mut parts: Vec<Vec<(usize, &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, row) in g.chunks_mut(k).enumerate() {
+        parts[i % threads].push((i, row));
+    }
+    std::thread::scope(|s| {
+        for part in parts {
+            s.spawn(move || {
+                for (i, grow) in part {
+                    let tail = &mut grow[i..];
+                    for x in rows {
+                        let xi = x[i];
+                        if xi != 0.0 {
+                            for (a, &v) in tail.iter_mut().zip(&x[i..]) {
+                                *a += xi * v;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+}

@@ -1,0 +1,236 @@
+//! Error-feedback quantisation (`flowrt_kernels::gptq`, what `flowrt pack --gptq` writes):
+//! on inputs with correlated columns its output error `Σ_rows eᵀ H e` is well below the
+//! importance-weighted search's, the factor it spreads errors with is `(H + λI)⁻¹`'s, the
+//! blocks it writes decode to values on their own grids, and bad shapes are errors.
+
+use flowrt_dtype::GgmlType;
+use flowrt_kernels::gptq::{quantize_matrix, Factor, GptqError};
+use flowrt_kernels::{row_size, Kernels};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const TYPES: [GgmlType; 4] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+];
+
+fn gauss(rng: &mut StdRng) -> f32 {
+    // Box-Muller.
+    let u: f32 = rng.random_range(1e-7..1.0);
+    let v: f32 = rng.random_range(0.0..1.0);
+    (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
+}
+
+/// `tokens` inputs of `n` columns mixed from `k` latent factors (so columns correlate, as
+/// a model's activations do), with a few columns much larger than the rest; and their
+/// Gram matrix `Σ x xᵀ`.
+fn inputs(rng: &mut StdRng, n: usize, tokens: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let mix: Vec<f32> = (0..k * n).map(|_| gauss(rng)).collect();
+    let scale: Vec<f32> = (0..n)
+        .map(|j| if j % 37 == 5 { 8.0 } else { 1.0 })
+        .collect();
+    let mut x = vec![0f32; tokens * n];
+    for t in 0..tokens {
+        let z: Vec<f32> = (0..k).map(|_| gauss(rng)).collect();
+        for j in 0..n {
+            let mut v = 0.3 * gauss(rng);
+            for (i, zi) in z.iter().enumerate() {
+                v += zi * mix[i * n + j];
+            }
+            x[t * n + j] = v * scale[j];
+        }
+    }
+    let mut g = vec![0f32; n * n];
+    for t in 0..tokens {
+        let row = &x[t * n..(t + 1) * n];
+        for i in 0..n {
+            for j in 0..n {
+                g[i * n + j] += row[i] * row[j];
+            }
+        }
+    }
+    (x, g)
+}
+
+/// `Σ_t ‖(W − Q) x_t‖²` for the dequantised `q` of `w`.
+fn output_error(ty: GgmlType, w: &[f32], q: &[u8], x: &[f32], n: usize) -> f64 {
+    let k = Kernels::scalar();
+    let rows = w.len() / n;
+    let rs = row_size(ty, n);
+    let mut total = 0f64;
+    let mut deq = vec![0f32; n];
+    for r in 0..rows {
+        k.dequantize_row(ty, &q[r * rs..(r + 1) * rs], &mut deq);
+        let e: Vec<f64> = (0..n).map(|j| (w[r * n + j] - deq[j]) as f64).collect();
+        for xt in x.chunks(n) {
+            let d: f64 = e.iter().zip(xt).map(|(a, &b)| a * b as f64).sum();
+            total += d * d;
+        }
+    }
+    total
+}
+
+#[test]
+fn error_feedback_beats_the_weighted_search_on_correlated_inputs() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let (n, rows, tokens) = (128, 24, 400);
+    let (x, g) = inputs(&mut rng, n, tokens, 12);
+    let w: Vec<f32> = (0..rows * n).map(|_| 0.05 * gauss(&mut rng)).collect();
+    let diag: Vec<f32> = (0..n).map(|j| g[j * n + j] / tokens as f32).collect();
+    let f = Factor::new(&g, n, 2).unwrap();
+    for ty in TYPES {
+        let rs = row_size(ty, n);
+        let mut searched = vec![0u8; rows * rs];
+        for r in 0..rows {
+            Kernels::scalar().quantize_row_weighted(
+                ty,
+                &w[r * n..(r + 1) * n],
+                Some(&diag),
+                &mut searched[r * rs..(r + 1) * rs],
+            );
+        }
+        let mut fed = vec![0u8; rows * rs];
+        let mut work = w.clone();
+        quantize_matrix(ty, &mut work, &f, &mut fed, 3).unwrap();
+        let (a, b) = (
+            output_error(ty, &w, &searched, &x, n),
+            output_error(ty, &w, &fed, &x, n),
+        );
+        eprintln!(
+            "{ty}: weighted search {a:.4e}, error feedback {b:.4e} ({:.3})",
+            b / a
+        );
+        assert!(b < 0.5 * a, "{ty}: {b:.4e} against {a:.4e}");
+        // The same bytes on any thread count.
+        let mut one = vec![0u8; rows * rs];
+        let mut work = w.clone();
+        quantize_matrix(ty, &mut work, &f, &mut one, 1).unwrap();
+        assert_eq!(one, fed, "{ty}: threads");
+    }
+}
+
+/// With uncorrelated inputs (`H` diagonal) nothing is fed back: every value takes the level
+/// nearest to it on its block's grid, so the squared error is never above the reference
+/// rounding's on the same grid, and the output error is close to the weighted search's.
+#[test]
+fn a_diagonal_second_moment_feeds_nothing_back() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (n, rows) = (64, 16);
+    let mut g = vec![0f32; n * n];
+    for j in 0..n {
+        g[j * n + j] = 1.0 + (j % 5) as f32;
+    }
+    let w: Vec<f32> = (0..rows * n).map(|_| gauss(&mut rng)).collect();
+    let f = Factor::new(&g, n, 1).unwrap();
+    for ty in TYPES {
+        let rs = row_size(ty, n);
+        let mut fed = vec![0u8; rows * rs];
+        let mut work = w.clone();
+        quantize_matrix(ty, &mut work, &f, &mut fed, 2).unwrap();
+        // No feedback: the working values are the input's, rounded in place.
+        let mut deq = vec![0f32; n];
+        for r in 0..rows {
+            Kernels::scalar().dequantize_row(ty, &fed[r * rs..(r + 1) * rs], &mut deq);
+            assert_eq!(&work[r * n..(r + 1) * n], &deq[..], "{ty} row {r}");
+            let mut searched = vec![0u8; rs];
+            // The searches' weights: the diagonal scaled to a unit mean, plus the damping.
+            let mean = (0..n).map(|j| g[j * n + j] as f64).sum::<f64>() / n as f64;
+            let d: Vec<f32> = (0..n)
+                .map(|j| (g[j * n + j] as f64 / mean + 0.01) as f32)
+                .collect();
+            Kernels::scalar().quantize_row_weighted(
+                ty,
+                &w[r * n..(r + 1) * n],
+                Some(&d),
+                &mut searched,
+            );
+            let mut sq = vec![0f32; n];
+            Kernels::scalar().dequantize_row(ty, &searched, &mut sq);
+            let err = |v: &[f32]| -> f64 {
+                (0..n)
+                    .map(|j| d[j] as f64 * ((w[r * n + j] - v[j]) as f64).powi(2))
+                    .sum()
+            };
+            assert!(err(&deq) <= err(&sq) * 1.000001, "{ty} row {r}");
+        }
+    }
+}
+
+#[test]
+fn the_factor_inverts_the_damped_second_moments() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let n = 40;
+    let (_, g) = inputs(&mut rng, n, 60, 6);
+    let f = Factor::new(&g, n, 2).unwrap();
+    assert_eq!(f.n(), n);
+    // H + λI scaled to a unit mean diagonal, λ a hundredth of that mean.
+    let mean = (0..n).map(|i| g[i * n + i] as f64).sum::<f64>() / n as f64;
+    let h: Vec<f64> = (0..n * n)
+        .map(|k| g[k] as f64 / mean + if k % (n + 1) == 0 { 0.01 } else { 0.0 })
+        .collect();
+    let u = f.upper();
+    for i in 0..n {
+        assert!(u[i * n + i] > 0.0);
+        for j in 0..i {
+            assert_eq!(u[i * n + j], 0.0, "below the diagonal at {i},{j}");
+        }
+    }
+    // (Uᵀ U) H = I.
+    let mut worst = 0f64;
+    for i in 0..n {
+        for j in 0..n {
+            let mut v = 0f64;
+            for k in 0..n {
+                let utu: f64 = (0..n)
+                    .map(|m| u[m * n + i] as f64 * u[m * n + k] as f64)
+                    .sum();
+                v += utu * h[k * n + j];
+            }
+            let want = if i == j { 1.0 } else { 0.0 };
+            worst = worst.max((v - want).abs());
+        }
+    }
+    assert!(worst < 1e-3, "(UᵀU)H differs from I by {worst:e}");
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    assert_eq!(
+        Factor::new(&[0.0; 4], 2, 1).unwrap_err(),
+        GptqError::NoActivations
+    );
+    assert_eq!(
+        Factor::new(&[1.0, f32::NAN, f32::NAN, 1.0], 2, 1).unwrap_err(),
+        GptqError::NotFinite
+    );
+    assert!(matches!(
+        Factor::new(&[1.0; 3], 2, 1),
+        Err(GptqError::Shape(_))
+    ));
+    // Not positive semi-definite beyond what the damping covers.
+    assert!(matches!(
+        Factor::new(&[1.0, 5.0, 5.0, 1.0], 2, 1),
+        Err(GptqError::NotPositiveDefinite(_))
+    ));
+    let mut g = vec![0f32; 32 * 32];
+    for j in 0..32 {
+        g[j * 32 + j] = 1.0;
+    }
+    let f = Factor::new(&g, 32, 1).unwrap();
+    let mut w = vec![0.5f32; 64];
+    let mut out = vec![0u8; 2 * row_size(GgmlType::Q4_0, 32)];
+    assert_eq!(
+        quantize_matrix(GgmlType::Q8_0, &mut w, &f, &mut out, 1).unwrap_err(),
+        GptqError::Unsupported(GgmlType::Q8_0)
+    );
+    assert!(matches!(
+        quantize_matrix(GgmlType::Q4_0, &mut w[..40], &f, &mut out, 1),
+        Err(GptqError::Shape(_))
+    ));
+    assert!(matches!(
+        quantize_matrix(GgmlType::Q4_0, &mut w, &f, &mut out[..10], 1),
+        Err(GptqError::Shape(_))
+    ));
+}
