@@ -13,6 +13,10 @@ with its source, which is not what is tested here), then on that one file:
   first token where they differ the row shows llama.cpp's gap: its logit for its own pick
   minus its logit for flowrt's, at that step (and the same in one batched pass over flowrt's
   tokens, whose prefix is identical up to there);
+- llama.cpp against itself: its logits at each greedy step (one token at a time) against one
+  batched pass over the prompt and the same greedy tokens: top-1 agreement, mean KL and the
+  positions where the argmax differs. This is the yardstick for the two rows above: the
+  noise between llama.cpp's own two paths over the same ids;
 - teacher-forced: llama.cpp's logits over prompt + flowrt's continuation are written as a
   REF file (tests/fixtures/ref/README.md) and `flowrt verify` runs the same ids: top-1
   agreement, mean KL(llama.cpp || flowrt) and max |dlogit| over every position.
@@ -126,14 +130,16 @@ def peer_worker(spec_path: str) -> None:
         sys.exit(3)
     vocab = llm.n_vocab()
     prompt_ids = [llm.tokenize(p.encode(), add_bos=True, special=True) for p in spec["prompts"]]
-    greedy, steps = [], []
+    greedy, steps, decoded = [], [], []
     for ids, theirs in zip(prompt_ids, spec["flowrt_new"]):
         llm.reset()
         llm.eval(ids)
         out: list[int] = []
+        rows = []  # llama.cpp's logits at each step, one token at a time
         step = None  # llama.cpp's logits where it first differs from flowrt's continuation
         for k in range(spec["n_new"]):
             row = llm.scores[llm.n_tokens - 1]
+            rows.append(np.array(row, dtype=np.float64))
             out.append(int(np.argmax(row)))
             if step is None and k < len(theirs) and out[-1] != theirs[k]:
                 step = {"at": k, "gap": float(row[out[-1]] - row[theirs[k]])}
@@ -141,6 +147,28 @@ def peer_worker(spec_path: str) -> None:
                 llm.eval([out[-1]])
         greedy.append(out)
         steps.append(step)
+        decoded.append(rows)
+    # llama.cpp against itself: its logits one token at a time (above) against one batched
+    # pass over the same ids (prompt + its own greedy tokens). Both are llama.cpp's answers for
+    # the same positions; how far they differ is its own rounding noise between the two paths.
+    own = {"positions": 0, "agree": 0, "kl": 0.0, "max_dlogit": 0.0, "flips": []}
+    for i, (ids, out, rows) in enumerate(zip(prompt_ids, greedy, decoded)):
+        if not rows:
+            continue
+        llm.reset()
+        llm.eval(ids + out[:-1])
+        lg = np.array(llm.scores[: len(ids) + len(out) - 1], dtype=np.float64)
+        for k, a in enumerate(rows):
+            b = lg[len(ids) - 1 + k]
+            la = a - a.max() - np.log(np.exp(a - a.max()).sum())
+            lb = b - b.max() - np.log(np.exp(b - b.max()).sum())
+            own["kl"] += float((np.exp(la) * (la - lb)).sum())
+            own["positions"] += 1
+            own["max_dlogit"] = max(own["max_dlogit"], float(np.abs(a - b).max()))
+            if int(a.argmax()) == int(b.argmax()):
+                own["agree"] += 1
+            else:
+                own["flips"].append({"prompt": i, "at": k, "gap": float(b.max() - b[int(a.argmax())])})
     forced = []
     logits = []
     for seq, ids, step, mine in zip(spec["forced"], prompt_ids, steps, greedy):
@@ -160,7 +188,7 @@ def peer_worker(spec_path: str) -> None:
                "n_prompts": len(spec["forced"]), "vocab_size": vocab, "logits_dtype": "f32",
                "kv_type": spec["kv"], "threads": spec["threads"]})
     print(json.dumps({"vocab": vocab, "prompt_ids": prompt_ids, "greedy": greedy, "steps": steps,
-                      "version": llama_cpp.__version__}))
+                      "own": own, "version": llama_cpp.__version__}))
 
 
 def log_softmax(x):
@@ -311,6 +339,15 @@ def check_file(flowrt: str, gguf: Path, tmp: Path, a, row: dict) -> None:
         elif len(fg) != len(lg):
             divergences.append({"prompt": i, "gap": None, "note": f"{len(fg)} tokens from flowrt, {len(lg)} "
                                                                  "from llama.cpp, the same as far as both go"})
+    own = peer["own"]
+    if own["positions"]:
+        n = own["positions"]
+        row["own"] = {"top1": own["agree"] / n, "positions": n, "mean_kl": own["kl"] / n,
+                      "max_dlogit": own["max_dlogit"], "flips": own["flips"]}
+        flips = ", ".join(f"p{f['prompt']}:{f['at']} gap {f['gap']:.3f}" for f in own["flips"][:4])
+        row["self"] = (f"{own['agree'] / n * 100:.2f}% of {n} (mean KL {own['kl'] / n:.2e}, max "
+                       f"\N{GREEK CAPITAL LETTER DELTA}logit {own['max_dlogit']:.3f})"
+                       + (f"; argmax differs at {flips}" if flips else ""))
     row["divergences"] = divergences
     row["greedy"] = "y" if not divergences else "n: " + "; ".join(divergence_text(d) for d in divergences)
     v = run([flowrt, "verify", gguf, "--reference", tmp / "ref.safetensors", "--json"] + flowrt_engine_args(a))
@@ -530,11 +567,13 @@ def print_table(rows: list[dict], a) -> None:
     print("gap: llama.cpp's logit for its own pick minus its logit for flowrt's, at that step of its greedy "
           "pass (batched: the same in one pass over flowrt's tokens)\n")
     print("| source | type | pack | loads in llama.cpp | prompt ids agree | greedy identical "
-          "(first divergence) | teacher-forced top-1 (prompt + flowrt's tokens) | verdict |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(first divergence) | teacher-forced top-1 (prompt + flowrt's tokens) | llama.cpp against "
+          "itself (one token at a time vs one batched pass) | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cells = [r["source"], r["type"], r.get("pack", ""), r.get("loads", "-"), r.get("tokens", "-"),
-                 r.get("greedy", r.get("error", "-")), r.get("forced", "-"), r["verdict"]]
+                 r.get("greedy", r.get("error", "-")), r.get("forced", "-"), r.get("self", "-"),
+                 r["verdict"]]
         print("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     counts = {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS}
     print(f"\n{len(rows)} rows: " + ", ".join(f"{counts[v]} {v}" for v in VERDICTS))

@@ -723,7 +723,7 @@ fn write_pack(
     );
     let k = Kernels::detect();
     // Error-feedback factors of the last few inputs (Q, K and V share one, gate and up one).
-    let mut factors: Vec<(*const Vec<f32>, Arc<gptq::Factor>)> = Vec::new();
+    let mut factors: Vec<(Arc<Vec<f32>>, Arc<gptq::Factor>)> = Vec::new();
     for (t, spec) in tensors.iter().zip(&specs) {
         bar.set_message(t.name.clone());
         let src_ty = *t.ty.as_ref().expect("checked above");
@@ -741,19 +741,20 @@ fn write_pack(
             .and_then(|v| v.2.as_ref())
             .filter(|g| g.len() == n * n && gptq::supports(spec.ty));
         if let Some(g) = gram {
-            let key = Arc::as_ptr(g);
-            let factor = match factors.iter().find(|(p, _)| *p == key) {
+            let cached = factors.iter().find(|(p, _)| Arc::ptr_eq(p, g));
+            let factor = match cached {
                 Some((_, f)) => Ok(f.clone()),
-                None => gptq::Factor::new(g, n, threads).map(Arc::new),
+                None => gptq::Factor::new(g, n, threads).map(|f| {
+                    let f = Arc::new(f);
+                    factors.push((g.clone(), f.clone()));
+                    if factors.len() > 4 {
+                        factors.remove(0);
+                    }
+                    f
+                }),
             };
             match factor {
                 Ok(factor) => {
-                    if !factors.iter().any(|(p, _)| *p == key) {
-                        factors.push((key, factor.clone()));
-                        if factors.len() > 4 {
-                            factors.remove(0);
-                        }
-                    }
                     let mut m = vec![0f32; rows * n];
                     for (r, row) in m.chunks_mut(n.max(1)).enumerate() {
                         reader.row(k, r, row);

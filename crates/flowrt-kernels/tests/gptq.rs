@@ -3,11 +3,12 @@
 //! importance-weighted search's, the factor it spreads errors with is `(H + λI)⁻¹`'s, the
 //! blocks it writes decode to values on their own grids, and bad shapes are errors.
 
+mod common;
+
+use common::{normal, rng, TestRng};
 use flowrt_dtype::GgmlType;
 use flowrt_kernels::gptq::{quantize_matrix, Factor, GptqError};
 use flowrt_kernels::{row_size, Kernels};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 const TYPES: [GgmlType; 4] = [
     GgmlType::Q4_0,
@@ -16,26 +17,19 @@ const TYPES: [GgmlType; 4] = [
     GgmlType::Q5_1,
 ];
 
-fn gauss(rng: &mut StdRng) -> f32 {
-    // Box-Muller.
-    let u: f32 = rng.random_range(1e-7..1.0);
-    let v: f32 = rng.random_range(0.0..1.0);
-    (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos()
-}
-
 /// `tokens` inputs of `n` columns mixed from `k` latent factors (so columns correlate, as
 /// a model's activations do), with a few columns much larger than the rest; and their
 /// Gram matrix `Σ x xᵀ`.
-fn inputs(rng: &mut StdRng, n: usize, tokens: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
-    let mix: Vec<f32> = (0..k * n).map(|_| gauss(rng)).collect();
+fn inputs(rng: &mut TestRng, n: usize, tokens: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let mix: Vec<f32> = (0..k * n).map(|_| normal(rng)).collect();
     let scale: Vec<f32> = (0..n)
         .map(|j| if j % 37 == 5 { 8.0 } else { 1.0 })
         .collect();
     let mut x = vec![0f32; tokens * n];
     for t in 0..tokens {
-        let z: Vec<f32> = (0..k).map(|_| gauss(rng)).collect();
+        let z: Vec<f32> = (0..k).map(|_| normal(rng)).collect();
         for j in 0..n {
-            let mut v = 0.3 * gauss(rng);
+            let mut v = 0.3 * normal(rng);
             for (i, zi) in z.iter().enumerate() {
                 v += zi * mix[i * n + j];
             }
@@ -74,10 +68,10 @@ fn output_error(ty: GgmlType, w: &[f32], q: &[u8], x: &[f32], n: usize) -> f64 {
 
 #[test]
 fn error_feedback_beats_the_weighted_search_on_correlated_inputs() {
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = rng(7);
     let (n, rows, tokens) = (128, 24, 400);
     let (x, g) = inputs(&mut rng, n, tokens, 12);
-    let w: Vec<f32> = (0..rows * n).map(|_| 0.05 * gauss(&mut rng)).collect();
+    let w: Vec<f32> = (0..rows * n).map(|_| 0.05 * normal(&mut rng)).collect();
     let diag: Vec<f32> = (0..n).map(|j| g[j * n + j] / tokens as f32).collect();
     let f = Factor::new(&g, n, 2).unwrap();
     for ty in TYPES {
@@ -116,13 +110,13 @@ fn error_feedback_beats_the_weighted_search_on_correlated_inputs() {
 /// rounding's on the same grid, and the output error is close to the weighted search's.
 #[test]
 fn a_diagonal_second_moment_feeds_nothing_back() {
-    let mut rng = StdRng::seed_from_u64(3);
+    let mut rng = rng(3);
     let (n, rows) = (64, 16);
     let mut g = vec![0f32; n * n];
     for j in 0..n {
         g[j * n + j] = 1.0 + (j % 5) as f32;
     }
-    let w: Vec<f32> = (0..rows * n).map(|_| gauss(&mut rng)).collect();
+    let w: Vec<f32> = (0..rows * n).map(|_| normal(&mut rng)).collect();
     let f = Factor::new(&g, n, 1).unwrap();
     for ty in TYPES {
         let rs = row_size(ty, n);
@@ -160,7 +154,7 @@ fn a_diagonal_second_moment_feeds_nothing_back() {
 
 #[test]
 fn the_factor_inverts_the_damped_second_moments() {
-    let mut rng = StdRng::seed_from_u64(11);
+    let mut rng = rng(11);
     let n = 40;
     let (_, g) = inputs(&mut rng, n, 60, 6);
     let f = Factor::new(&g, n, 2).unwrap();

@@ -65,13 +65,6 @@ fn assert_never_worse(ty: GgmlType, x: &[f32], what: &str) {
     }
 }
 
-/// A standard normal value (Box-Muller).
-fn normal(rng: &mut TestRng) -> f32 {
-    let u: f64 = rng.random_range(f64::EPSILON..1.0);
-    let v: f64 = rng.random_range(0.0..1.0);
-    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-}
-
 proptest! {
     #![proptest_config(config(256))]
 

@@ -152,13 +152,6 @@ mod minmax {
 
 const K_TYPES: [GgmlType; 3] = [GgmlType::Q4K, GgmlType::Q5K, GgmlType::Q6K];
 
-/// A standard normal value (Box-Muller).
-fn normal(rng: &mut TestRng) -> f32 {
-    let u: f64 = rng.random_range(f64::EPSILON..1.0);
-    let v: f64 = rng.random_range(0.0..1.0);
-    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-}
-
 /// `n` values of standard deviation `sigma`: Gaussian, or (`heavy`) Laplace (exponential
 /// tails, the usual model of trained weights), whose rarer large values are what the min/max
 /// rule spends its levels on.

@@ -70,6 +70,14 @@ pub fn rng(seed: u64) -> TestRng {
     TestRng::seed_from_u64(seed)
 }
 
+/// A standard normal value (Box-Muller).
+pub fn normal(rng: &mut TestRng) -> f32 {
+    use rand::Rng;
+    let u: f64 = rng.random_range(f64::EPSILON..1.0);
+    let v: f64 = rng.random_range(0.0..1.0);
+    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+}
+
 /// f32 unit roundoff.
 pub const EPS: f64 = f32::EPSILON as f64 / 2.0;
 
