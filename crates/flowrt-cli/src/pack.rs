@@ -50,7 +50,7 @@ each row a column at a time, spreading its rounding errors over the columns stil
 prompts, slower, 4 n^2 bytes held per distinct input of n columns (docs/quantisation.md); \
 its gate runs on built-in held-out prompts instead of the calibration ones, and it needs at \
 least as many calibration tokens as the widest matrix input has columns (add text with \
---prompts FILE). \
+--prompts FILE) and refuses when those bytes exceed 80 % of the available memory. \
 Q8_0 rounds as ggml's reference does. MXFP4 \
 per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
 E2M1 code (ggml's and gguf-py's rule).
@@ -862,6 +862,12 @@ fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
             args.source.display()
         )
     })?;
+    if args.gptq {
+        let need = gram_bytes(&source.model);
+        if let Some(avail) = flowrt_engine::available_memory_bytes() {
+            check_gram_memory(need, avail)?;
+        }
+    }
     let opts = gate_options(args, &source);
     let prompts =
         flowrt_engine::builtin_prompts(&source.tokenizer, source.template.as_ref(), extra)?;
@@ -880,6 +886,40 @@ fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
             ((s.layer, s.role), (mean, s.rows, s.gram))
         })
         .collect())
+}
+
+/// The bytes `--gptq`'s second moments take: `4 n²` for each distinct dense-matmul input of
+/// `n` columns (Q/K/V share one, gate/up one), every layer's and the output projection's.
+fn gram_bytes(model: &flowrt_model::Model) -> u64 {
+    let layers = model.config.num_hidden_layers;
+    let distinct = [
+        MatRole::Q,
+        MatRole::O,
+        MatRole::Gate,
+        MatRole::Down,
+        MatRole::ConvIn,
+        MatRole::ConvOut,
+    ];
+    let per_layer = (0..layers).flat_map(|l| distinct.iter().map(move |&r| (Some(l), r)));
+    per_layer
+        .chain([(None, MatRole::Output)])
+        .filter_map(|(l, r)| model.matrix(l, r))
+        .map(|m| 4 * (m.cols as u64).pow(2))
+        .sum()
+}
+
+/// Refuses `--gptq` when its second moments (`need` bytes) would take more than 80 % of the
+/// memory the system has available.
+fn check_gram_memory(need: u64, available: u64) -> Result<()> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    anyhow::ensure!(
+        need <= available / 5 * 4,
+        "--gptq: the second moments of this model's matrix inputs need {:.1} GiB, and {:.1} GiB \
+         of memory is available (at most 80 % of it is used); pack without --gptq",
+        gib(need),
+        gib(available)
+    );
+    Ok(())
 }
 
 /// How the gate (and the importance run) run a model: `--threads`, an f32 KV cache, at most
@@ -941,6 +981,34 @@ fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gptq_memory_is_what_the_second_moments_take_and_is_checked() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/families/llama-untied");
+        let m = LoadedModel::load(&dir).unwrap();
+        let prompts = vec![m.tokenizer.encode("Second moments.", true, false).unwrap()];
+        let opts = EngineOptions {
+            threads: 1,
+            ..Default::default()
+        };
+        let stats = flowrt_engine::input_stats(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
+        // The distinct matrices the statistics hold, in bytes.
+        let mut seen: Vec<&Arc<Vec<f32>>> = Vec::new();
+        for g in stats.iter().filter_map(|s| s.gram.as_ref()) {
+            if !seen.iter().any(|s| Arc::ptr_eq(s, g)) {
+                seen.push(g);
+            }
+        }
+        let held: u64 = seen.iter().map(|g| 4 * g.len() as u64).sum();
+        assert_eq!(gram_bytes(&m.model), held);
+        assert!(check_gram_memory(held, 2 * held).is_ok());
+        let e = check_gram_memory(1 << 31, 1 << 31).unwrap_err().to_string();
+        assert!(
+            e.contains("need 2.0 GiB") && e.contains("2.0 GiB of memory"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn qk_permutation_matches_llama_cpp() {

@@ -37,7 +37,7 @@ pub use flowrt_model::{LoadOptions, LOAD_QUANT_TYPES};
 pub use generate::{generate, FinishReason, GenerateOptions, GenerationStats};
 pub use generation::{Generation, GenerationSettings, Step};
 pub use load::{EngineOptions, LoadedModel};
-pub use proc_mem::{parse_proc_status, ProcMemory};
+pub use proc_mem::{available_memory_bytes, parse_proc_status, ProcMemory};
 pub use session::{BatchSession, Session};
 pub use tools::{
     check_tools, tool_call_constraint, tool_call_constraint_with, ToolChoice, ToolDef,

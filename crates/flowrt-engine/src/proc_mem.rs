@@ -32,25 +32,38 @@ impl ProcMemory {
 /// Parse the `VmRSS`, `VmHWM`, `RssAnon` and `RssFile` lines of a `/proc/<pid>/status` text (`VmHWM:\t  1234 kB`).
 /// A missing or malformed line gives `None` for its field.
 pub fn parse_proc_status(text: &str) -> ProcMemory {
-    let field = |key: &str| {
-        text.lines().find_map(|line| {
-            let rest = line.strip_prefix(key)?.strip_prefix(':')?;
-            let mut words = rest.split_whitespace();
-            let n: u64 = words.next()?.parse().ok()?;
-            let unit = match words.next() {
-                Some("kB") => 1024,
-                Some("B") | None => 1,
-                Some(_) => return None,
-            };
-            n.checked_mul(unit)
-        })
-    };
+    let field = |key: &str| bytes_field(text, key);
     ProcMemory {
         rss_bytes: field("VmRSS"),
         peak_rss_bytes: field("VmHWM"),
         rss_anon_bytes: field("RssAnon"),
         rss_file_bytes: field("RssFile"),
     }
+}
+
+/// The value of a `Key:  1234 kB` line of a `/proc` text in bytes (`None`: missing or
+/// malformed).
+fn bytes_field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        let mut words = rest.split_whitespace();
+        let n: u64 = words.next()?.parse().ok()?;
+        let unit = match words.next() {
+            Some("kB") => 1024,
+            Some("B") | None => 1,
+            Some(_) => return None,
+        };
+        n.checked_mul(unit)
+    })
+}
+
+/// The memory the system can still give without swapping (`MemAvailable` of
+/// `/proc/meminfo`), in bytes; `None` where the platform does not say.
+pub fn available_memory_bytes() -> Option<u64> {
+    bytes_field(
+        &std::fs::read_to_string("/proc/meminfo").ok()?,
+        "MemAvailable",
+    )
 }
 
 #[cfg(test)]
@@ -74,6 +87,18 @@ mod tests {
         let m = parse_proc_status("Name:\tx\nVmHWM:\tlots kB\nVmRSSx:\t5 kB\n");
         assert_eq!(m, ProcMemory::default());
         assert_eq!(parse_proc_status(""), ProcMemory::default());
+    }
+
+    #[test]
+    fn reads_available_memory_where_linux_gives_it() {
+        let m = bytes_field(
+            "MemTotal:  2000 kB\nMemAvailable:   1500 kB\n",
+            "MemAvailable",
+        );
+        assert_eq!(m, Some(1500 * 1024));
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(available_memory_bytes().is_some_and(|b| b > 0));
+        }
     }
 
     #[test]
