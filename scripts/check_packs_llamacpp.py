@@ -160,8 +160,7 @@ def peer_worker(spec_path: str) -> None:
         lg = np.array(llm.scores[: len(ids) + len(out) - 1], dtype=np.float64)
         for k, a in enumerate(rows):
             b = lg[len(ids) - 1 + k]
-            la = a - a.max() - np.log(np.exp(a - a.max()).sum())
-            lb = b - b.max() - np.log(np.exp(b - b.max()).sum())
+            la, lb = log_softmax(a), log_softmax(b)
             own["kl"] += float((np.exp(la) * (la - lb)).sum())
             own["positions"] += 1
             own["max_dlogit"] = max(own["max_dlogit"], float(np.abs(a - b).max()))

@@ -352,7 +352,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
     if args.gptq {
         println!(
             "gate:      on {} held-out prompts, not the ones --gptq calibrated on",
-            HELDOUT.lines().filter(|l| !l.trim().is_empty()).count()
+            heldout_prompts().count()
         );
     }
     let result = gate(&args, &extra);
@@ -937,6 +937,11 @@ fn gate_options(args: &PackArgs, model: &LoadedModel) -> EngineOptions {
 /// `--prompts`): eight paragraphs of prose and code that nothing calibrates on.
 const HELDOUT: &str = include_str!("../../../tests/fixtures/heldout-prompts.txt");
 
+/// The non-empty lines of [`HELDOUT`], one prompt each.
+fn heldout_prompts() -> impl Iterator<Item = &'static str> {
+    HELDOUT.lines().filter(|l| !l.trim().is_empty())
+}
+
 fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport> {
     let (what, path) = match &args.against {
         Some(p) => ("--against model", p),
@@ -951,7 +956,7 @@ fn gate(args: &PackArgs, extra: &[String]) -> Result<flowrt_engine::VerifyReport
         if args.gptq {
             // Error feedback fits the calibration prompts closely: gate on text it never saw.
             let mut out = Vec::new();
-            for line in HELDOUT.lines().filter(|l| !l.trim().is_empty()) {
+            for line in heldout_prompts() {
                 out.push(m.tokenizer.encode(line, true, false)?);
             }
             Ok(out)

@@ -1181,14 +1181,22 @@ fn importance_weighting_on_smollm2_to_q4_0() {
     // `--gptq` on the built-in prompts alone (181 tokens for inputs up to 1536 wide) would
     // fit those prompts, not the model: refused, nothing written.
     let out = dir.path().join("smollm2-gptq.gguf");
-    let o = pack(&src, &out, "Q4_0", &["--gptq"]);
+    refused(
+        &src,
+        &out,
+        "Q4_0",
+        &["--gptq"],
+        "fewer than the widest matrix input (1536 columns)",
+    );
+}
+
+/// `pack` of `src` to `out` fails with `message` on stderr and leaves no file.
+fn refused(src: &Path, out: &Path, quant: &str, extra: &[&str], message: &str) {
+    let o = pack(src, out, quant, extra);
     let (stdout, stderr) = text(&o);
     assert!(!o.status.success(), "{stdout}");
-    assert!(
-        stderr.contains("fewer than the widest matrix input (1536 columns)"),
-        "{stderr}"
-    );
-    assert!(!out.exists() && !partial(&out).exists());
+    assert!(stderr.contains(message), "{stderr}");
+    assert!(!out.exists() && !partial(out).exists());
 }
 
 /// `--gptq`: Q4_0 and Q4_1 packs quantised with error feedback through each input's second
@@ -1233,15 +1241,18 @@ fn gptq_brings_q4_packs_closer_to_the_source_on_held_out_text() {
         assert!(kl_g < 0.7 * kl_w, "{quant}: {kl_g:e} vs {kl_w:e}");
     }
     let out = dir.path().join("q8.gguf");
-    let o = pack(&src, &out, "Q8_0", &["--gptq"]);
-    let (stdout, stderr) = text(&o);
-    assert!(!o.status.success(), "{stdout}");
-    assert!(
-        stderr.contains("--gptq applies to Q4_0 and Q4_1"),
-        "{stderr}"
+    refused(
+        &src,
+        &out,
+        "Q8_0",
+        &["--gptq"],
+        "--gptq applies to Q4_0 and Q4_1",
     );
-    assert!(!out.exists() && !partial(&out).exists());
-    let o = pack(&src, &out, "Q4_0", &["--gptq", "--no-importance"]);
-    assert!(!o.status.success());
-    assert!(!out.exists());
+    refused(
+        &src,
+        &out,
+        "Q4_0",
+        &["--gptq", "--no-importance"],
+        "cannot be used with",
+    );
 }

@@ -47,9 +47,10 @@ impl InputStats {
                 *acc += v as f64 * v as f64;
             }
         }
-        let mut gram = None;
+        // Each role's entry, made where missing; the first Gram matrix one of them has.
+        let mut entries = Vec::with_capacity(roles.len());
         for &role in roles {
-            match self
+            let i = match self
                 .stats
                 .iter()
                 .position(|e| e.layer == layer && e.role == role)
@@ -58,7 +59,7 @@ impl InputStats {
                     let e = &mut self.stats[i];
                     e.sum_sq.iter_mut().zip(&sq).for_each(|(a, v)| *a += v);
                     e.rows += rows.len() as u64;
-                    gram = gram.or(self.gram_of[i]);
+                    i
                 }
                 None => {
                     self.stats.push(InputStat {
@@ -69,25 +70,22 @@ impl InputStats {
                         gram: None,
                     });
                     self.gram_of.push(None);
+                    self.stats.len() - 1
                 }
-            }
+            };
+            entries.push(i);
         }
         if self.kind != InputStatKind::Gram {
             return;
         }
-        let g = match gram {
+        let g = match entries.iter().find_map(|&i| self.gram_of[i]) {
             Some(g) => g,
             None => {
                 self.grams.push((k, vec![0f32; k * k]));
                 self.grams.len() - 1
             }
         };
-        for &role in roles {
-            let i = self
-                .stats
-                .iter()
-                .position(|e| e.layer == layer && e.role == role)
-                .expect("added above");
+        for &i in &entries {
             self.gram_of[i] = Some(g);
         }
         add_outer(&mut self.grams[g].1, rows, k, threads);
