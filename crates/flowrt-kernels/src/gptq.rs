@@ -7,7 +7,11 @@
 //! Each row is therefore quantised one column at a time, and the rounding error of column
 //! `j` is spread over the columns not yet quantised so as to cancel its effect on the
 //! output as far as `H` allows: with `U` the upper Cholesky factor of `H⁻¹` (`Uᵀ U = H⁻¹`),
-//! `e = (w_j − q_j) / U_jj` and `w_k −= e · U_jk` for `k > j`. Rows are independent.
+//! `e = (w_j − q_j) / U_jj` and `w_k −= e · U_jk` for `k > j`. Rows are independent. `U` is
+//! `V⁻¹` for the upper triangular `V` with `V Vᵀ = H`, and the same updates can be written
+//! with `V` itself (see [`tile`]), so no inverse is taken: `V` is the Cholesky factor of `H`
+//! with its rows and columns reversed, factored by panels whose updates are 4 × 8 tiles of
+//! [`crate::Kernels::panel_dots_f64`].
 //!
 //! Block formats stay the same (llama.cpp reads the files unchanged): when a row reaches a
 //! block's first column, the block's scale (and offset) are chosen by the importance-
@@ -39,13 +43,15 @@ pub enum GptqError {
     Shape(String),
 }
 
-/// The factor [`quantize_matrix`] spreads errors with: the upper triangular `U` (row-major,
-/// `n × n`) with `Uᵀ U = (H + λ I)⁻¹`, and the damped diagonal of `H` (the block searches'
-/// importances).
+/// The factor [`quantize_matrix`] spreads errors with: the upper triangular `V` (row-major,
+/// `n × n`) with `V Vᵀ = H + λI` (`V⁻¹` is the `U` above, so `V` needs no inverse: see
+/// [`quantize_matrix`]), and the damped diagonal of `H` (the block searches' importances).
 #[derive(Clone, Debug)]
 pub struct Factor {
     n: usize,
-    u: Vec<f32>,
+    v: Vec<f32>,
+    /// `1 / V_kk`.
+    inv_diag: Vec<f32>,
     diag: Vec<f32>,
 }
 
@@ -70,16 +76,27 @@ impl Factor {
             return Err(GptqError::NoActivations);
         }
         let damp = DAMP * mean;
-        // Scale to a unit mean diagonal (the factor's scale cancels in `e · U_jk / U_jj`).
+        // Scale to a unit mean diagonal (the factor's scale cancels in `Σ d_i V_ik / V_kk`).
         let s = 1.0 / mean;
         let mut h: Vec<f64> = gram.iter().map(|&v| v as f64 * s).collect();
         for i in 0..n {
             h[i * n + i] += damp * s;
         }
         let diag: Vec<f32> = (0..n).map(|i| h[i * n + i] as f32).collect();
-        let v = upper_cholesky(&h, n)?;
-        let u = invert_upper(&v, n, threads.max(1));
-        Ok(Self { n, u, diag })
+        // `V` taken from the last column backwards is the lower Cholesky factor of `H` with
+        // rows and columns reversed: reversing a row-major matrix's values reverses both.
+        h.reverse();
+        lower_cholesky(&mut h, n, threads.max(1))
+            .map_err(|j| GptqError::NotPositiveDefinite(n - 1 - j))?;
+        h.reverse();
+        let inv_diag = (0..n).map(|k| (1.0 / h[k * n + k]) as f32).collect();
+        let v = h.iter().map(|&x| x as f32).collect();
+        Ok(Self {
+            n,
+            v,
+            inv_diag,
+            diag,
+        })
     }
 
     /// The row length (input columns) this factor is for.
@@ -87,66 +104,113 @@ impl Factor {
         self.n
     }
 
-    /// `U` (`n × n`, row-major, upper triangular) for `H` scaled to a unit mean diagonal.
+    /// `V` (`n × n`, row-major, upper triangular, positive diagonal) with `V Vᵀ = H + λI`, for
+    /// `H` scaled to a unit mean diagonal.
     pub fn upper(&self) -> &[f32] {
-        &self.u
+        &self.v
     }
 }
 
-/// The upper triangular `V` with `V Vᵀ = h` (a Cholesky factorisation taken from the last
-/// column backwards), row-major, in f64.
-fn upper_cholesky(h: &[f64], n: usize) -> Result<Vec<f64>, GptqError> {
-    let mut v = vec![0f64; n * n];
-    for j in (0..n).rev() {
-        let s: f64 = v[j * n + j + 1..(j + 1) * n].iter().map(|x| x * x).sum();
-        let d = h[j * n + j] - s;
-        if d <= 0.0 || !d.is_finite() {
-            return Err(GptqError::NotPositiveDefinite(j));
-        }
-        let d = d.sqrt();
-        v[j * n + j] = d;
-        for i in 0..j {
-            let dot: f64 = v[i * n + j + 1..(i + 1) * n]
-                .iter()
-                .zip(&v[j * n + j + 1..(j + 1) * n])
-                .map(|(a, b)| a * b)
-                .sum();
-            v[i * n + j] = (h[i * n + j] - dot) / d;
-        }
-    }
-    Ok(v)
-}
+/// Columns factored per panel of [`lower_cholesky`].
+const PANEL: usize = 64;
 
-/// `V⁻¹` of an upper triangular `V` (upper triangular too), row-major, in f32. Row `i` of the
-/// inverse solves `U V = I` left to right, so each row is independent: rows are split over
-/// `threads`.
-fn invert_upper(v: &[f64], n: usize, threads: usize) -> Vec<f32> {
-    let mut u = vec![0f32; n * n];
-    let row = |i: usize, out: &mut [f32]| {
-        // acc[j] = Σ_{k < j} U_ik V_kj for the columns j not yet solved.
-        let mut acc = vec![0f64; n];
-        for k in i..n {
-            let target = if k == i { 1.0 } else { 0.0 };
-            let uk = (target - acc[k]) / v[k * n + k];
-            out[k] = uk as f32;
-            if uk != 0.0 {
-                for (a, &vk) in acc[k + 1..].iter_mut().zip(&v[k * n + k + 1..(k + 1) * n]) {
-                    *a += uk * vk;
-                }
+/// Overwrites the lower triangle of the symmetric `a` (row-major `n × n`, f64) with its
+/// Cholesky factor `L` (`L Lᵀ = a`) and zeroes the upper triangle, or returns the column
+/// where `a` is not positive definite. Right-looking by panels of [`PANEL`] columns: each
+/// panel is factored, then subtracted from the rows below it as 4 × 8 tiles of
+/// [`crate::Kernels::panel_dots_f64`], rows dealt to `threads` threads.
+fn lower_cholesky(a: &mut [f64], n: usize, threads: usize) -> Result<(), usize> {
+    let kern = crate::Kernels::detect();
+    let dot = |x: &[f64], y: &[f64]| -> f64 { x.iter().zip(y).map(|(p, q)| p * q).sum() };
+    let mut panel = Vec::new();
+    for k0 in (0..n).step_by(PANEL) {
+        let k1 = (k0 + PANEL).min(n);
+        // The diagonal block, column by column.
+        for j in k0..k1 {
+            let rj = &mut a[j * n..(j + 1) * n];
+            let d = rj[j] - dot(&rj[k0..j], &rj[k0..j]);
+            if d <= 0.0 || !d.is_finite() {
+                return Err(j);
+            }
+            rj[j] = d.sqrt();
+            for i in j + 1..k1 {
+                let (top, rest) = a.split_at_mut(i * n);
+                let (lj, ri) = (&top[j * n + k0..j * n + j + 1], &mut rest[..n]);
+                ri[j] = (ri[j] - dot(&ri[k0..j], &lj[..j - k0])) / lj[j - k0];
             }
         }
-    };
-    let chunk = n.div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|s| {
-        for (c, rows) in u.chunks_mut(chunk * n).enumerate() {
-            s.spawn(move || {
-                for (r, out) in rows.chunks_mut(n).enumerate() {
-                    row(c * chunk + r, out);
-                }
-            });
+        if k1 == n {
+            break;
         }
-    });
-    u
+        // The rows below it: `L[i][k0..k1]` by forward substitution with the block.
+        let block: Vec<f64> = (k0..k1)
+            .flat_map(|j| a[j * n + k0..j * n + k1].to_vec())
+            .collect();
+        let w = k1 - k0;
+        let rows_per = (n - k1).div_ceil(threads);
+        std::thread::scope(|s| {
+            for rows in a[k1 * n..].chunks_mut(rows_per * n) {
+                let block = &block;
+                s.spawn(move || {
+                    for ri in rows.chunks_mut(n) {
+                        let li = &mut ri[k0..k1];
+                        for j in 0..w {
+                            let lj = &block[j * w..j * w + j + 1];
+                            li[j] = (li[j] - dot(&li[..j], &lj[..j])) / lj[j];
+                        }
+                    }
+                });
+            }
+        });
+        if k1 == n {
+            break;
+        }
+        // The rows below, transposed into `panel` (`k1 - k0` rows of `stride` columns,
+        // zero-padded to whole tiles), then `a[i][j] -= Σ_m L[i][m] L[j][m]` for
+        // `k1 <= j <= i`.
+        let below = n - k1;
+        let stride = below.div_ceil(8) * 8;
+        panel.clear();
+        panel.resize((k1 - k0) * stride, 0.0);
+        for r in 0..below {
+            for m in k0..k1 {
+                panel[(m - k0) * stride + r] = a[(k1 + r) * n + m];
+            }
+        }
+        let panel = &panel[..];
+        let mut parts: Vec<Vec<(usize, &mut [f64])>> = (0..threads).map(|_| Vec::new()).collect();
+        for (t, rows) in a[k1 * n..].chunks_mut(4 * n).enumerate() {
+            parts[t % threads].push((t * 4, rows));
+        }
+        std::thread::scope(|s| {
+            for part in parts {
+                s.spawn(move || {
+                    let mut out = [[0f64; 8]; 4];
+                    for (r0, rows) in part {
+                        let live = rows.len() / n;
+                        // The last tile's rows past `below` read the padding's zeros.
+                        let i0 = r0;
+                        for j0 in (0..r0 + live).step_by(8) {
+                            kern.panel_dots_f64(panel, stride, i0, j0, &mut out);
+                            for (r, row) in rows.chunks_mut(n).enumerate() {
+                                let i = r0 + r;
+                                for (c, v) in out[i - i0].iter().enumerate() {
+                                    let j = j0 + c;
+                                    if j <= i {
+                                        row[k1 + j] -= v;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+    for i in 0..n {
+        a[i * n + i + 1..(i + 1) * n].fill(0.0);
+    }
+    Ok(())
 }
 
 /// Whether [`quantize_matrix`] takes `ty` (Q4_0, Q4_1, Q5_0, Q5_1).
@@ -154,11 +218,11 @@ pub fn supports(ty: GgmlType) -> bool {
     Grid::supports(ty)
 }
 
-/// Rows quantised together: a row of `U` is read once for all of them.
+/// Rows quantised together: a row of `V` is read once for all of them.
 const TILE: usize = 8;
 
-/// Quantises `w` (`rows × n` f32 values, row-major; overwritten with the error-adjusted
-/// values) to `ty` with error feedback through `factor`, writing `rows` rows of `ty` blocks
+/// Quantises `w` (`rows × n` f32 values, row-major; overwritten with the values its blocks
+/// decode to) to `ty` with error feedback through `factor`, writing `rows` rows of `ty` blocks
 /// to `out`, on up to `threads` threads. Rows with a non-finite value are quantised without
 /// error feedback (the plain weighted search).
 pub fn quantize_matrix(
@@ -199,7 +263,10 @@ pub fn quantize_matrix(
     Ok(())
 }
 
-/// Up to [`TILE`] rows, column by column.
+/// Up to [`TILE`] rows, column by column. With `d_i = w_i − q_i` (the original value less
+/// its rounding), GPTQ's running value of column `k` is `w_k + Σ_{i<k} d_i V_ik / V_kk`
+/// (from `w − q = e U` and `e = (w − q) V`): each rounded column adds `d_j` times its row of
+/// `V` to the later columns' sums.
 fn tile(ty: GgmlType, w: &mut [f32], f: &Factor, out: &mut [u8]) {
     let n = f.n;
     let size = row_size(ty, QK);
@@ -215,29 +282,36 @@ fn tile(ty: GgmlType, w: &mut [f32], f: &Factor, out: &mut [u8]) {
         }
         live.push(ok);
     }
+    let mut sums = vec![vec![0f32; n]; rows.len()];
     let mut grids = Vec::with_capacity(rows.len());
     let mut levels = vec![[0u8; QK]; rows.len()];
-    let mut err = vec![0f32; rows.len()];
+    let mut d = vec![0f32; rows.len()];
+    let mut now = [0f32; QK];
     for b in 0..n / QK {
         let c0 = b * QK;
         grids.clear();
-        for r in rows.iter() {
-            grids.push(Grid::search(ty, &r[c0..c0 + QK], &f.diag[c0..c0 + QK]));
+        for (row, sum) in rows.iter().zip(&sums) {
+            for (k, x) in now.iter_mut().enumerate() {
+                *x = row[c0 + k] + sum[c0 + k] * f.inv_diag[c0 + k];
+            }
+            grids.push(Grid::search(ty, &now, &f.diag[c0..c0 + QK]));
         }
         for j in c0..c0 + QK {
-            let ujj = f.u[j * n + j];
             for (r, row) in rows.iter_mut().enumerate() {
-                let (l, q) = grids[r].level(row[j]);
+                if !live[r] {
+                    continue;
+                }
+                let (l, q) = grids[r].level(row[j] + sums[r][j] * f.inv_diag[j]);
                 levels[r][j - c0] = l;
-                err[r] = if live[r] { (row[j] - q) / ujj } else { 0.0 };
+                d[r] = row[j] - q;
                 row[j] = q;
             }
-            let uj = &f.u[j * n + j + 1..(j + 1) * n];
-            for (r, row) in rows.iter_mut().enumerate() {
-                let e = err[r];
-                if e != 0.0 {
-                    for (x, &u) in row[j + 1..].iter_mut().zip(uj) {
-                        *x -= e * u;
+            let vj = &f.v[j * n + j + 1..(j + 1) * n];
+            for (r, sum) in sums.iter_mut().enumerate() {
+                let dr = d[r];
+                if live[r] && dr != 0.0 {
+                    for (x, &v) in sum[j + 1..].iter_mut().zip(vj) {
+                        *x += dr * v;
                     }
                 }
             }

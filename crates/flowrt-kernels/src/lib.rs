@@ -174,7 +174,11 @@ pub(crate) struct ElemOps {
     pub f32_to_f16: fn(&[f32], &mut [half::f16]),
     pub attn_scores_f16: fn(&[f32], usize, &[half::f16], f32, &mut [f32]),
     pub attn_values_f16: fn(&[f32], usize, &[half::f16], &mut [f32]),
+    pub panel_dots_f64: fn(&[f64], usize, usize, usize, &mut PanelTile),
 }
+
+/// The 4 × 8 tile of dot products [`Kernels::panel_dots_f64`] writes.
+pub type PanelTile = [[f64; 8]; 4];
 
 /// The types with a row in the table, in slot order.
 pub(crate) const SLOT_TYPES: [GgmlType; 14] = [
@@ -851,6 +855,33 @@ impl Kernels {
             "attn_values_f16: weights length"
         );
         (self.elem.attn_values_f16)(p, hd, v, out)
+    }
+
+    /// The 4 × 8 dot products of a panel's columns: `out[r][c] = Σ_m p[m·stride + i0 + r] ·
+    /// p[m·stride + j0 + c]` over the `p.len() / stride` rows `m` of the row-major `p` (the
+    /// tile of a symmetric rank-k update, what error-feedback quantisation factors its
+    /// second moments with). The sums run in `m` order per lane, so every table gives the
+    /// same bits where the products are exact in f64.
+    ///
+    /// # Panics
+    /// When `p` is not whole rows of `stride`, or the tile reaches past `stride`.
+    pub fn panel_dots_f64(
+        &self,
+        p: &[f64],
+        stride: usize,
+        i0: usize,
+        j0: usize,
+        out: &mut PanelTile,
+    ) {
+        assert!(
+            stride > 0 && p.len().is_multiple_of(stride),
+            "panel_dots_f64: rows of {stride}"
+        );
+        assert!(
+            i0 + 4 <= stride && j0 + 8 <= stride,
+            "panel_dots_f64: tile at ({i0}, {j0}) past {stride} columns"
+        );
+        (self.elem.panel_dots_f64)(p, stride, i0, j0, out)
     }
 
     /// Converts with round-to-nearest-even (the same bits as `half::f16::from_f32`, NaNs aside).

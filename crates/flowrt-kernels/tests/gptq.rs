@@ -1,6 +1,6 @@
 //! Error-feedback quantisation (`flowrt_kernels::gptq`, what `flowrt pack --gptq` writes):
 //! on inputs with correlated columns its output error `Σ_rows eᵀ H e` is well below the
-//! importance-weighted search's, the factor it spreads errors with is `(H + λI)⁻¹`'s, the
+//! importance-weighted search's, the factor it spreads errors with is `H + λI`'s Cholesky factor, the
 //! blocks it writes decode to values on their own grids, and bad shapes are errors.
 
 mod common;
@@ -153,40 +153,39 @@ fn a_diagonal_second_moment_feeds_nothing_back() {
 }
 
 #[test]
-fn the_factor_inverts_the_damped_second_moments() {
+fn the_factor_is_the_damped_second_moments_cholesky_factor() {
     let mut rng = rng(11);
-    let n = 40;
-    let (_, g) = inputs(&mut rng, n, 60, 6);
-    let f = Factor::new(&g, n, 2).unwrap();
-    assert_eq!(f.n(), n);
-    // H + λI scaled to a unit mean diagonal, λ a hundredth of that mean.
-    let mean = (0..n).map(|i| g[i * n + i] as f64).sum::<f64>() / n as f64;
-    let h: Vec<f64> = (0..n * n)
-        .map(|k| g[k] as f64 / mean + if k % (n + 1) == 0 { 0.01 } else { 0.0 })
-        .collect();
-    let u = f.upper();
-    for i in 0..n {
-        assert!(u[i * n + i] > 0.0);
-        for j in 0..i {
-            assert_eq!(u[i * n + j], 0.0, "below the diagonal at {i},{j}");
-        }
-    }
-    // (Uᵀ U) H = I.
-    let mut worst = 0f64;
-    for i in 0..n {
-        for j in 0..n {
-            let mut v = 0f64;
-            for k in 0..n {
-                let utu: f64 = (0..n)
-                    .map(|m| u[m * n + i] as f64 * u[m * n + k] as f64)
-                    .sum();
-                v += utu * h[k * n + j];
+    // Sizes around the factorisation's 64-column panels and 4 × 8 tiles.
+    for n in [40, 64, 65, 131, 200] {
+        let (_, g) = inputs(&mut rng, n, 60 + n / 2, 6);
+        let f = Factor::new(&g, n, 3).unwrap();
+        assert_eq!(f.n(), n);
+        // H + λI scaled to a unit mean diagonal, λ a hundredth of that mean.
+        let mean = (0..n).map(|i| g[i * n + i] as f64).sum::<f64>() / n as f64;
+        let h: Vec<f64> = (0..n * n)
+            .map(|k| g[k] as f64 / mean + if k % (n + 1) == 0 { 0.01 } else { 0.0 })
+            .collect();
+        let v = f.upper();
+        for i in 0..n {
+            assert!(v[i * n + i] > 0.0);
+            for j in 0..i {
+                assert_eq!(v[i * n + j], 0.0, "n {n}: below the diagonal at {i},{j}");
             }
-            let want = if i == j { 1.0 } else { 0.0 };
-            worst = worst.max((v - want).abs());
         }
+        // V Vᵀ = H + λI.
+        let mut worst = 0f64;
+        for i in 0..n {
+            for j in 0..n {
+                let vvt: f64 = (0..n)
+                    .map(|m| v[i * n + m] as f64 * v[j * n + m] as f64)
+                    .sum();
+                worst = worst.max((vvt - h[i * n + j]).abs());
+            }
+        }
+        assert!(worst < 1e-5, "n {n}: V Vᵀ differs from H + λI by {worst:e}");
+        // The same factor on one thread.
+        assert_eq!(Factor::new(&g, n, 1).unwrap().upper(), v, "n {n}");
     }
-    assert!(worst < 1e-3, "(UᵀU)H differs from I by {worst:e}");
 }
 
 #[test]

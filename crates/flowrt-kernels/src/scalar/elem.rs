@@ -107,3 +107,22 @@ pub(crate) fn attn_values_f16(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) 
         }
     }
 }
+
+/// See [`crate::Kernels::panel_dots_f64`] (bounds checked there).
+pub(crate) fn panel_dots_f64(
+    p: &[f64],
+    stride: usize,
+    i0: usize,
+    j0: usize,
+    out: &mut [[f64; 8]; 4],
+) {
+    *out = [[0.0; 8]; 4];
+    for row in p.chunks_exact(stride) {
+        let b = &row[j0..j0 + 8];
+        for (o, &a) in out.iter_mut().zip(&row[i0..i0 + 4]) {
+            for (acc, &bc) in o.iter_mut().zip(b) {
+                *acc += a * bc;
+            }
+        }
+    }
+}

@@ -28,6 +28,7 @@ pub(super) fn install(t: &mut Kernels) {
     t.elem.f32_to_f16 = f32_to_f16;
     t.elem.attn_scores_f16 = attn_scores_f16;
     t.elem.attn_values_f16 = attn_values_f16;
+    t.elem.panel_dots_f64 = panel_dots_f64;
 }
 
 /// `exp(x)` for 8 lanes: `2^n * p(r)`, `x = n ln2 + r`, `|r| <= ln2/2`, degree-7 Taylor
@@ -325,6 +326,7 @@ safe_wrappers! {
     f32_to_f16 => f32_to_f16_avx2(x: &[f32], out: &mut [f16]);
     attn_scores_f16 => attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]);
     attn_values_f16 => attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]);
+    panel_dots_f64 => panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut [[f64; 8]; 4]);
 }
 
 /// Query heads per tile of the attention kernels: a tile's accumulators (2 heads x 4 keys
@@ -492,6 +494,36 @@ unsafe fn value_tile<const H: usize, const C: usize>(
             for (i, &a) in acc.iter().enumerate() {
                 _mm256_storeu_ps(o.add((h0 + h) * hd + c0 + 8 * i), a);
             }
+        }
+    }
+}
+
+/// See [`crate::Kernels::panel_dots_f64`] (bounds checked there): eight 4-lane accumulators,
+/// each lane summed in row order with fused multiply-adds.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut [[f64; 8]; 4]) {
+    let mut acc = [[_mm256_setzero_pd(); 2]; 4];
+    for row in p.chunks_exact(stride) {
+        let b = &row[j0..j0 + 8];
+        let a = &row[i0..i0 + 4];
+        // SAFETY: `b` has 8 values, read as two unaligned 4-lane loads.
+        let (b0, b1) = unsafe {
+            (
+                _mm256_loadu_pd(b.as_ptr()),
+                _mm256_loadu_pd(b.as_ptr().add(4)),
+            )
+        };
+        for (acc, &ar) in acc.iter_mut().zip(a) {
+            let ar = _mm256_set1_pd(ar);
+            acc[0] = _mm256_fmadd_pd(ar, b0, acc[0]);
+            acc[1] = _mm256_fmadd_pd(ar, b1, acc[1]);
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` has 8 values, written as two unaligned 4-lane stores.
+        unsafe {
+            _mm256_storeu_pd(o.as_mut_ptr(), acc[0]);
+            _mm256_storeu_pd(o.as_mut_ptr().add(4), acc[1]);
         }
     }
 }
