@@ -954,7 +954,14 @@ impl CpuBackend {
                 })
                 .collect();
             let roles: Vec<MatRole> = items.iter().map(|&(_, role)| role).collect();
-            stats.add(layer, &roles, &rows, kdim, self.pool.n_threads());
+            stats.add(
+                self.kernels,
+                layer,
+                &roles,
+                &rows,
+                kdim,
+                self.pool.n_threads(),
+            );
         }
         let act_row = fmt.row_size(kdim);
         let kern = self.kernels;

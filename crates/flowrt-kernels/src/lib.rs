@@ -175,10 +175,14 @@ pub(crate) struct ElemOps {
     pub attn_scores_f16: fn(&[f32], usize, &[half::f16], f32, &mut [f32]),
     pub attn_values_f16: fn(&[f32], usize, &[half::f16], &mut [f32]),
     pub panel_dots_f64: fn(&[f64], usize, usize, usize, &mut PanelTile),
+    pub panel_dots_f32: fn(&[f32], usize, usize, usize, &mut PanelTileF32),
 }
 
 /// The 4 × 8 tile of dot products [`Kernels::panel_dots_f64`] writes.
 pub type PanelTile = [[f64; 8]; 4];
+
+/// The 4 × 16 tile of dot products [`Kernels::panel_dots_f32`] writes.
+pub type PanelTileF32 = [[f32; 16]; 4];
 
 /// The types with a row in the table, in slot order.
 pub(crate) const SLOT_TYPES: [GgmlType; 14] = [
@@ -882,6 +886,31 @@ impl Kernels {
             "panel_dots_f64: tile at ({i0}, {j0}) past {stride} columns"
         );
         (self.elem.panel_dots_f64)(p, stride, i0, j0, out)
+    }
+
+    /// [`Self::panel_dots_f64`] in f32 with a 4 × 16 tile: `out[r][c] = Σ_m p[m·stride + i0
+    /// + r] · p[m·stride + j0 + c]` (a rank-k update's tile: calibration's second moments
+    /// `Σ x xᵀ` over the rows `m` of token activations).
+    ///
+    /// # Panics
+    /// When `p` is not whole rows of `stride`, or the tile reaches past `stride`.
+    pub fn panel_dots_f32(
+        &self,
+        p: &[f32],
+        stride: usize,
+        i0: usize,
+        j0: usize,
+        out: &mut PanelTileF32,
+    ) {
+        assert!(
+            stride > 0 && p.len().is_multiple_of(stride),
+            "panel_dots_f32: rows of {stride}"
+        );
+        assert!(
+            i0 + 4 <= stride && j0 + 16 <= stride,
+            "panel_dots_f32: tile at ({i0}, {j0}) past {stride} columns"
+        );
+        (self.elem.panel_dots_f32)(p, stride, i0, j0, out)
     }
 
     /// Converts with round-to-nearest-even (the same bits as `half::f16::from_f32`, NaNs aside).

@@ -244,6 +244,37 @@ proptest! {
     }
 
     #[test]
+    fn panel_dots_f32_match_f64(
+        seed: u64, depth in 0usize..=70, extra in 0usize..=13, ti in 0usize..4, tj in 0usize..4,
+        integers: bool,
+    ) {
+        let stride = 16 + extra;
+        let (i0, j0) = (ti.min(stride - 4), tj.min(stride - 16));
+        let mut rng = rng(seed);
+        // Small integers make every product and sum exact: each table gives the same bits.
+        let p: Vec<f32> = (0..depth * stride)
+            .map(|_| if integers { rng.random_range(-9i32..=9) as f32 } else { rng.random_range(-2.0f32..2.0) })
+            .collect();
+        for k in tables() {
+            let mut out = [[f32::NAN; 16]; 4];
+            k.panel_dots_f32(&p, stride, i0, j0, &mut out);
+            for r in 0..4 {
+                for c in 0..16 {
+                    let terms = (0..depth).map(|m| p[m * stride + i0 + r] as f64 * p[m * stride + j0 + c] as f64);
+                    let exact: f64 = terms.clone().sum();
+                    let got = out[r][c];
+                    if integers {
+                        prop_assert_eq!(got as f64, exact, "{} [{},{}]", k.name(), r, c);
+                    } else {
+                        let abs: f64 = terms.map(f64::abs).sum();
+                        prop_assert!((got as f64 - exact).abs() <= dot_tol(depth, abs) + 1e-30, "{} [{r},{c}] {got} vs {exact}", k.name());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn f32_to_f16_rounds_like_half(seed: u64, li in 0..16usize) {
         let mut rng = rng(seed);
         let n = len(&mut rng, li);

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use flowrt_dispatch::{InputStat, InputStatKind};
+use flowrt_kernels::Kernels;
 use flowrt_model::plan::MatRole;
 
 pub(super) struct InputStats {
@@ -32,9 +33,10 @@ impl InputStats {
     }
 
     /// Adds the input `rows` (each `k` values) of the matmuls of `roles` in `layer`, on up
-    /// to `threads` threads.
+    /// to `threads` threads with `kern`'s tiles.
     pub(super) fn add(
         &mut self,
+        kern: &Kernels,
         layer: Option<usize>,
         roles: &[MatRole],
         rows: &[&[f32]],
@@ -88,7 +90,7 @@ impl InputStats {
         for &i in &entries {
             self.gram_of[i] = Some(g);
         }
-        add_outer(&mut self.grams[g].1, rows, k, threads);
+        add_outer(kern, &mut self.grams[g].1, rows, k, threads);
     }
 
     /// The statistics in layer and role order, each Gram matrix made symmetric and shared.
@@ -119,25 +121,38 @@ impl InputStats {
     }
 }
 
-/// `g += Σ_t x_t x_tᵀ` on the upper triangle, rows of `g` dealt round-robin to `threads`
-/// threads (their lengths fall along the triangle). Each row of `g` takes every token in
-/// turn, so it stays in the first-level cache.
-fn add_outer(g: &mut [f32], rows: &[&[f32]], k: usize, threads: usize) {
-    let threads = threads.clamp(1, k.max(1));
+/// `g += Σ_t x_t x_tᵀ` on the upper triangle: the rows copied into one zero-padded panel,
+/// then 4 × 16 tiles of [`Kernels::panel_dots_f32`], rows of tiles dealt round-robin to
+/// `threads` threads (their lengths fall along the triangle).
+fn add_outer(kern: &Kernels, g: &mut [f32], rows: &[&[f32]], k: usize, threads: usize) {
+    if rows.is_empty() || k == 0 {
+        return;
+    }
+    let stride = k.div_ceil(16) * 16;
+    let mut panel = vec![0f32; rows.len() * stride];
+    for (p, x) in panel.chunks_exact_mut(stride).zip(rows) {
+        p[..k].copy_from_slice(x);
+    }
+    let panel = &panel[..];
+    let threads = threads.clamp(1, k.div_ceil(4));
     let mut parts: Vec<Vec<(usize, &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, row) in g.chunks_mut(k).enumerate() {
-        parts[i % threads].push((i, row));
+    for (t, tile_rows) in g.chunks_mut(4 * k).enumerate() {
+        parts[t % threads].push((4 * t, tile_rows));
     }
     std::thread::scope(|s| {
         for part in parts {
             s.spawn(move || {
-                for (i, grow) in part {
-                    let tail = &mut grow[i..];
-                    for x in rows {
-                        let xi = x[i];
-                        if xi != 0.0 {
-                            for (a, &v) in tail.iter_mut().zip(&x[i..]) {
-                                *a += xi * v;
+                let mut out = [[0f32; 16]; 4];
+                for (i0, tile_rows) in part {
+                    // From the tile holding the diagonal to the last column.
+                    for j0 in (i0 / 16 * 16..k).step_by(16) {
+                        kern.panel_dots_f32(panel, stride, i0, j0, &mut out);
+                        for (r, grow) in tile_rows.chunks_mut(k).enumerate() {
+                            let i = i0 + r;
+                            let lo = i.max(j0);
+                            let hi = (j0 + 16).min(k);
+                            for (a, v) in grow[lo..hi].iter_mut().zip(&out[r][lo - j0..]) {
+                                *a += v;
                             }
                         }
                     }

@@ -114,11 +114,34 @@ pub(crate) fn panel_dots_f64(
     stride: usize,
     i0: usize,
     j0: usize,
-    out: &mut [[f64; 8]; 4],
+    out: &mut crate::PanelTile,
 ) {
-    *out = [[0.0; 8]; 4];
+    panel_dots(p, stride, i0, j0, out)
+}
+
+/// See [`crate::Kernels::panel_dots_f32`] (bounds checked there).
+pub(crate) fn panel_dots_f32(
+    p: &[f32],
+    stride: usize,
+    i0: usize,
+    j0: usize,
+    out: &mut crate::PanelTileF32,
+) {
+    panel_dots(p, stride, i0, j0, out)
+}
+
+fn panel_dots<T, const W: usize>(
+    p: &[T],
+    stride: usize,
+    i0: usize,
+    j0: usize,
+    out: &mut [[T; W]; 4],
+) where
+    T: Copy + Default + std::ops::Mul<Output = T> + std::ops::AddAssign,
+{
+    *out = [[T::default(); W]; 4];
     for row in p.chunks_exact(stride) {
-        let b = &row[j0..j0 + 8];
+        let b = &row[j0..j0 + W];
         for (o, &a) in out.iter_mut().zip(&row[i0..i0 + 4]) {
             for (acc, &bc) in o.iter_mut().zip(b) {
                 *acc += a * bc;

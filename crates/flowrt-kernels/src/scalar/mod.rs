@@ -115,6 +115,7 @@ pub(crate) fn elem_ops() -> ElemOps {
         attn_scores_f16: elem::attn_scores_f16,
         attn_values_f16: elem::attn_values_f16,
         panel_dots_f64: elem::panel_dots_f64,
+        panel_dots_f32: elem::panel_dots_f32,
     }
 }
 

@@ -29,6 +29,7 @@ pub(super) fn install(t: &mut Kernels) {
     t.elem.attn_scores_f16 = attn_scores_f16;
     t.elem.attn_values_f16 = attn_values_f16;
     t.elem.panel_dots_f64 = panel_dots_f64;
+    t.elem.panel_dots_f32 = panel_dots_f32;
 }
 
 /// `exp(x)` for 8 lanes: `2^n * p(r)`, `x = n ln2 + r`, `|r| <= ln2/2`, degree-7 Taylor
@@ -326,7 +327,8 @@ safe_wrappers! {
     f32_to_f16 => f32_to_f16_avx2(x: &[f32], out: &mut [f16]);
     attn_scores_f16 => attn_scores_f16_avx2(q: &[f32], hd: usize, k: &[f16], scale: f32, out: &mut [f32]);
     attn_values_f16 => attn_values_f16_avx2(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]);
-    panel_dots_f64 => panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut [[f64; 8]; 4]);
+    panel_dots_f64 => panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut crate::PanelTile);
+    panel_dots_f32 => panel_dots_f32_avx2(p: &[f32], stride: usize, i0: usize, j0: usize, out: &mut crate::PanelTileF32);
 }
 
 /// Query heads per tile of the attention kernels: a tile's accumulators (2 heads x 4 keys
@@ -501,7 +503,7 @@ unsafe fn value_tile<const H: usize, const C: usize>(
 /// See [`crate::Kernels::panel_dots_f64`] (bounds checked there): eight 4-lane accumulators,
 /// each lane summed in row order with fused multiply-adds.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut [[f64; 8]; 4]) {
+fn panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut crate::PanelTile) {
     let mut acc = [[_mm256_setzero_pd(); 2]; 4];
     for row in p.chunks_exact(stride) {
         let b = &row[j0..j0 + 8];
@@ -524,6 +526,42 @@ fn panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut
         unsafe {
             _mm256_storeu_pd(o.as_mut_ptr(), acc[0]);
             _mm256_storeu_pd(o.as_mut_ptr().add(4), acc[1]);
+        }
+    }
+}
+
+/// See [`crate::Kernels::panel_dots_f32`] (bounds checked there): eight 8-lane accumulators,
+/// each lane summed in row order with fused multiply-adds.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn panel_dots_f32_avx2(
+    p: &[f32],
+    stride: usize,
+    i0: usize,
+    j0: usize,
+    out: &mut crate::PanelTileF32,
+) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for row in p.chunks_exact(stride) {
+        let b = &row[j0..j0 + 16];
+        let a = &row[i0..i0 + 4];
+        // SAFETY: `b` has 16 values, read as two unaligned 8-lane loads.
+        let (b0, b1) = unsafe {
+            (
+                _mm256_loadu_ps(b.as_ptr()),
+                _mm256_loadu_ps(b.as_ptr().add(8)),
+            )
+        };
+        for (acc, &ar) in acc.iter_mut().zip(a) {
+            let ar = _mm256_set1_ps(ar);
+            acc[0] = _mm256_fmadd_ps(ar, b0, acc[0]);
+            acc[1] = _mm256_fmadd_ps(ar, b1, acc[1]);
+        }
+    }
+    for (o, acc) in out.iter_mut().zip(acc) {
+        // SAFETY: `o` has 16 values, written as two unaligned 8-lane stores.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[1]);
         }
     }
 }
