@@ -111,6 +111,19 @@ impl Factor {
     }
 }
 
+fn dot(x: &[f64], y: &[f64]) -> f64 {
+    x.iter().zip(y).map(|(p, q)| p * q).sum()
+}
+
+/// Forward substitution of a row's panel values `l` (in place, its first `cols`) against the
+/// factored rows of `block` (`w × w`, lower, row-major): `l_j = (l_j − Σ_{m<j} l_m b_jm) / b_jj`.
+fn substitute(l: &mut [f64], block: &[f64], w: usize, cols: usize) {
+    for j in 0..cols {
+        let bj = &block[j * w..j * w + j + 1];
+        l[j] = (l[j] - dot(&l[..j], &bj[..j])) / bj[j];
+    }
+}
+
 /// Columns factored per panel of [`lower_cholesky`].
 const PANEL: usize = 64;
 
@@ -121,57 +134,46 @@ const PANEL: usize = 64;
 /// [`crate::Kernels::panel_dots_f64`], rows dealt to `threads` threads.
 fn lower_cholesky(a: &mut [f64], n: usize, threads: usize) -> Result<(), usize> {
     let kern = crate::Kernels::detect();
-    let dot = |x: &[f64], y: &[f64]| -> f64 { x.iter().zip(y).map(|(p, q)| p * q).sum() };
     let mut panel = Vec::new();
     for k0 in (0..n).step_by(PANEL) {
         let k1 = (k0 + PANEL).min(n);
-        // The diagonal block, column by column.
-        for j in k0..k1 {
-            let rj = &mut a[j * n..(j + 1) * n];
-            let d = rj[j] - dot(&rj[k0..j], &rj[k0..j]);
+        // The diagonal block row by row, each row solved against the block's rows above it
+        // (kept in `block`, `w × w` row-major), then the rows below it against the whole
+        // block.
+        let w = k1 - k0;
+        let mut block = vec![0f64; w * w];
+        for r in 0..w {
+            let i = k0 + r;
+            let li = &mut a[i * n + k0..i * n + k1];
+            substitute(li, &block, w, r);
+            let d = li[r] - dot(&li[..r], &li[..r]);
             if d <= 0.0 || !d.is_finite() {
-                return Err(j);
+                return Err(i);
             }
-            rj[j] = d.sqrt();
-            for i in j + 1..k1 {
-                let (top, rest) = a.split_at_mut(i * n);
-                let (lj, ri) = (&top[j * n + k0..j * n + j + 1], &mut rest[..n]);
-                ri[j] = (ri[j] - dot(&ri[k0..j], &lj[..j - k0])) / lj[j - k0];
-            }
+            li[r] = d.sqrt();
+            block[r * w..r * w + r + 1].copy_from_slice(&li[..=r]);
         }
         if k1 == n {
             break;
         }
-        // The rows below it: `L[i][k0..k1]` by forward substitution with the block.
-        let block: Vec<f64> = (k0..k1)
-            .flat_map(|j| a[j * n + k0..j * n + k1].to_vec())
-            .collect();
-        let w = k1 - k0;
         let rows_per = (n - k1).div_ceil(threads);
         std::thread::scope(|s| {
             for rows in a[k1 * n..].chunks_mut(rows_per * n) {
                 let block = &block;
                 s.spawn(move || {
                     for ri in rows.chunks_mut(n) {
-                        let li = &mut ri[k0..k1];
-                        for j in 0..w {
-                            let lj = &block[j * w..j * w + j + 1];
-                            li[j] = (li[j] - dot(&li[..j], &lj[..j])) / lj[j];
-                        }
+                        substitute(&mut ri[k0..k1], block, w, w);
                     }
                 });
             }
         });
-        if k1 == n {
-            break;
-        }
-        // The rows below, transposed into `panel` (`k1 - k0` rows of `stride` columns,
+        // The rows below, transposed into `panel` (`w` rows of `stride` columns,
         // zero-padded to whole tiles), then `a[i][j] -= Σ_m L[i][m] L[j][m]` for
         // `k1 <= j <= i`.
         let below = n - k1;
         let stride = below.div_ceil(8) * 8;
         panel.clear();
-        panel.resize((k1 - k0) * stride, 0.0);
+        panel.resize(w * stride, 0.0);
         for r in 0..below {
             for m in k0..k1 {
                 panel[(m - k0) * stride + r] = a[(k1 + r) * n + m];
@@ -189,12 +191,11 @@ fn lower_cholesky(a: &mut [f64], n: usize, threads: usize) -> Result<(), usize> 
                     for (r0, rows) in part {
                         let live = rows.len() / n;
                         // The last tile's rows past `below` read the padding's zeros.
-                        let i0 = r0;
                         for j0 in (0..r0 + live).step_by(8) {
-                            kern.panel_dots_f64(panel, stride, i0, j0, &mut out);
+                            kern.panel_dots_f64(panel, stride, r0, j0, &mut out);
                             for (r, row) in rows.chunks_mut(n).enumerate() {
                                 let i = r0 + r;
-                                for (c, v) in out[i - i0].iter().enumerate() {
+                                for (c, v) in out[r].iter().enumerate() {
                                     let j = j0 + c;
                                     if j <= i {
                                         row[k1 + j] -= v;
