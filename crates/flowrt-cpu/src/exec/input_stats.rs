@@ -121,9 +121,14 @@ impl InputStats {
     }
 }
 
+/// Columns of the panel one pass over the row tiles takes (a multiple of 16).
+const COLUMN_BLOCK: usize = 128;
+
 /// `g += Σ_t x_t x_tᵀ` on the upper triangle: the rows copied into one zero-padded panel,
 /// then 4 × 16 tiles of [`Kernels::panel_dots_f32`], rows of tiles dealt round-robin to
-/// `threads` threads (their lengths fall along the triangle).
+/// `threads` threads (their lengths fall along the triangle). Each thread takes the columns
+/// a block of [`COLUMN_BLOCK`] at a time, for all its row tiles above the diagonal, so that
+/// block's part of the panel stays in cache.
 fn add_outer(kern: &Kernels, g: &mut [f32], rows: &[&[f32]], k: usize, threads: usize) {
     if rows.is_empty() || k == 0 {
         return;
@@ -140,19 +145,22 @@ fn add_outer(kern: &Kernels, g: &mut [f32], rows: &[&[f32]], k: usize, threads: 
         parts[t % threads].push((4 * t, tile_rows));
     }
     std::thread::scope(|s| {
-        for part in parts {
+        for mut part in parts {
             s.spawn(move || {
                 let mut out = [[0f32; 16]; 4];
-                for (i0, tile_rows) in part {
-                    // From the tile holding the diagonal to the last column.
-                    for j0 in (i0 / 16 * 16..k).step_by(16) {
-                        kern.panel_dots_f32(panel, stride, i0, j0, &mut out);
-                        for (r, grow) in tile_rows.chunks_mut(k).enumerate() {
-                            let i = i0 + r;
-                            let lo = i.max(j0);
-                            let hi = (j0 + 16).min(k);
-                            for (a, v) in grow[lo..hi].iter_mut().zip(&out[r][lo - j0..]) {
-                                *a += v;
+                for jb in (0..k).step_by(COLUMN_BLOCK) {
+                    let jend = (jb + COLUMN_BLOCK).min(k);
+                    // Row tiles in increasing order: those from `jend` on are below the block.
+                    for (i0, tile_rows) in part.iter_mut().take_while(|(i0, _)| *i0 < jend) {
+                        // From the tile holding the diagonal.
+                        for j0 in ((*i0 / 16 * 16).max(jb)..jend).step_by(16) {
+                            kern.panel_dots_f32(panel, stride, *i0, j0, &mut out);
+                            for (r, grow) in tile_rows.chunks_mut(k).enumerate() {
+                                let lo = (*i0 + r).max(j0);
+                                let hi = (j0 + 16).min(k);
+                                for (a, v) in grow[lo..hi].iter_mut().zip(&out[r][lo - j0..]) {
+                                    *a += v;
+                                }
                             }
                         }
                     }
@@ -160,4 +168,40 @@ fn add_outer(kern: &Kernels, g: &mut [f32], rows: &[&[f32]], k: usize, threads: 
             });
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tiles and column blocks cover the upper triangle once, on any thread count, at
+    /// widths on and off the tile and block sizes.
+    #[test]
+    fn add_outer_is_the_upper_triangle_of_the_sum_of_outer_products() {
+        let kern = Kernels::detect();
+        for k in [1, 5, 16, 37, 128, 300] {
+            let xs: Vec<Vec<f32>> = (0..7)
+                .map(|t| {
+                    (0..k)
+                        .map(|i| ((t * 31 + i * 17) % 13) as f32 - 6.0)
+                        .collect()
+                })
+                .collect();
+            let rows: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+            for threads in 1..=3 {
+                let mut g = vec![1f32; k * k];
+                add_outer(kern, &mut g, &rows, k, threads);
+                for i in 0..k {
+                    for j in 0..k {
+                        let want = if j >= i {
+                            1.0 + xs.iter().map(|x| x[i] * x[j]).sum::<f32>()
+                        } else {
+                            1.0
+                        };
+                        assert_eq!(g[i * k + j], want, "k {k} threads {threads} at ({i}, {j})");
+                    }
+                }
+            }
+        }
+    }
 }
