@@ -877,14 +877,7 @@ impl Kernels {
         j0: usize,
         out: &mut PanelTile,
     ) {
-        assert!(
-            stride > 0 && p.len().is_multiple_of(stride),
-            "panel_dots_f64: rows of {stride}"
-        );
-        assert!(
-            i0 + 4 <= stride && j0 + 8 <= stride,
-            "panel_dots_f64: tile at ({i0}, {j0}) past {stride} columns"
-        );
+        check_panel("panel_dots_f64", p.len(), stride, i0, j0, 8);
         (self.elem.panel_dots_f64)(p, stride, i0, j0, out)
     }
 
@@ -902,14 +895,7 @@ impl Kernels {
         j0: usize,
         out: &mut PanelTileF32,
     ) {
-        assert!(
-            stride > 0 && p.len().is_multiple_of(stride),
-            "panel_dots_f32: rows of {stride}"
-        );
-        assert!(
-            i0 + 4 <= stride && j0 + 16 <= stride,
-            "panel_dots_f32: tile at ({i0}, {j0}) past {stride} columns"
-        );
+        check_panel("panel_dots_f32", p.len(), stride, i0, j0, 16);
         (self.elem.panel_dots_f32)(p, stride, i0, j0, out)
     }
 
@@ -918,6 +904,19 @@ impl Kernels {
         assert_eq!(x.len(), out.len(), "f32_to_f16: length mismatch");
         (self.elem.f32_to_f16)(x, out)
     }
+}
+
+/// The bounds of a panel-dots call: `len` values in whole rows of `stride`, and a tile of 4
+/// rows and `width` columns inside a row.
+fn check_panel(name: &str, len: usize, stride: usize, i0: usize, j0: usize, width: usize) {
+    assert!(
+        stride > 0 && len.is_multiple_of(stride),
+        "{name}: rows of {stride}"
+    );
+    assert!(
+        i0 + 4 <= stride && j0 + width <= stride,
+        "{name}: tile at ({i0}, {j0}) past {stride} columns"
+    );
 }
 
 /// Bytes of `nrows` rows of `k` values of type `w`.

@@ -108,29 +108,9 @@ pub(crate) fn attn_values_f16(p: &[f32], hd: usize, v: &[f16], out: &mut [f32]) 
     }
 }
 
-/// See [`crate::Kernels::panel_dots_f64`] (bounds checked there).
-pub(crate) fn panel_dots_f64(
-    p: &[f64],
-    stride: usize,
-    i0: usize,
-    j0: usize,
-    out: &mut crate::PanelTile,
-) {
-    panel_dots(p, stride, i0, j0, out)
-}
-
-/// See [`crate::Kernels::panel_dots_f32`] (bounds checked there).
-pub(crate) fn panel_dots_f32(
-    p: &[f32],
-    stride: usize,
-    i0: usize,
-    j0: usize,
-    out: &mut crate::PanelTileF32,
-) {
-    panel_dots(p, stride, i0, j0, out)
-}
-
-fn panel_dots<T, const W: usize>(
+/// [`crate::Kernels::panel_dots_f64`] (`W = 8`) and [`crate::Kernels::panel_dots_f32`]
+/// (`W = 16`); bounds checked there.
+pub(crate) fn panel_dots<T, const W: usize>(
     p: &[T],
     stride: usize,
     i0: usize,

@@ -114,8 +114,8 @@ pub(crate) fn elem_ops() -> ElemOps {
         f32_to_f16: elem::f32_to_f16,
         attn_scores_f16: elem::attn_scores_f16,
         attn_values_f16: elem::attn_values_f16,
-        panel_dots_f64: elem::panel_dots_f64,
-        panel_dots_f32: elem::panel_dots_f32,
+        panel_dots_f64: elem::panel_dots::<f64, 8>,
+        panel_dots_f32: elem::panel_dots::<f32, 16>,
     }
 }
 
