@@ -47,6 +47,41 @@ fn gelu64(x: f64) -> f64 {
     }
 }
 
+/// A panel-dots tile `got(r, c)` (4 rows, `width` columns at `(i0, j0)` of the rows of
+/// `stride` in `p`) against the sums in f64: equal where `exact` (small integers), else
+/// within `tol` of the sum of the terms' magnitudes.
+#[allow(clippy::too_many_arguments)]
+fn check_panel(
+    p: &[f32],
+    stride: usize,
+    i0: usize,
+    j0: usize,
+    width: usize,
+    got: impl Fn(usize, usize) -> f64,
+    exact: bool,
+    tol: impl Fn(f64) -> f64,
+) -> Result<(), String> {
+    let depth = p.len() / stride;
+    for r in 0..4 {
+        for c in 0..width {
+            let terms =
+                (0..depth).map(|m| p[m * stride + i0 + r] as f64 * p[m * stride + j0 + c] as f64);
+            let want: f64 = terms.clone().sum();
+            let abs: f64 = terms.map(f64::abs).sum();
+            let g = got(r, c);
+            let ok = if exact {
+                g == want
+            } else {
+                (g - want).abs() <= tol(abs)
+            };
+            if !ok {
+                return Err(format!("[{r},{c}] {g} vs {want}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(128))]
 
@@ -216,61 +251,31 @@ proptest! {
         seed: u64, depth in 0usize..=70, extra in 0usize..=13, ti in 0usize..4, tj in 0usize..4,
         integers: bool,
     ) {
-        // Tiles anywhere in a row of any width that holds them (odd widths and depths included).
-        let stride = 8 + extra;
-        let (i0, j0) = (ti.min(stride - 4), tj.min(stride - 8));
+        // Tiles anywhere in a row of any width that holds them (odd widths and depths
+        // included). Small integers make every product and sum exact: each table gives the
+        // same bits. The values are f32s, so both kernels take them exactly.
         let mut rng = rng(seed);
-        // Small integers make every product and sum exact: each table gives the same bits.
-        let p: Vec<f64> = (0..depth * stride)
-            .map(|_| if integers { rng.random_range(-9i32..=9) as f64 } else { rng.random_range(-2.0f64..2.0) })
-            .collect();
+        let mut values = |stride: usize| -> Vec<f32> {
+            (0..depth * stride)
+                .map(|_| if integers { rng.random_range(-9i32..=9) as f32 } else { rng.random_range(-2.0f32..2.0) })
+                .collect()
+        };
+        let (s64, s32) = (8 + extra, 16 + extra);
+        let (p64, p32) = (values(s64), values(s32));
+        let p64w: Vec<f64> = p64.iter().map(|&v| v as f64).collect();
         for k in tables() {
-            let mut out = [[f64::NAN; 8]; 4];
-            k.panel_dots_f64(&p, stride, i0, j0, &mut out);
-            for r in 0..4 {
-                for c in 0..8 {
-                    let terms = (0..depth).map(|m| p[m * stride + i0 + r] * p[m * stride + j0 + c]);
-                    let exact: f64 = terms.clone().sum();
-                    let got = out[r][c];
-                    if integers {
-                        prop_assert_eq!(got, exact, "{} [{},{}]", k.name(), r, c);
-                    } else {
-                        let abs: f64 = terms.map(f64::abs).sum();
-                        prop_assert!((got - exact).abs() <= 1e-14 * abs + 1e-300, "{} [{r},{c}] {got} vs {exact}", k.name());
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn panel_dots_f32_match_f64(
-        seed: u64, depth in 0usize..=70, extra in 0usize..=13, ti in 0usize..4, tj in 0usize..4,
-        integers: bool,
-    ) {
-        let stride = 16 + extra;
-        let (i0, j0) = (ti.min(stride - 4), tj.min(stride - 16));
-        let mut rng = rng(seed);
-        // Small integers make every product and sum exact: each table gives the same bits.
-        let p: Vec<f32> = (0..depth * stride)
-            .map(|_| if integers { rng.random_range(-9i32..=9) as f32 } else { rng.random_range(-2.0f32..2.0) })
-            .collect();
-        for k in tables() {
-            let mut out = [[f32::NAN; 16]; 4];
-            k.panel_dots_f32(&p, stride, i0, j0, &mut out);
-            for r in 0..4 {
-                for c in 0..16 {
-                    let terms = (0..depth).map(|m| p[m * stride + i0 + r] as f64 * p[m * stride + j0 + c] as f64);
-                    let exact: f64 = terms.clone().sum();
-                    let got = out[r][c];
-                    if integers {
-                        prop_assert_eq!(got as f64, exact, "{} [{},{}]", k.name(), r, c);
-                    } else {
-                        let abs: f64 = terms.map(f64::abs).sum();
-                        prop_assert!((got as f64 - exact).abs() <= dot_tol(depth, abs) + 1e-30, "{} [{r},{c}] {got} vs {exact}", k.name());
-                    }
-                }
-            }
+            let mut out64 = [[f64::NAN; 8]; 4];
+            let (i0, j0) = (ti.min(s64 - 4), tj.min(s64 - 8));
+            k.panel_dots_f64(&p64w, s64, i0, j0, &mut out64);
+            let got = |r: usize, c: usize| out64[r][c];
+            check_panel(&p64, s64, i0, j0, 8, got, integers, |abs| 1e-14 * abs + 1e-300)
+                .map_err(|e| TestCaseError::fail(format!("{} f64 {e}", k.name())))?;
+            let mut out32 = [[f32::NAN; 16]; 4];
+            let (i0, j0) = (ti.min(s32 - 4), tj.min(s32 - 16));
+            k.panel_dots_f32(&p32, s32, i0, j0, &mut out32);
+            let got = |r: usize, c: usize| out32[r][c] as f64;
+            check_panel(&p32, s32, i0, j0, 16, got, integers, |abs| dot_tol(depth, abs) + 1e-30)
+                .map_err(|e| TestCaseError::fail(format!("{} f32 {e}", k.name())))?;
         }
     }
 

@@ -500,68 +500,44 @@ unsafe fn value_tile<const H: usize, const C: usize>(
     }
 }
 
-/// See [`crate::Kernels::panel_dots_f64`] (bounds checked there): eight 4-lane accumulators,
-/// each lane summed in row order with fused multiply-adds.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn panel_dots_f64_avx2(p: &[f64], stride: usize, i0: usize, j0: usize, out: &mut crate::PanelTile) {
-    let mut acc = [[_mm256_setzero_pd(); 2]; 4];
-    for row in p.chunks_exact(stride) {
-        let b = &row[j0..j0 + 8];
-        let a = &row[i0..i0 + 4];
-        // SAFETY: `b` has 8 values, read as two unaligned 4-lane loads.
-        let (b0, b1) = unsafe {
-            (
-                _mm256_loadu_pd(b.as_ptr()),
-                _mm256_loadu_pd(b.as_ptr().add(4)),
-            )
-        };
-        for (acc, &ar) in acc.iter_mut().zip(a) {
-            let ar = _mm256_set1_pd(ar);
-            acc[0] = _mm256_fmadd_pd(ar, b0, acc[0]);
-            acc[1] = _mm256_fmadd_pd(ar, b1, acc[1]);
+/// The AVX2 panel-dots kernels (bounds checked by `Kernels`): a 4-row tile of two vectors
+/// per row (eight accumulators), each lane summed in row order with fused multiply-adds.
+macro_rules! panel_dots_avx2 {
+    ($(#[$doc:meta])* $name:ident, $t:ty, $tile:ty, $lanes:literal,
+     $zero:ident, $load:ident, $set1:ident, $fmadd:ident, $store:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name(p: &[$t], stride: usize, i0: usize, j0: usize, out: &mut $tile) {
+            let mut acc = [[$zero(); 2]; 4];
+            for row in p.chunks_exact(stride) {
+                let b = &row[j0..j0 + 2 * $lanes];
+                let a = &row[i0..i0 + 4];
+                // SAFETY: `b` has two vectors' values, read as two unaligned loads.
+                let (b0, b1) = unsafe { ($load(b.as_ptr()), $load(b.as_ptr().add($lanes))) };
+                for (acc, &ar) in acc.iter_mut().zip(a) {
+                    let ar = $set1(ar);
+                    acc[0] = $fmadd(ar, b0, acc[0]);
+                    acc[1] = $fmadd(ar, b1, acc[1]);
+                }
+            }
+            for (o, acc) in out.iter_mut().zip(acc) {
+                // SAFETY: `o` has two vectors' values, written as two unaligned stores.
+                unsafe {
+                    $store(o.as_mut_ptr(), acc[0]);
+                    $store(o.as_mut_ptr().add($lanes), acc[1]);
+                }
+            }
         }
-    }
-    for (o, acc) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` has 8 values, written as two unaligned 4-lane stores.
-        unsafe {
-            _mm256_storeu_pd(o.as_mut_ptr(), acc[0]);
-            _mm256_storeu_pd(o.as_mut_ptr().add(4), acc[1]);
-        }
-    }
+    };
 }
 
-/// See [`crate::Kernels::panel_dots_f32`] (bounds checked there): eight 8-lane accumulators,
-/// each lane summed in row order with fused multiply-adds.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn panel_dots_f32_avx2(
-    p: &[f32],
-    stride: usize,
-    i0: usize,
-    j0: usize,
-    out: &mut crate::PanelTileF32,
-) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-    for row in p.chunks_exact(stride) {
-        let b = &row[j0..j0 + 16];
-        let a = &row[i0..i0 + 4];
-        // SAFETY: `b` has 16 values, read as two unaligned 8-lane loads.
-        let (b0, b1) = unsafe {
-            (
-                _mm256_loadu_ps(b.as_ptr()),
-                _mm256_loadu_ps(b.as_ptr().add(8)),
-            )
-        };
-        for (acc, &ar) in acc.iter_mut().zip(a) {
-            let ar = _mm256_set1_ps(ar);
-            acc[0] = _mm256_fmadd_ps(ar, b0, acc[0]);
-            acc[1] = _mm256_fmadd_ps(ar, b1, acc[1]);
-        }
-    }
-    for (o, acc) in out.iter_mut().zip(acc) {
-        // SAFETY: `o` has 16 values, written as two unaligned 8-lane stores.
-        unsafe {
-            _mm256_storeu_ps(o.as_mut_ptr(), acc[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), acc[1]);
-        }
-    }
-}
+panel_dots_avx2!(
+    /// [`crate::Kernels::panel_dots_f64`]: 4-lane f64 vectors.
+    panel_dots_f64_avx2, f64, crate::PanelTile, 4,
+    _mm256_setzero_pd, _mm256_loadu_pd, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_storeu_pd
+);
+panel_dots_avx2!(
+    /// [`crate::Kernels::panel_dots_f32`]: 8-lane f32 vectors.
+    panel_dots_f32_avx2, f32, crate::PanelTileF32, 8,
+    _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps
+);
