@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Args;
 use flowrt_engine::{
-    BackendReport, BandwidthOptions, BandwidthReport, BatchSession, BenchOptions, LoadedModel,
+    BackendReport, BandwidthOptions, BandwidthReport, BatchStepper, BenchOptions, LoadedModel,
     ProcMemory, Roofline, Session,
 };
 
@@ -143,17 +143,18 @@ fn bench_parallel(
     model: &flowrt_engine::LoadedModel,
     opts: &flowrt_engine::EngineOptions,
 ) -> Result<ExitCode> {
-    let mut session = BatchSession::new(model, opts, args.parallel)?;
+    let mut stepper = BatchStepper::new(model, opts, args.parallel)?;
     let rss_after_load = ProcMemory::now().rss_bytes;
     let (sha, size) = crate::common::model_fingerprint(&model.path)?;
     let r = flowrt_engine::bench_parallel(
-        &mut session,
+        &mut stepper,
         &BenchOptions {
             n_prompt: args.n_prompt,
             n_gen: args.n_gen,
             repetitions: args.repetitions,
         },
     );
+    let session = stepper.session();
     args.engine.write_trace_of(session.trace())?;
     let r = r?;
     let res = Resources::measure(
@@ -164,8 +165,9 @@ fn bench_parallel(
             kv_cache_bytes: session.kv_cache_bytes(),
             rss_after_load,
             threads: r.threads,
-            // One step decodes a token of every sequence and reads the weights once.
-            steps_per_s: r.aggregate_decode_tok_s.median / r.sequences as f64,
+            // Each step reads the weights once.
+            steps_per_s: r.aggregate_decode_tok_s.median * r.decode_steps as f64
+                / r.decoded_tokens.max(1) as f64,
         },
     );
     if args.json {
@@ -181,6 +183,8 @@ fn bench_parallel(
             "aggregate_decode_tok_s": r.aggregate_decode_tok_s.median,
             "aggregate_decode_tok_s_min": r.aggregate_decode_tok_s.min,
             "aggregate_decode_tok_s_max": r.aggregate_decode_tok_s.max,
+            "decode_steps": r.decode_steps,
+            "decoded_tokens": r.decoded_tokens,
             "threads": r.threads,
             "kernels": r.kernels,
         });

@@ -7,7 +7,8 @@ use flowrt_model::{Model, WeightMatrix};
 use serde::Serialize;
 
 use crate::error::EngineError;
-use crate::session::{BatchSession, Session};
+use crate::session::Session;
+use crate::step::{BatchStepper, Fed, SlotWork, StepEngine};
 use crate::verify::argmax;
 
 /// What to measure.
@@ -171,29 +172,34 @@ pub struct ParallelReport {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub repetitions: usize,
-    /// Tokens decoded per second over all sequences together (one step decodes one token of
-    /// every sequence).
+    /// Tokens decoded per second over all sequences together.
     pub aggregate_decode_tok_s: Stat,
+    /// Decode steps (forward passes) of the last measured run and the tokens they decoded:
+    /// one token of every sequence per step while the sequences fit the batch.
+    pub decode_steps: usize,
+    pub decoded_tokens: usize,
     pub threads: usize,
     pub kernels: String,
     pub backend: BackendReport,
 }
 
-/// Prefill `n_prompt` tokens in each of the session's slots (different prompts), then decode
-/// `n_gen` greedy tokens in every slot, all slots in one step each, and measure the aggregate
-/// decode rate.
+/// Prefill `n_prompt` tokens in each of the stepper's slots (different prompts), then decode
+/// `n_gen` greedy tokens in every slot, and measure the aggregate decode rate. Every step goes
+/// through [`BatchStepper`], the policy the server's scheduler runs: the prompts together,
+/// chunked to the batch size (a sequence whose prompt is in waits for the others), then steps
+/// of one token of every sequence, or of as many as the batch holds.
 pub fn bench_parallel(
-    session: &mut BatchSession,
+    stepper: &mut BatchStepper,
     opts: &BenchOptions,
 ) -> Result<ParallelReport, EngineError> {
-    let n_seq = session.n_slots();
+    let n_seq = stepper.slots();
     if opts.n_prompt == 0 || opts.repetitions == 0 {
         return Err(EngineError::Invalid(
             "bench needs at least one prompt token and one repetition".into(),
         ));
     }
-    session.check_fits(0, opts.n_prompt, opts.n_gen)?;
-    let vocab = session.vocab_size();
+    stepper.session().check_fits(0, opts.n_prompt, opts.n_gen)?;
+    let vocab = stepper.session().vocab_size();
     let prompts: Vec<Vec<u32>> = (0..n_seq)
         .map(|s| {
             let mut p = bench_prompt(opts.n_prompt + s, vocab);
@@ -201,42 +207,90 @@ pub fn bench_parallel(
             p
         })
         .collect();
-    let max = session.max_batch();
-    let mut run = |n_gen: usize| -> Result<f64, EngineError> {
-        let mut next = vec![0u32; n_seq];
-        for (s, p) in prompts.iter().enumerate() {
-            session.truncate(s, 0);
-            for chunk in p.chunks(max) {
-                let l = session.step(&[(s, chunk)])?;
-                next[s] = argmax(l) as u32;
+    // Runs every prompt and `n_gen` greedy tokens after it; returns the seconds from the step
+    // after the last prompt completed, the tokens decoded in them and the steps they took.
+    let mut run = |n_gen: usize| -> Result<(f64, usize, usize), EngineError> {
+        for s in 0..n_seq {
+            stepper.truncate(s, 0);
+        }
+        // Each sequence's tokens still to feed (its prompt, then its last greedy token), how
+        // many tokens it has left to generate, and whether its prompt is still going in.
+        let mut pending: Vec<Vec<u32>> = prompts.clone();
+        let mut left = vec![n_gen; n_seq];
+        let mut in_prompt = vec![true; n_seq];
+        let mut timed: Option<(Instant, usize)> = None;
+        let mut steps = 0;
+        loop {
+            if timed.is_none() && !in_prompt.contains(&true) {
+                timed = Some((Instant::now(), 0));
+            }
+            // While prompts are going in, a sequence whose prompt is in waits with its first
+            // token, so that decoding is timed with every sequence in it.
+            let prefilling = timed.is_none();
+            let live: Vec<usize> = (0..n_seq)
+                .filter(|&s| !pending[s].is_empty() && (in_prompt[s] || !prefilling))
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            let work: Vec<SlotWork<'_>> = live
+                .iter()
+                .map(|&s| SlotWork {
+                    slot: s,
+                    tokens: &pending[s],
+                })
+                .collect();
+            // Per item: how many tokens were fed, and the greedy next token if all were.
+            let mut fed: Vec<Option<(usize, Option<u32>)>> = vec![None; live.len()];
+            let mut failed = None;
+            stepper.step(&work, &mut |i, r| match r {
+                Ok(Fed::All(logits)) => {
+                    fed[i] = Some((work[i].tokens.len(), Some(argmax(logits) as u32)))
+                }
+                Ok(Fed::Part(n)) => fed[i] = Some((n, None)),
+                Err(e) => failed = failed.take().or(Some(e)),
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            if timed.is_some() {
+                steps += 1;
+            }
+            for (&s, f) in live.iter().zip(fed) {
+                let Some((n, next)) = f else {
+                    return Err(EngineError::Invalid(format!(
+                        "the step left sequence {s} without an outcome"
+                    )));
+                };
+                pending[s].drain(..n);
+                let Some(next) = next else { continue };
+                if !std::mem::replace(&mut in_prompt[s], false) {
+                    if let Some((_, decoded)) = timed.as_mut() {
+                        *decoded += 1;
+                    }
+                }
+                if left[s] > 0 {
+                    left[s] -= 1;
+                    pending[s].push(next);
+                }
             }
         }
-        let t0 = Instant::now();
-        let mut toks = vec![[0u32; 1]; n_seq];
-        for _ in 0..n_gen {
-            for (t, &n) in toks.iter_mut().zip(&next) {
-                *t = [n];
-            }
-            let items: Vec<(usize, &[u32])> =
-                toks.iter().enumerate().map(|(s, t)| (s, &t[..])).collect();
-            let logits = session.step(&items)?;
-            for (s, row) in logits.chunks_exact(vocab).enumerate() {
-                next[s] = argmax(row) as u32;
-            }
-        }
-        Ok(t0.elapsed().as_secs_f64())
+        Ok(timed.map_or((0.0, 0, 0), |(t, n)| (t.elapsed().as_secs_f64(), n, steps)))
     };
     run(opts.n_gen.min(8))?;
     let mut dec = Vec::new();
+    let (mut decode_steps, mut decoded_tokens) = (0, 0);
     for _ in 0..opts.repetitions {
-        let d = run(opts.n_gen)?;
-        if opts.n_gen > 0 {
-            dec.push((n_seq * opts.n_gen) as f64 / d);
+        let (secs, decoded, steps) = run(opts.n_gen)?;
+        if decoded > 0 {
+            dec.push(decoded as f64 / secs);
         }
+        (decode_steps, decoded_tokens) = (steps, decoded);
     }
     for s in 0..n_seq {
-        session.truncate(s, 0);
+        stepper.truncate(s, 0);
     }
+    let session = stepper.session();
     let info = session.backend_info();
     Ok(ParallelReport {
         sequences: n_seq,
@@ -244,6 +298,8 @@ pub fn bench_parallel(
         n_gen: opts.n_gen,
         repetitions: opts.repetitions,
         aggregate_decode_tok_s: Stat::of(&dec),
+        decode_steps,
+        decoded_tokens,
         threads: info.threads,
         kernels: info.kernels.clone(),
         backend: info.into(),

@@ -1,6 +1,8 @@
 //! Running models: load a model file, hold a session (KV cache and position), prefill and
-//! decode, generate text with sampling and stops (optionally constrained to a JSON Schema),
-//! verify logits against a reference, and benchmark.
+//! decode, step many sequences through one batched pass ([`BatchStepper`], the batching
+//! policy the server and `bench --parallel` share), generate text with sampling and stops
+//! (optionally constrained to a JSON Schema), verify logits against a reference, and
+//! benchmark.
 
 mod bandwidth;
 mod bench;
@@ -16,6 +18,7 @@ pub mod lint;
 mod load;
 mod proc_mem;
 mod session;
+mod step;
 pub mod tools;
 mod verify;
 
@@ -39,6 +42,7 @@ pub use generation::{Generation, GenerationSettings, Step};
 pub use load::{EngineOptions, LoadedModel};
 pub use proc_mem::{available_memory_bytes, parse_proc_status, ProcMemory};
 pub use session::{BatchSession, Session};
+pub use step::{BatchStepper, Fed, OnFed, SlotWork, StepEngine};
 pub use tools::{
     check_tools, tool_call_constraint, tool_call_constraint_with, ToolChoice, ToolDef,
     ToolGrammarError, ToolMarkers,

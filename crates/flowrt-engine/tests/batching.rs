@@ -3,7 +3,10 @@
 
 mod common;
 
-use flowrt_engine::{BatchSession, EngineError, EngineOptions, KvPrecision, LoadedModel, Session};
+use flowrt_engine::{
+    bench_parallel, BatchSession, BatchStepper, BenchOptions, EngineError, EngineOptions,
+    KvPrecision, LoadedModel, Session,
+};
 
 fn opts() -> EngineOptions {
     EngineOptions {
@@ -342,4 +345,31 @@ fn issue_17_lfm2_logits_bit_identical_over_1_2_3_threads() {
             }
         }
     }
+}
+
+/// `bench --parallel` steps through the server's policy ([`BatchStepper`]): with more
+/// sequences than a step holds, decodes that do not fit wait for the next step, and none is
+/// lost or counted twice: 5 sequences, 3 tokens a step, 4 tokens each take 7 steps
+/// (ceil(20 / 3)).
+#[test]
+fn bench_parallel_steps_through_the_batching_policy() {
+    let m = LoadedModel::load(&common::fixture("families/llama-tied")).unwrap();
+    let o = EngineOptions {
+        max_batch: 3,
+        ..opts()
+    };
+    let mut stepper = BatchStepper::new(&m, &o, 5).unwrap();
+    let r = bench_parallel(
+        &mut stepper,
+        &BenchOptions {
+            n_prompt: 6,
+            n_gen: 4,
+            repetitions: 2,
+        },
+    )
+    .unwrap();
+    assert_eq!((r.sequences, r.decoded_tokens, r.decode_steps), (5, 20, 7));
+    assert!(r.aggregate_decode_tok_s.median > 0.0, "{r:?}");
+    // Every slot is left empty for what runs next.
+    assert!((0..5).all(|s| stepper.session().tokens(s).is_empty()));
 }

@@ -10,11 +10,10 @@
 //! - `registry`: serving every model of the registry (`$FLOWRT_HOME/registry.json`) by
 //!   its tag, re-read as it changes ([`AppState::from_registry`]);
 //! - [`scheduler`]: one actor thread per resident model owning its KV cache slots, a bounded
-//!   queue (429 beyond it), one engine step per turn over all active sequences, cancellation
-//!   when a client goes away;
-//! - [`engine`]: the step interface the scheduler drives ([`StepEngine`]) and its batched
-//!   implementation ([`BatchStepper`]: every active sequence in one forward pass of at most
-//!   the batch size, long prompts fed in chunks over several steps);
+//!   queue (429 beyond it), one engine step per turn over all active sequences (the engine's
+//!   batching policy, [`flowrt_engine::BatchStepper`]: every active sequence in one forward
+//!   pass of at most the batch size, long prompts fed in chunks over several steps),
+//!   cancellation when a client goes away;
 //! - `openai`, `ollama`, `anthropic` (`/v1/messages`): the routes; `embed`: the embedding
 //!   routes of both APIs; `tokenize`: llama-server's `/tokenize` and `/detokenize`;
 //!   [`error`]: the one error type; [`metrics`]: Prometheus; `web`: the chat page at `/`;
@@ -26,7 +25,6 @@ pub mod agent;
 mod anthropic;
 pub mod details;
 mod embed;
-pub mod engine;
 pub mod error;
 mod extract;
 mod gen;
@@ -56,7 +54,6 @@ use serde_json::json;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 
-pub use engine::{BatchStepper, Fed, SessionStepper, SlotWork, StepEngine};
 pub use error::{ApiError, ErrorKind};
 pub use listen::{serve, ServeOptions, Stopped, DEFAULT_HEADER_TIMEOUT};
 pub use metrics::Metrics;

@@ -16,12 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use flowrt_engine::{EmbedOptions, Embedder, LoadedModel};
+use flowrt_engine::{BatchStepper, EmbedOptions, Embedder, LoadedModel, StepEngine};
 use flowrt_store::{Entry, ModelFormat, StoreError};
 use tokio::sync::watch;
 
 use crate::details::ModelDetails;
-use crate::engine::{BatchStepper, StepEngine};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{Metrics, ModelGauges};
 use crate::registry::RegistryModels;

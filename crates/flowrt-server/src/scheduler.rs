@@ -19,13 +19,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowrt_engine::{
-    Constraint, EngineError, FinishReason, Generation, GenerationSettings, LoadedModel,
+    Constraint, EngineError, Fed, FinishReason, Generation, GenerationSettings, LoadedModel,
+    SlotWork, StepEngine,
 };
 use flowrt_sample::SamplerConfig;
 use flowrt_text::Tokenizer;
 use tokio::sync::mpsc;
 
-use crate::engine::{Fed, SlotWork, StepEngine};
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::Metrics;
 

@@ -10,11 +10,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{smollm2, N_CTX};
-use flowrt_engine::{EngineError, EngineOptions, FinishReason, LoadedModel};
+use flowrt_engine::{
+    BatchStepper, EngineError, EngineOptions, Fed, FinishReason, LoadedModel, OnFed, SlotWork,
+    StepEngine,
+};
 use flowrt_sample::SamplerConfig;
-use flowrt_server::engine::OnFed;
 use flowrt_server::scheduler::{Event, Job, Scheduler, SchedulerConfig, Summary};
-use flowrt_server::{BatchStepper, Fed, Metrics, SlotWork, StepEngine};
+use flowrt_server::Metrics;
 use tokio::sync::mpsc;
 
 /// What one step did with one sequence: (slot, tokens given, tokens fed, got logits).

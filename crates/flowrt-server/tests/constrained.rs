@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{smollm2, N_CTX};
+use flowrt_engine::BatchStepper;
 use flowrt_engine::{ConstraintSpec, EngineOptions, FinishReason, LoadedModel};
 use flowrt_sample::SamplerConfig;
 use flowrt_server::scheduler::{Event, Job, Scheduler, SchedulerConfig, Summary};
-use flowrt_server::{BatchStepper, Metrics};
+use flowrt_server::Metrics;
 use flowrt_text::ChatMessage;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;

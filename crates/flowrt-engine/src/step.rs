@@ -1,4 +1,5 @@
-//! The scheduler's view of the engine: one call is one step over the active sequences.
+//! The batching policy: one call is one step over the active sequences, what the server's
+//! scheduler and `flowrt bench --parallel` drive.
 //!
 //! [`StepEngine::step`] is shaped for continuous batching: it receives the new tokens of every
 //! active sequence (the rest of a prompt for a sequence being prefilled, the last sampled
@@ -6,15 +7,16 @@
 //! ([`Fed::All`]) or how many of its leading tokens it consumed ([`Fed::Part`]): an engine may
 //! feed a long prompt over several steps, and the caller hands the rest back at the next one.
 //!
-//! [`BatchStepper`] (what the server runs) makes each step **one** forward pass of at most
-//! [`flowrt_engine::BatchSession::max_batch`] tokens over a KV cache slot per sequence:
-//! decodes first, then prompt chunks (chunked prefill; policy on [`BatchStepper`]), so a long
-//! prompt arriving never stalls the other sequences' next tokens and N streams cost about one
-//! weight read per step. [`SessionStepper`] keeps one [`Session`] per slot and feeds each
-//! sequence whole, in turn; it is kept as the unbatched baseline.
+//! [`BatchStepper`] makes each step **one** forward pass of at most
+//! [`BatchSession::max_batch`] tokens over a KV cache slot per sequence: decodes first, then
+//! prompt chunks (chunked prefill; policy on [`BatchStepper`]), so a long prompt arriving
+//! never stalls the other sequences' next tokens and N streams cost about one weight read per
+//! step.
 
+use crate::error::EngineError;
+use crate::load::{EngineOptions, LoadedModel};
+use crate::session::BatchSession;
 use flowrt_dispatch::LogitsWanted;
-use flowrt_engine::{BatchSession, EngineError, EngineOptions, LoadedModel, Session};
 
 /// What a step did with one sequence's tokens.
 #[derive(Clone, Copy, Debug)]
@@ -57,51 +59,6 @@ pub trait StepEngine: Send {
     fn step(&mut self, work: &[SlotWork<'_>], on_fed: &mut OnFed<'_>);
 }
 
-/// [`StepEngine`] over one [`Session`] per slot, stepped in turn (no batching across
-/// sequences, and every sequence's tokens fed whole: it never answers [`Fed::Part`]).
-pub struct SessionStepper {
-    sessions: Vec<Session>,
-    n_ctx: usize,
-}
-
-impl SessionStepper {
-    pub fn new(
-        model: &LoadedModel,
-        opts: &EngineOptions,
-        slots: usize,
-    ) -> Result<SessionStepper, EngineError> {
-        let sessions = (0..slots.max(1))
-            .map(|_| Session::new(model, opts))
-            .collect::<Result<Vec<_>, _>>()?;
-        let n_ctx = sessions[0].n_ctx();
-        Ok(SessionStepper { sessions, n_ctx })
-    }
-}
-
-impl StepEngine for SessionStepper {
-    fn slots(&self) -> usize {
-        self.sessions.len()
-    }
-
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
-    }
-
-    fn cached_prefix(&self, slot: usize, prompt: &[u32]) -> usize {
-        self.sessions[slot].common_prefix(prompt)
-    }
-
-    fn truncate(&mut self, slot: usize, n: usize) {
-        self.sessions[slot].truncate(n);
-    }
-
-    fn step(&mut self, work: &[SlotWork<'_>], on_fed: &mut OnFed<'_>) {
-        for (i, w) in work.iter().enumerate() {
-            on_fed(i, self.sessions[w.slot].feed(w.tokens).map(Fed::All));
-        }
-    }
-}
-
 /// [`StepEngine`] over one [`BatchSession`]: a step is one forward pass shared by the step's
 /// sequences, carrying at most [`BatchSession::max_batch`] tokens (chunked prefill).
 ///
@@ -130,12 +87,26 @@ impl BatchStepper {
         opts: &EngineOptions,
         slots: usize,
     ) -> Result<BatchStepper, EngineError> {
-        Ok(BatchStepper {
-            session: BatchSession::new(model, opts, slots.max(1))?,
+        Ok(BatchStepper::with_session(BatchSession::new(
+            model,
+            opts,
+            slots.max(1),
+        )?))
+    }
+
+    /// Steps over `session` (its slots are the sequences).
+    pub fn with_session(session: BatchSession) -> BatchStepper {
+        BatchStepper {
+            session,
             order: Vec::new(),
             items: Vec::new(),
             turn: 0,
-        })
+        }
+    }
+
+    /// The session the steps run on.
+    pub fn session(&self) -> &BatchSession {
+        &self.session
     }
 }
 
