@@ -133,6 +133,39 @@ pub enum DeviceError {
     Input(String),
 }
 
+/// Why a backend could not read or write an activation buffer, or collect matmul input
+/// statistics (what `flowrt diff` and `flowrt pack`'s calibration ask of it; nothing in normal
+/// running does).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The backend has no way to do it.
+    #[error("the {backend} backend cannot {what}")]
+    Unsupported { backend: String, what: &'static str },
+    /// More rows asked for than the buffer holds (or a buffer of no width).
+    #[error("{rows} rows of {buf:?} asked for; the backend holds {max} rows of {width}")]
+    Rows {
+        buf: Buf,
+        rows: usize,
+        max: usize,
+        width: usize,
+    },
+    /// Values that are not whole rows, too many of them, or a buffer that cannot be written.
+    #[error("cannot write {len} values into {buf:?} (rows of {width}, at most {max} rows)")]
+    Write {
+        buf: Buf,
+        len: usize,
+        width: usize,
+        max: usize,
+    },
+    /// The device cannot do it now: it is broken, busy with a runlist, or the transfer failed.
+    #[error("cannot {what} {buf:?}: {reason}")]
+    Device {
+        what: &'static str,
+        buf: Buf,
+        reason: String,
+    },
+}
+
 fn at(group: Option<usize>, kind: Option<GroupKind>, op: Option<&'static str>) -> String {
     let mut s = String::new();
     if let Some(k) = kind {
@@ -288,36 +321,36 @@ pub trait Backend: Send {
     /// layer per runlist and reads the residual stream `X` after each. Nothing calls this in
     /// normal running. A device that cannot read its buffers back answers why not (the
     /// default).
-    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
-        let _ = rows;
-        Err(format!(
-            "the {} backend cannot read activation buffers back ({buf:?})",
-            self.info().name
-        ))
+    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, ProbeError> {
+        let _ = (buf, rows);
+        Err(ProbeError::Unsupported {
+            backend: self.info().name,
+            what: "read activation buffers back",
+        })
     }
     /// Overwrites the first `values.len() / buf.width(config)` rows of activation buffer `buf`
     /// before the next runlist: `flowrt diff` feeds one model's residual stream `X` into the
     /// other's next layer, to measure each layer's own error on the same input. Nothing calls
     /// this in normal running. A device that cannot write its buffers answers why not (the
     /// default).
-    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), String> {
-        let _ = values;
-        Err(format!(
-            "the {} backend cannot write activation buffers ({buf:?})",
-            self.info().name
-        ))
+    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), ProbeError> {
+        let _ = (buf, values);
+        Err(ProbeError::Unsupported {
+            backend: self.info().name,
+            what: "write activation buffers",
+        })
     }
     /// Starts (`Some`, from zero) or stops (`None`) accumulating [`InputStat`]s of every
     /// dense matmul the following runlists run (not a mixture of experts' expert matrices):
     /// `flowrt pack` calibrates its importance-weighted and error-feedback quantisation with
     /// them. Nothing calls this in normal running. A device that cannot answers why not (the
     /// default).
-    fn collect_input_stats(&mut self, what: Option<InputStatKind>) -> Result<(), String> {
+    fn collect_input_stats(&mut self, what: Option<InputStatKind>) -> Result<(), ProbeError> {
         let _ = what;
-        Err(format!(
-            "the {} backend cannot collect matmul input statistics",
-            self.info().name
-        ))
+        Err(ProbeError::Unsupported {
+            backend: self.info().name,
+            what: "collect matmul input statistics",
+        })
     }
     /// The statistics collected so far (see [`Backend::collect_input_stats`]), in layer and
     /// role order; empty when none were.

@@ -344,17 +344,20 @@ impl<B: Backend> Backend for FaultBackend<B> {
         &mut self,
         buf: flowrt_model::plan::Buf,
         rows: usize,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, crate::ProbeError> {
         self.inner.read_activation(buf, rows)
     }
     fn write_activation(
         &mut self,
         buf: flowrt_model::plan::Buf,
         values: &[f32],
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::ProbeError> {
         self.inner.write_activation(buf, values)
     }
-    fn collect_input_stats(&mut self, what: Option<crate::InputStatKind>) -> Result<(), String> {
+    fn collect_input_stats(
+        &mut self,
+        what: Option<crate::InputStatKind>,
+    ) -> Result<(), crate::ProbeError> {
         self.inner.collect_input_stats(what)
     }
     fn take_input_stats(&mut self) -> Vec<crate::InputStat> {

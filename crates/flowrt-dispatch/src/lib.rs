@@ -31,7 +31,7 @@ pub mod watch;
 
 pub use backend::{
     Backend, BackendInfo, Batch, DeviceError, DeviceRates, InputStat, InputStatKind, LogitsWanted,
-    SeqSpan,
+    ProbeError, SeqSpan,
 };
 pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};

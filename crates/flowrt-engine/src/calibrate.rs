@@ -37,7 +37,9 @@ pub fn input_stats(
     let n_ctx = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
     let settings = opts.backend_settings(n_ctx, 1);
     let mut backend = flowrt_backends::open(opts.backend, model.model.clone(), &settings)?;
-    let fail = |e: String| EngineError::Invalid(format!("matmul input statistics: {e}"));
+    let fail = |e: flowrt_dispatch::ProbeError| {
+        EngineError::Invalid(format!("matmul input statistics: {e}"))
+    };
     backend.collect_input_stats(Some(kind)).map_err(fail)?;
     let plan = model.plan.clone();
     let layers = model.model.config.num_hidden_layers;

@@ -110,3 +110,43 @@ fn models_that_cannot_be_compared_are_a_clear_error() {
         "{e}"
     );
 }
+
+/// What `diff` and calibration ask of a backend fails with a typed error naming the buffer and
+/// the sizes: more rows than a batch holds, values that are not whole rows, or the logits.
+#[test]
+fn bad_activation_reads_and_writes_are_typed_errors() {
+    use flowrt_dispatch::ProbeError;
+    use flowrt_model::plan::Buf;
+    let m = load(&common::fixture("families/llama-untied"));
+    let opts = flowrt_engine::EngineOptions {
+        max_batch: 4,
+        ..Default::default()
+    };
+    let mut b = flowrt_backends::open(opts.backend, m.model.clone(), &opts.backend_settings(16, 1))
+        .unwrap();
+    let h = m.model.config.hidden_size;
+    assert_eq!(b.read_activation(Buf::X, 2).unwrap().len(), 2 * h);
+    match b.read_activation(Buf::X, 5) {
+        Err(ProbeError::Rows {
+            buf: Buf::X,
+            rows: 5,
+            max: 4,
+            width,
+        }) => assert_eq!(width, h),
+        other => panic!("{other:?}"),
+    }
+    b.write_activation(Buf::X, &vec![0.5; 2 * h]).unwrap();
+    for (buf, len) in [(Buf::X, h + 1), (Buf::X, 5 * h), (Buf::Logits, 0)] {
+        match b.write_activation(buf, &vec![0.0; len]) {
+            Err(ProbeError::Write {
+                buf: got,
+                len: l,
+                max: 4,
+                ..
+            }) => {
+                assert_eq!((got, l), (buf, len))
+            }
+            other => panic!("{buf:?} {len}: {other:?}"),
+        }
+    }
+}

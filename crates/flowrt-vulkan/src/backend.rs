@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use flowrt_dispatch::{
     Backend, BackendInfo, BackendSettings, Batch, DeviceError, DeviceRates, KvPrecision,
-    LogitsWanted, Runlist, Trace,
+    LogitsWanted, ProbeError, Runlist, Trace,
 };
 use flowrt_model::plan::{Buf, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Activation, Model, Plan, RopePairing, RouterScoring, WeightMatrix};
@@ -1544,17 +1544,19 @@ impl Backend for VulkanBackend {
         self.model.config.vocab_size
     }
 
-    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
+    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, ProbeError> {
         if buf == Buf::Logits {
             return Ok(self.logits().to_vec());
         }
         self.idle_for("read", buf)?;
         let width = buf.width(&self.model.config);
         if rows > self.max_batch || width == 0 {
-            return Err(format!(
-                "{rows} rows of {buf:?} asked for; the backend holds {} rows of {width}",
-                self.max_batch
-            ));
+            return Err(ProbeError::Rows {
+                buf,
+                rows,
+                max: self.max_batch,
+                width,
+            });
         }
         let len = (rows * width * 4) as u64;
         if len == 0 {
@@ -1563,15 +1565,15 @@ impl Backend for VulkanBackend {
         let dst = self
             .gpu
             .readback(&format!("{buf:?} readback"), len.next_multiple_of(4))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| read_failed(buf, e))?;
         let bytes = self
             .gpu
             .read(&self.acts[buf as usize], &dst, 0, len, DRAIN_LIMIT)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| read_failed(buf, e))?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
-    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), String> {
+    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), ProbeError> {
         self.idle_for("write", buf)?;
         let width = buf.width(&self.model.config);
         if buf == Buf::Logits
@@ -1579,11 +1581,12 @@ impl Backend for VulkanBackend {
             || !values.len().is_multiple_of(width)
             || values.len() / width > self.max_batch
         {
-            return Err(format!(
-                "cannot write {} values into {buf:?} (rows of {width}, at most {} rows)",
-                values.len(),
-                self.max_batch
-            ));
+            return Err(ProbeError::Write {
+                buf,
+                len: values.len(),
+                width,
+                max: self.max_batch,
+            });
         }
         // Ordered before the next submission on the queue.
         self.gpu
@@ -1595,16 +1598,26 @@ impl Backend for VulkanBackend {
 
 impl VulkanBackend {
     /// Activations are read and written between runlists only, on a working device.
-    fn idle_for(&self, what: &str, buf: Buf) -> Result<(), String> {
+    fn idle_for(&self, what: &'static str, buf: Buf) -> Result<(), ProbeError> {
+        let busy = |reason: String| ProbeError::Device { what, buf, reason };
         if let Some(why) = &self.broken {
-            return Err(format!("cannot {what} {buf:?}: {why}"));
+            return Err(busy(why.to_string()));
         }
         if self.pending.is_some() || self.stale.is_some() {
-            return Err(format!(
-                "cannot {what} {buf:?} while a runlist is on the device (wait for it first)"
+            return Err(busy(
+                "a runlist is on the device (wait for it first)".into(),
             ));
         }
         Ok(())
+    }
+}
+
+/// A failed read-back of activation buffer `buf`.
+fn read_failed(buf: Buf, e: impl std::fmt::Display) -> ProbeError {
+    ProbeError::Device {
+        what: "read",
+        buf,
+        reason: e.to_string(),
     }
 }
 

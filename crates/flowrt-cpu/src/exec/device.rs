@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use flowrt_dispatch::{Backend, BackendInfo, DeviceError, DeviceRates, Runlist, Trace};
+use flowrt_dispatch::{Backend, BackendInfo, DeviceError, DeviceRates, ProbeError, Runlist, Trace};
 use flowrt_model::plan::Buf;
 use flowrt_model::Plan;
 
@@ -175,7 +175,7 @@ impl Backend for CpuBackend {
     fn collect_input_stats(
         &mut self,
         what: Option<flowrt_dispatch::InputStatKind>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProbeError> {
         self.input_stats = what.map(input_stats::InputStats::new);
         Ok(())
     }
@@ -185,22 +185,24 @@ impl Backend for CpuBackend {
             None => Vec::new(),
         }
     }
-    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, String> {
+    fn read_activation(&mut self, buf: Buf, rows: usize) -> Result<Vec<f32>, ProbeError> {
         if buf == Buf::Logits {
             return Ok(self.logits().to_vec());
         }
         let width = buf.width(&self.model.config);
         let b = &self.bufs[buf as usize];
         if rows > self.max_batch || rows * width > b.len() {
-            return Err(format!(
-                "{rows} rows of {buf:?} asked for; the backend holds {}",
-                self.max_batch
-            ));
+            return Err(ProbeError::Rows {
+                buf,
+                rows,
+                max: self.max_batch,
+                width,
+            });
         }
         Ok(b[..rows * width].to_vec())
     }
 
-    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), String> {
+    fn write_activation(&mut self, buf: Buf, values: &[f32]) -> Result<(), ProbeError> {
         let width = buf.width(&self.model.config);
         let b = &mut self.bufs[buf as usize];
         if buf == Buf::Logits
@@ -209,11 +211,12 @@ impl Backend for CpuBackend {
             || values.len() / width > self.max_batch
             || values.len() > b.len()
         {
-            return Err(format!(
-                "cannot write {} values into {buf:?} (rows of {width}, at most {} rows)",
-                values.len(),
-                self.max_batch
-            ));
+            return Err(ProbeError::Write {
+                buf,
+                len: values.len(),
+                width,
+                max: self.max_batch,
+            });
         }
         b[..values.len()].copy_from_slice(values);
         Ok(())
