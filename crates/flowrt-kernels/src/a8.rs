@@ -1,10 +1,11 @@
 //! A8 activations: rows quantised to 8-bit integers in blocks of 32, for matmuls with weights
-//! in the [`crate::x8`] layouts of the 4- and 5-bit types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-//! MXFP4). An opt-in alternative to [`crate::q16`] (the CPU backend's `act-quant=q8x`).
+//! in the [`crate::x8`] layouts of the 4-, 5- and 6-bit types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+//! Q5_K, Q6_K, MXFP4). An opt-in alternative to [`crate::q16`] (the CPU backend's
+//! `act-quant=q8x`).
 //!
 //! Q16 keeps the activation rounding negligible, and its AVX2 kernels are bound by
 //! `vpmaddwd` + `vpaddd`: two instructions per 16 products. With 8-bit activations the
-//! unsigned 4- or 5-bit weights meet the signed activations in `vpmaddubsw` (32 products
+//! unsigned 4- to 6-bit weights meet the signed activations in `vpmaddubsw` (32 products
 //! into 16-bit pairs per instruction), several of which add up in 16 bits before one
 //! `vpmaddwd` by ones widens a block's sums: about half the integer instructions per product.
 //! The price is ggml's precision class: an activation block keeps 8 bits, as llama.cpp's
@@ -19,7 +20,9 @@
 //! from zero, in -127..=127.
 //!
 //! Integer block sums are exact: with weights below 32 (unsigned, the offsets applied through
-//! `sum`) a 16-bit lane sums at most 16 products of at most `31 * 127`. MXFP4's codes index the
+//! `sum`) a 16-bit lane sums at most 16 products of at most `31 * 127`; Q6_K's (below 64, the
+//! `-32` of each 16-value half applied through the half's sum, which the kernel adds up from
+//! the quants) at most 4 of `63 * 127`. MXFP4's codes index the
 //! doubled E2M1 values plus 12 (0..=24), with `-12` as its integer offset.
 
 use flowrt_dtype::GgmlType;
@@ -51,7 +54,7 @@ pub fn a8_row_size(k: usize) -> usize {
 /// Weight types with an A8 matmul on their x8 layout.
 pub fn supports(w: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Mxfp4)
+    matches!(w, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4K | Q5K | Q6K | Mxfp4)
 }
 
 /// Scalar reference: quantise one row.
@@ -137,6 +140,7 @@ pub(crate) fn matmul_ref_fn(w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_1 => |g| matmul_ref::<q16::W5_1>(GgmlType::Q5_1, g),
         GgmlType::Q4K => |g| matmul_ref::<q16::W4K>(GgmlType::Q4K, g),
         GgmlType::Q5K => |g| matmul_ref::<q16::W5K>(GgmlType::Q5K, g),
+        GgmlType::Q6K => |g| matmul_ref::<q16::W6K>(GgmlType::Q6K, g),
         GgmlType::Mxfp4 => |g| matmul_ref::<q16::WMxfp4>(GgmlType::Mxfp4, g),
         _ => return None,
     })

@@ -32,7 +32,7 @@
 //! (`scripts/test-aarch64`) and have not been timed on ARM hardware.
 //!
 //! Opt-in, with 8-bit activations: [`Kernels::matmul_a8_x8`] multiplies x8-packed Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q4_K, Q5_K and MXFP4 weights with [`a8`] activation blocks (`vpmaddubsw`,
+//! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights with [`a8`] activation blocks (`vpmaddubsw`,
 //! 16-bit partial sums; AVX2 code in every x86 table, the scalar reference elsewhere): about
 //! 1.35-1.5x the Q16 kernels' rate on AVX2 at ggml's precision class.
 //!
@@ -679,7 +679,7 @@ impl Kernels {
     }
 
     /// Whether this table multiplies x8-packed weights of type `w` with A8 activations in
-    /// SIMD code (see [`a8`]): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and MXFP4 on x86. Elsewhere
+    /// SIMD code (see [`a8`]): Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 on x86. Elsewhere
     /// [`Kernels::matmul_a8_x8`] is the scalar reference, correct and slow.
     pub fn has_a8_x8(&self, w: GgmlType) -> bool {
         a8::supports(w) && a8::has_simd(self.isa)

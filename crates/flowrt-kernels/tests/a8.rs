@@ -12,13 +12,14 @@ use flowrt_kernels::{row_size, x8, Kernels};
 use proptest::prelude::*;
 use rand::Rng;
 
-const TYPES: [GgmlType; 7] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q4K,
     GgmlType::Q5K,
+    GgmlType::Q6K,
     GgmlType::Mxfp4,
 ];
 
@@ -149,7 +150,7 @@ proptest! {
 
     /// The reference is f64 math on the decoded weights and activations, up to f32 rounding.
     #[test]
-    fn a8_reference_is_exact_math(ty_i in 0usize..7, nb in 1usize..=12, ntok in 1usize..=3, seed in any::<u64>()) {
+    fn a8_reference_is_exact_math(ty_i in 0usize..8, nb in 1usize..=12, ntok in 1usize..=3, seed in any::<u64>()) {
         let ty = TYPES[ty_i];
         let mut r = rng(seed);
         let (k, nrows) = (k_for(ty, nb), 8);

@@ -22,8 +22,8 @@ impl Backend for CpuBackend {
         } else if self.packed.any_of_type(&self.model, |ty| {
             ActRows::for_weight(self.act_quant, self.kernels, ty, true) == ActRows::A8
         }) {
-            // The A8 kernels are AVX2 code in every x86 table; the types without one (Q8_0,
-            // Q6_K) keep the Q16 x8 path.
+            // The A8 kernels are AVX2 code in every x86 table; the type without one (Q8_0)
+            // keeps the Q16 x8 path.
             let k = "avx2-x8-a8".to_string();
             (k.clone(), k)
         } else if self.packed_bytes() > 0 {

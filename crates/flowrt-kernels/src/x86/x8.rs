@@ -391,6 +391,77 @@ unsafe fn widen<const G: usize, const T: usize>(
     }
 }
 
+/// With A8 activations: adds the products of `G` groups' Q6_K sub-block half `half` (values
+/// `16 half..16 half + 16`: units `2 half`, `2 half + 1`) as unsigned 6-bit integers (`q + 32`,
+/// 0..=63; the caller takes back `32 * sum(q_a)` of the half) to `acc[g][t]` for the `T`
+/// tokens whose A8 quants start at `a[t]`. The two high bits of each value come from the
+/// plane after the nibbles (as in [`dots4`]); a unit's two `vpmaddubsw` (pairs of at most
+/// `63 * 127`) are widened before the next unit's.
+///
+/// # Safety
+/// Each `q[g]` points to a sub-block's 128 nibble bytes and its two 32-byte high-bit planes,
+/// each `a[t]` to 32 readable bytes; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dots6_a8<const G: usize, const T: usize>(
+    q: &[*const u8; G],
+    a: &[*const u8; T],
+    acc: &mut [[__m256i; T]; G],
+    half: usize,
+) {
+    let m = _mm256_set1_epi8(0x0F);
+    // SAFETY: as the contract says; unit u pairs with activation bytes 8u..8u+8.
+    unsafe {
+        let h: [__m256i; G] =
+            std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(128 + 32 * half).cast()));
+        let mut s16 = [[_mm256_setzero_si256(); T]; G];
+        for u in 2 * half..2 * half + 2 {
+            let raw: [__m256i; G] =
+                std::array::from_fn(|g| _mm256_loadu_si256(q[g].add(32 * u).cast()));
+            for nib in 0..2 {
+                let mut w = [_mm256_setzero_si256(); G];
+                for (g, w) in w.iter_mut().enumerate() {
+                    *w = if nib == 0 {
+                        _mm256_and_si256(raw[g], m)
+                    } else {
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(raw[g]), m)
+                    };
+                    // The low byte holds position 2 nib, the high byte 2 nib + 1 of each
+                    // 16-bit lane: their 2-bit fields, to bits 4 and 12.
+                    let f = (2 * (4 * (u % 2) + 2 * nib)) as u32;
+                    *w = _mm256_or_si256(*w, bits_to(h[g], f, 4, 2));
+                    *w = _mm256_or_si256(*w, bits_to(h[g], f + 2, 12, 2));
+                }
+                for t in 0..T {
+                    let av = pair(a[t].add(8 * u + 4 * nib));
+                    for g in 0..G {
+                        s16[g][t] = _mm256_add_epi16(s16[g][t], _mm256_maddubs_epi16(w[g], av));
+                    }
+                }
+            }
+            widen(&mut s16, acc);
+        }
+    }
+}
+
+/// The sum of the A8 quants of values 0..16 of the block whose quants start at `q` (the
+/// permutation stays within runs of 8, so they are its first 16 bytes).
+///
+/// # Safety
+/// 16 readable bytes at `q`; AVX2 host.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn a8_first_half_sum(q: *const u8) -> i32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let v = _mm_loadu_si128(q.cast());
+        let s = _mm_madd_epi16(_mm_maddubs_epi16(_mm_set1_epi8(1), v), _mm_set1_epi16(1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    }
+}
+
 /// With A8 activations (see `crate::a8`): adds the products of `G` groups' 4-bit blocks to
 /// `acc[g][t]` for the `T` tokens whose A8 block quants (32 i8 in `a8::PERM` order) start at
 /// `a[t]`. The 4-bit codes are the weights' integers (`HB` = 1: a high-bit plane after the
@@ -574,7 +645,25 @@ unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
                 // A scale per 16 values: each half's integer sums are scaled on their own.
                 for half in 0..2 {
                     let mut isum = [[_mm256_setzero_si256(); T]; G];
-                    dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
+                    if A8 {
+                        dots6_a8::<G, T>(&q, &aq, &mut isum, half);
+                        // The -32 of every value, through the half's activation sum (the
+                        // block's sum less the first half's for the second).
+                        for t in 0..T {
+                            let lo = a8_first_half_sum(aq[t]);
+                            let h = if half == 0 {
+                                lo
+                            } else {
+                                ab[t].add(4).cast::<i32>().read_unaligned() - lo
+                            };
+                            let c = _mm256_set1_epi32(-32 * h);
+                            for i in 0..G {
+                                isum[i][t] = _mm256_add_epi32(isum[i][t], c);
+                            }
+                        }
+                    } else {
+                        dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
+                    }
                     for i in 0..G {
                         let dsc = P::half_scales(p[i], 2 * s + half);
                         for t in 0..T {
@@ -749,6 +838,7 @@ pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
         GgmlType::Q5_1 => entry::<P5_1>,
         GgmlType::Q4K => entry::<P4K>,
         GgmlType::Q5K => entry::<P5K>,
+        GgmlType::Q6K => entry::<P6K>,
         GgmlType::Mxfp4 => entry::<PMxfp4>,
         _ => return None,
     })
