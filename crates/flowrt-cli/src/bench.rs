@@ -180,6 +180,7 @@ fn bench_parallel(
             "n_prompt": r.n_prompt,
             "n_gen": r.n_gen,
             "repetitions": r.repetitions,
+            "aggregate_prefill_tok_s": r.aggregate_prefill_tok_s.median,
             "aggregate_decode_tok_s": r.aggregate_decode_tok_s.median,
             "aggregate_decode_tok_s_min": r.aggregate_decode_tok_s.min,
             "aggregate_decode_tok_s_max": r.aggregate_decode_tok_s.max,
@@ -199,6 +200,11 @@ fn bench_parallel(
         println!(
             "runs:     {} measured after 1 warm-up; median [min, max]",
             r.repetitions
+        );
+        let p = r.aggregate_prefill_tok_s;
+        println!(
+            "prefill-{} x {} sequences: {:.2} [{:.2}, {:.2}] tok/s in all",
+            r.n_prompt, r.sequences, p.median, p.min, p.max
         );
         let s = r.aggregate_decode_tok_s;
         println!(

@@ -303,6 +303,9 @@ fn bench_parallel_reports_memory_and_skips_bandwidth_when_asked() {
     assert!(v["aggregate_decode_tok_s"]
         .as_f64()
         .is_some_and(|x| x > 0.0));
+    assert!(v["aggregate_prefill_tok_s"]
+        .as_f64()
+        .is_some_and(|x| x.is_finite() && x > 0.0));
     if cfg!(target_os = "linux") {
         assert!(v["peak_rss_bytes"].as_f64().is_some_and(|x| x > 0.0), "{v}");
     }

@@ -172,6 +172,9 @@ pub struct ParallelReport {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub repetitions: usize,
+    /// Prompt tokens per second over all sequences together, the prompts fed side by side
+    /// (chunked to the batch size) from the first step to the last prompt's logits.
+    pub aggregate_prefill_tok_s: Stat,
     /// Tokens decoded per second over all sequences together.
     pub aggregate_decode_tok_s: Stat,
     /// Decode steps (forward passes) of the last measured run and the tokens they decoded:
@@ -207,9 +210,10 @@ pub fn bench_parallel(
             p
         })
         .collect();
-    // Runs every prompt and `n_gen` greedy tokens after it; returns the seconds from the step
-    // after the last prompt completed, the tokens decoded in them and the steps they took.
-    let mut run = |n_gen: usize| -> Result<(f64, usize, usize), EngineError> {
+    // Runs every prompt and `n_gen` greedy tokens after it; returns the seconds the prompts
+    // took, the seconds from the step after the last prompt completed, the tokens decoded in
+    // them and the steps they took.
+    let mut run = |n_gen: usize| -> Result<(f64, f64, usize, usize), EngineError> {
         for s in 0..n_seq {
             stepper.truncate(s, 0);
         }
@@ -219,10 +223,14 @@ pub fn bench_parallel(
         let mut left = vec![n_gen; n_seq];
         let mut in_prompt = vec![true; n_seq];
         let mut timed: Option<(Instant, usize)> = None;
+        let began = Instant::now();
+        let mut prefill = 0.0;
         let mut steps = 0;
         loop {
             if timed.is_none() && !in_prompt.contains(&true) {
-                timed = Some((Instant::now(), 0));
+                let now = Instant::now();
+                prefill = (now - began).as_secs_f64();
+                timed = Some((now, 0));
             }
             // While prompts are going in, a sequence whose prompt is in waits with its first
             // token, so that decoding is timed with every sequence in it.
@@ -275,13 +283,16 @@ pub fn bench_parallel(
                 }
             }
         }
-        Ok(timed.map_or((0.0, 0, 0), |(t, n)| (t.elapsed().as_secs_f64(), n, steps)))
+        let (secs, decoded) = timed.map_or((0.0, 0), |(t, n)| (t.elapsed().as_secs_f64(), n));
+        Ok((prefill, secs, decoded, steps))
     };
     run(opts.n_gen.min(8))?;
-    let mut dec = Vec::new();
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let (mut pre, mut dec) = (Vec::new(), Vec::new());
     let (mut decode_steps, mut decoded_tokens) = (0, 0);
     for _ in 0..opts.repetitions {
-        let (secs, decoded, steps) = run(opts.n_gen)?;
+        let (prefill, secs, decoded, steps) = run(opts.n_gen)?;
+        pre.push(prompt_tokens as f64 / prefill);
         if decoded > 0 {
             dec.push(decoded as f64 / secs);
         }
@@ -297,6 +308,7 @@ pub fn bench_parallel(
         n_prompt: opts.n_prompt,
         n_gen: opts.n_gen,
         repetitions: opts.repetitions,
+        aggregate_prefill_tok_s: Stat::of(&pre),
         aggregate_decode_tok_s: Stat::of(&dec),
         decode_steps,
         decoded_tokens,

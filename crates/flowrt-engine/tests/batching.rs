@@ -370,6 +370,8 @@ fn bench_parallel_steps_through_the_batching_policy() {
     .unwrap();
     assert_eq!((r.sequences, r.decoded_tokens, r.decode_steps), (5, 20, 7));
     assert!(r.aggregate_decode_tok_s.median > 0.0, "{r:?}");
+    let p = r.aggregate_prefill_tok_s.median;
+    assert!(p.is_finite() && p > 0.0, "{r:?}");
     // Every slot is left empty for what runs next.
     assert!((0..5).all(|s| stepper.session().tokens(s).is_empty()));
 }
