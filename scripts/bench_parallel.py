@@ -3,7 +3,8 @@
 
 Runs `flowrt bench --parallel N --json` for every N in --streams, alternating N within each
 round so that all see the same machine state, and prints per N the median aggregate decode
-rate over rounds and the median of the per-round ratios to N=1.
+rate over rounds, the median of the per-round ratios to N=1, and the median aggregate prefill
+rate (N prompts fed side by side through the server's batching policy; N=1: one prompt).
 
 Example:
   python3 scripts/bench_parallel.py --model smollm2 --streams 1 4 8 -r 5
@@ -27,6 +28,7 @@ def main() -> None:
     if 1 not in a.streams:
         sys.exit("--streams must include 1 (the baseline)")
     rates = {n: [] for n in a.streams}
+    prefill = {n: [] for n in a.streams}
     for rnd in range(a.rounds):
         for n in a.streams:
             out = subprocess.run(
@@ -35,13 +37,18 @@ def main() -> None:
                 check=True, capture_output=True, text=True).stdout
             v = json.loads(out)
             rate = v["aggregate_decode_tok_s"] if n > 1 else v["decode_tok_s"]
+            pre = v["aggregate_prefill_tok_s"] if n > 1 else v["prefill_tok_s"]
             rates[n].append(rate)
-            print(f"round {rnd + 1}: {n} stream(s): {rate:.1f} tok/s", file=sys.stderr)
+            prefill[n].append(pre)
+            print(f"round {rnd + 1}: {n} stream(s): decode {rate:.1f} tok/s, prefill {pre:.1f} tok/s",
+                  file=sys.stderr)
     print(f"model {a.model}, prompt {a.p}, decode {a.n} tokens per sequence, {a.rounds} rounds")
-    print(f"{'streams':>7} {'tok/s (median)':>15} {'x vs 1 (median of rounds)':>27}")
+    print(f"{'streams':>7} {'decode tok/s (median)':>22} {'x vs 1 (median of rounds)':>27} "
+          f"{'prefill tok/s (median)':>23}")
     for n in a.streams:
         ratios = [r / b for r, b in zip(rates[n], rates[1])]
-        print(f"{n:>7} {statistics.median(rates[n]):>15.1f} {statistics.median(ratios):>27.2f}")
+        print(f"{n:>7} {statistics.median(rates[n]):>22.1f} {statistics.median(ratios):>27.2f} "
+              f"{statistics.median(prefill[n]):>23.1f}")
 
 
 if __name__ == "__main__":
