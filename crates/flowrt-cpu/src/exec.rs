@@ -230,26 +230,12 @@ impl CpuBackend {
         mut trace: Option<&mut Trace>,
     ) -> Result<(), BackendError> {
         let began = Instant::now();
-        let n = batch.tokens.len();
-        if n == 0 || n > self.max_batch {
-            return Err(BackendError::BadBatch {
-                got: n,
-                max: self.max_batch,
-            });
-        }
-        for sp in batch.spans {
-            let end = sp.pos0.saturating_add(sp.len);
-            if end > self.kv.n_ctx {
-                return Err(BackendError::ContextFull {
-                    pos0: sp.pos0,
-                    end,
-                    n_ctx: self.kv.n_ctx,
-                });
-            }
-        }
-        batch
-            .check(self.kv.n_seq, self.kv.n_ctx)
-            .map_err(BackendError::BadSpans)?;
+        batch.check_for(
+            self.kv.n_seq,
+            self.kv.n_ctx,
+            self.max_batch,
+            self.model.token_embd.rows,
+        )?;
         // Sequence and position of every row; the rows whose logits are wanted.
         self.rows.clear();
         self.row_last.clear();
@@ -354,15 +340,8 @@ impl CpuBackend {
                     None
                 };
                 let x = &mut self.bufs[Buf::X as usize];
+                // Every id is below `emb.rows`: `execute_watched` checked the batch.
                 for (t, &id) in batch.tokens.iter().enumerate() {
-                    if id as usize >= emb.rows {
-                        return Err(BackendError::BadToken {
-                            id,
-                            index: t,
-                            vocab: emb.rows,
-                        }
-                        .to_string());
-                    }
                     let out = &mut x[t * h..(t + 1) * h];
                     match packed {
                         Some(p) => {

@@ -37,39 +37,94 @@ pub struct Batch<'a> {
     pub logits: LogitsWanted,
 }
 
+/// Why a batch cannot run on a device: an error of the request, never retried.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("a batch carries 1..={max} tokens, got {got}")]
+    Size { got: usize, max: usize },
+    #[error("token id {id} at batch index {index} is outside the vocabulary (size {vocab})")]
+    Token { id: u32, index: usize, vocab: usize },
+    #[error("span {span} is empty")]
+    EmptySpan { span: usize },
+    #[error("span {span} names sequence {seq}, but the device holds {n_seq}")]
+    NoSequence {
+        span: usize,
+        seq: usize,
+        n_seq: usize,
+    },
+    #[error("sequence {seq} appears twice in one batch")]
+    SequenceTwice { seq: usize },
+    #[error("positions {pos0}..{end} do not fit the context of {n_ctx} tokens")]
+    Context {
+        pos0: usize,
+        end: usize,
+        n_ctx: usize,
+    },
+    #[error("spans cover {covered} tokens of a batch of {tokens}")]
+    Coverage { covered: usize, tokens: usize },
+}
+
 impl Batch<'_> {
     /// Check the spans against the tokens and a device's sequences and context.
-    pub fn check(&self, n_seq: usize, n_ctx: usize) -> Result<(), String> {
+    pub fn check(&self, n_seq: usize, n_ctx: usize) -> Result<(), BatchError> {
         let mut covered = 0usize;
         for (i, s) in self.spans.iter().enumerate() {
             if s.len == 0 {
-                return Err(format!("span {i} is empty"));
+                return Err(BatchError::EmptySpan { span: i });
             }
             if s.seq >= n_seq {
-                return Err(format!(
-                    "span {i} names sequence {}, but the device holds {n_seq}",
-                    s.seq
-                ));
+                return Err(BatchError::NoSequence {
+                    span: i,
+                    seq: s.seq,
+                    n_seq,
+                });
             }
             if self.spans[..i].iter().any(|o| o.seq == s.seq) {
-                return Err(format!("sequence {} appears twice in one batch", s.seq));
+                return Err(BatchError::SequenceTwice { seq: s.seq });
             }
             let end = s.pos0.saturating_add(s.len);
             if end > n_ctx {
-                return Err(format!(
-                    "positions {}..{end} do not fit the context of {n_ctx} tokens",
-                    s.pos0
-                ));
+                return Err(BatchError::Context {
+                    pos0: s.pos0,
+                    end,
+                    n_ctx,
+                });
             }
             covered += s.len;
         }
         if covered != self.tokens.len() || self.tokens.is_empty() {
-            return Err(format!(
-                "spans cover {covered} tokens of a batch of {}",
-                self.tokens.len()
-            ));
+            return Err(BatchError::Coverage {
+                covered,
+                tokens: self.tokens.len(),
+            });
         }
         Ok(())
+    }
+
+    /// Everything a device checks before it runs a batch: at most `max_batch` tokens, every
+    /// id below `vocab`, and the spans ([`Batch::check`]).
+    pub fn check_for(
+        &self,
+        n_seq: usize,
+        n_ctx: usize,
+        max_batch: usize,
+        vocab: usize,
+    ) -> Result<(), BatchError> {
+        if self.tokens.len() > max_batch {
+            return Err(BatchError::Size {
+                got: self.tokens.len(),
+                max: max_batch,
+            });
+        }
+        if let Some((index, &id)) = self
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(BatchError::Token { id, index, vocab });
+        }
+        self.check(n_seq, n_ctx)
     }
 
     /// Positions attended over the batch (Σ over tokens of `pos + 1`), for cost estimates.
@@ -356,5 +411,82 @@ pub trait Backend: Send {
     /// role order; empty when none were.
     fn take_input_stats(&mut self) -> Vec<InputStat> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch<'a>(tokens: &'a [u32], spans: &'a [SeqSpan]) -> Batch<'a> {
+        Batch {
+            tokens,
+            spans,
+            logits: LogitsWanted::Last,
+        }
+    }
+
+    fn span(seq: usize, pos0: usize, len: usize) -> SeqSpan {
+        SeqSpan { seq, pos0, len }
+    }
+
+    /// What every backend checks before it runs a batch, each fault with its typed error
+    /// (2 sequences of 8 positions, batches of at most 4 tokens, a vocabulary of 10).
+    #[test]
+    fn batches_are_checked_with_typed_errors() {
+        let check = |t: &[u32], s: &[SeqSpan]| batch(t, s).check_for(2, 8, 4, 10);
+        assert_eq!(check(&[1, 2, 3], &[span(0, 0, 2), span(1, 5, 1)]), Ok(()));
+        assert_eq!(
+            check(&[1; 5], &[span(0, 0, 5)]),
+            Err(BatchError::Size { got: 5, max: 4 })
+        );
+        assert_eq!(
+            check(&[1, 10], &[span(0, 0, 2)]),
+            Err(BatchError::Token {
+                id: 10,
+                index: 1,
+                vocab: 10
+            })
+        );
+        assert_eq!(
+            check(&[1], &[span(0, 0, 0), span(1, 0, 1)]),
+            Err(BatchError::EmptySpan { span: 0 })
+        );
+        assert_eq!(
+            check(&[1], &[span(2, 0, 1)]),
+            Err(BatchError::NoSequence {
+                span: 0,
+                seq: 2,
+                n_seq: 2
+            })
+        );
+        assert_eq!(
+            check(&[1, 2], &[span(1, 0, 1), span(1, 1, 1)]),
+            Err(BatchError::SequenceTwice { seq: 1 })
+        );
+        assert_eq!(
+            check(&[1, 2], &[span(0, 7, 2)]),
+            Err(BatchError::Context {
+                pos0: 7,
+                end: 9,
+                n_ctx: 8
+            })
+        );
+        assert_eq!(
+            check(&[1, 2, 3], &[span(0, 0, 2)]),
+            Err(BatchError::Coverage {
+                covered: 2,
+                tokens: 3
+            })
+        );
+        assert_eq!(
+            check(&[], &[]),
+            Err(BatchError::Coverage {
+                covered: 0,
+                tokens: 0
+            })
+        );
+        let e = check(&[1, 10], &[span(0, 0, 2)]).unwrap_err();
+        assert!(e.to_string().contains("outside the vocabulary"), "{e}");
     }
 }

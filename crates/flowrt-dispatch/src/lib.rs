@@ -30,8 +30,8 @@ pub mod trace;
 pub mod watch;
 
 pub use backend::{
-    Backend, BackendInfo, Batch, DeviceError, DeviceRates, InputStat, InputStatKind, LogitsWanted,
-    ProbeError, SeqSpan,
+    Backend, BackendInfo, Batch, BatchError, DeviceError, DeviceRates, InputStat, InputStatKind,
+    LogitsWanted, ProbeError, SeqSpan,
 };
 pub use cost::{group_costs, GroupCost};
 pub use cut::{runlists, Runlist};

@@ -44,8 +44,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flowrt_dispatch::{
-    Backend, BackendInfo, BackendSettings, Batch, DeviceError, DeviceRates, KvPrecision,
-    LogitsWanted, ProbeError, Runlist, Trace,
+    Backend, BackendInfo, BackendSettings, Batch, BatchError, DeviceError, DeviceRates,
+    KvPrecision, LogitsWanted, ProbeError, Runlist, Trace,
 };
 use flowrt_model::plan::{Buf, GroupKind, MatRole, NormWeight, Op};
 use flowrt_model::{Activation, Model, Plan, RopePairing, RouterScoring, WeightMatrix};
@@ -1245,26 +1245,13 @@ impl VulkanBackend {
         }
     }
 
-    fn input_error(&self, batch: &Batch) -> Option<String> {
-        if batch.tokens.len() > self.max_batch {
-            return Some(format!(
-                "a batch of {} tokens is larger than the device's {}",
-                batch.tokens.len(),
-                self.max_batch
-            ));
-        }
-        let vocab = self.model.token_embd.rows;
-        if let Some((i, &id)) = batch
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab)
-        {
-            return Some(format!(
-                "token id {id} (at index {i}) is outside the vocabulary of {vocab}"
-            ));
-        }
-        batch.check(self.n_seq, self.n_ctx).err()
+    fn input_error(&self, batch: &Batch) -> Result<(), BatchError> {
+        batch.check_for(
+            self.n_seq,
+            self.n_ctx,
+            self.max_batch,
+            self.model.token_embd.rows,
+        )
     }
 }
 
@@ -1396,8 +1383,8 @@ impl Backend for VulkanBackend {
                 rl.groups, self.n_groups
             )));
         }
-        if let Some(e) = self.input_error(batch) {
-            return Err(DeviceError::Input(e));
+        if let Err(e) = self.input_error(batch) {
+            return Err(DeviceError::Input(e.to_string()));
         }
         // The batch's rows: (sequence, position) per token, and the rows whose logits it wants.
         self.rows.clear();

@@ -9,7 +9,6 @@ use flowrt_model::Plan;
 
 use super::{input_stats, Batch, CpuBackend};
 use crate::act::{ActQuant, ActRows};
-use crate::exec::BackendError;
 
 /// The CPU is a synchronous device: `submit` records the runlist, `wait` runs it on the
 /// calling thread (and the pool), checking the deadline before each op.
@@ -73,44 +72,16 @@ impl Backend for CpuBackend {
                 plan.groups.len()
             )));
         }
-        if batch.tokens.len() > self.max_batch {
-            return Err(DeviceError::Input(
-                BackendError::BadBatch {
-                    got: batch.tokens.len(),
-                    max: self.max_batch,
-                }
-                .to_string(),
-            ));
-        }
         // Input errors are the request's, not the device's: found here, they are never
         // retried.
-        let vocab = self.model.token_embd.rows;
-        if let Some((index, &id)) = batch
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| id as usize >= vocab)
-        {
-            return Err(DeviceError::Input(
-                BackendError::BadToken { id, index, vocab }.to_string(),
-            ));
-        }
-        for sp in batch.spans {
-            let end = sp.pos0.saturating_add(sp.len);
-            if end > self.kv.n_ctx {
-                return Err(DeviceError::Input(
-                    BackendError::ContextFull {
-                        pos0: sp.pos0,
-                        end,
-                        n_ctx: self.kv.n_ctx,
-                    }
-                    .to_string(),
-                ));
-            }
-        }
         batch
-            .check(self.kv.n_seq, self.kv.n_ctx)
-            .map_err(|e| DeviceError::Input(BackendError::BadSpans(e).to_string()))?;
+            .check_for(
+                self.kv.n_seq,
+                self.kv.n_ctx,
+                self.max_batch,
+                self.model.token_embd.rows,
+            )
+            .map_err(|e| DeviceError::Input(e.to_string()))?;
         self.pending_tokens.clear();
         self.pending_tokens.extend_from_slice(batch.tokens);
         self.pending_spans.clear();

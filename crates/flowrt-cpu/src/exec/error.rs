@@ -1,24 +1,15 @@
 //! Why a batch could not run on the CPU, and what the dispatcher is told.
 
-use flowrt_dispatch::DeviceError;
+use flowrt_dispatch::{BatchError, DeviceError};
 use flowrt_dtype::GgmlType;
 use flowrt_model::plan::GroupKind;
 
 /// Why a batch could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    #[error("token id {id} at batch index {index} is outside the vocabulary (size {vocab})")]
-    BadToken { id: u32, index: usize, vocab: usize },
-    #[error("positions {pos0}..{end} do not fit the context of {n_ctx} tokens")]
-    ContextFull {
-        pos0: usize,
-        end: usize,
-        n_ctx: usize,
-    },
-    #[error("a batch carries 1..={max} tokens, got {got}")]
-    BadBatch { got: usize, max: usize },
-    #[error("bad batch: {0}")]
-    BadSpans(String),
+    /// The batch itself is wrong (size, token ids, spans): the request's error.
+    #[error(transparent)]
+    Batch(#[from] BatchError),
     #[error("tensor `{tensor}` has type {ty}, which the CPU kernels cannot compute with")]
     UnsupportedType { tensor: String, ty: GgmlType },
     #[error("group {group} ({kind:?}), op `{op}`: deadline passed {late:?} ago, {ran:?} into the runlist")]
