@@ -191,7 +191,10 @@ fn batched_sequences_equal_solo_runs_qwen3_moe_q4_0_a8() {
     let o = opts().with_option("act-quant", "q8x");
     if cfg!(target_arch = "x86_64") {
         let s = Session::new(&m, &o).unwrap();
-        assert_eq!(s.backend_info().matmul_prefill, "avx2-x8-a8");
+        assert_eq!(
+            s.backend_info().matmul_prefill,
+            format!("{}-x8-a8", s.backend_info().kernels)
+        );
         let p = &prompts()[1];
         let a8 = Session::new(&m, &o).unwrap().feed(p).unwrap().to_vec();
         let q16 = Session::new(&m, &opts()).unwrap().feed(p).unwrap().to_vec();
@@ -210,7 +213,10 @@ fn batched_sequences_equal_solo_runs_gpt_oss_mxfp4_a8() {
     let o = opts().with_option("act-quant", "q8x");
     if cfg!(target_arch = "x86_64") {
         let s = Session::new(&m, &o).unwrap();
-        assert_eq!(s.backend_info().matmul_prefill, "avx2-x8-a8");
+        assert_eq!(
+            s.backend_info().matmul_prefill,
+            format!("{}-x8-a8", s.backend_info().kernels)
+        );
     }
     batched_equals_solo_with(&m, 1e-5, &o);
 }

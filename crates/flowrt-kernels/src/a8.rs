@@ -146,16 +146,19 @@ pub(crate) fn matmul_ref_fn(w: GgmlType) -> Option<MatmulFn> {
     })
 }
 
-/// The A8 x8 matmul for weight type `w` on `isa`: the AVX2 kernels on every x86 table, the
-/// scalar reference elsewhere.
+/// The A8 x8 matmul for weight type `w` on `isa`: the AVX2 kernels on the AVX2 table, 512-bit
+/// ones (`vpdpbusd` with VNNI) on the AVX-512 tables, the scalar reference elsewhere.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     if !supports(w) {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni) {
-        // Each x86 table exists only when the host has AVX2, FMA and F16C.
-        return crate::x86::x8::matmul_a8_fn(w);
+    match isa {
+        // Each x86 table exists only when the host has its features.
+        Isa::Avx2 => return crate::x86::x8::matmul_a8_fn(w),
+        Isa::Avx512 => return crate::x86::x8_512::plain::matmul_a8_fn(w),
+        Isa::Avx512Vnni => return crate::x86::x8_512::vnni::matmul_a8_fn(w),
+        _ => {}
     }
     let _ = isa;
     matmul_ref_fn(w)

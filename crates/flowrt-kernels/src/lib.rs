@@ -381,6 +381,17 @@ impl Kernels {
         }
     }
 
+    /// The code that runs A8 matmuls on x8-packed weights ([`Kernels::matmul_a8_x8`]) with
+    /// this table, `(one token, batches)` by table name: the AVX2 kernels on the AVX2 table,
+    /// the 512-bit ones for batches on the AVX-512 tables (single tokens go to the AVX2 one,
+    /// as in [`Kernels::q16_paths`]); `None` where the A8 matmuls are the scalar reference.
+    pub fn a8_paths(&self) -> Option<(&'static str, &'static str)> {
+        if !a8::has_simd(self.isa) {
+            return None;
+        }
+        Some(("avx2", self.isa.name()))
+    }
+
     pub fn name(&self) -> &'static str {
         self.isa.name()
     }

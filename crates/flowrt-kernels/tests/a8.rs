@@ -241,3 +241,65 @@ fn a8_tile_boundaries_match_the_reference() {
         }
     }
 }
+
+/// The AVX-512 tables' A8 x8 matmuls (two groups per 512-bit vector; `vpdpbusd` with VNNI)
+/// against the AVX2 table's, bit for bit: their integer block sums are exact and their f32
+/// epilogue is the AVX2 tile's, in its order. 1 to 7 groups (pairs of pairs, a pair, an odd
+/// group) and 1 to 9 tokens (one token runs the AVX2 kernel in every table).
+#[test]
+fn a8_avx512_tables_equal_avx2_bit_for_bit() {
+    let Ok(avx2) = Kernels::select(Some("avx2")) else {
+        println!("NOT RUN kernels: a8 x8 avx512 vs avx2 (no avx2 table on this host)");
+        return;
+    };
+    let wide: Vec<&Kernels> = ["avx512", "avx512vnni"]
+        .into_iter()
+        .filter_map(|n| match Kernels::select(Some(n)) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                println!("NOT RUN kernels: a8 x8 {n} vs avx2 ({e})");
+                None
+            }
+        })
+        .collect();
+    if wide.is_empty() {
+        return;
+    }
+    let mut r = rng(0xA8512);
+    for ty in TYPES {
+        for nb in [1usize, 4] {
+            let k = k_for(ty, nb);
+            let w = weights(&mut r, ty, k, 56);
+            let x = acts(&mut r, k * 9);
+            let a = quantize(avx2, &x, k);
+            let rb = row_size(ty, k);
+            for groups in 1..=7 {
+                let nrows = 8 * groups;
+                let p = pack(ty, k, &w[..nrows * rb], nrows);
+                for ntok in 1..=9 {
+                    let at = &a[..ntok * a8_row_size(k)];
+                    let run = |kern: &Kernels| {
+                        let stride = nrows + 3;
+                        let mut got = vec![f32::NAN; ntok * stride];
+                        kern.matmul_a8_x8(ty, k, &p, nrows, at, ntok, &mut got, stride);
+                        got
+                    };
+                    let want = run(avx2);
+                    for kern in &wide {
+                        let got = run(kern);
+                        for (n, (g, e)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == e.to_bits(),
+                                "{} {ty} k={k} {nrows}x{ntok}: output {n}: {g} vs avx2 {e}",
+                                kern.name()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for kern in wide {
+        println!("RAN kernels: a8 x8 {} equals avx2 bit for bit", kern.name());
+    }
+}

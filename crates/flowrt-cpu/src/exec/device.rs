@@ -21,10 +21,9 @@ impl Backend for CpuBackend {
         } else if self.packed.any_of_type(&self.model, |ty| {
             ActRows::for_weight(self.act_quant, self.kernels, ty, true) == ActRows::A8
         }) {
-            // The A8 kernels are AVX2 code in every x86 table; the type without one (Q8_0)
-            // keeps the Q16 x8 path.
-            let k = "avx2-x8-a8".to_string();
-            (k.clone(), k)
+            // The type without A8 kernels (Q8_0) keeps the Q16 x8 path.
+            let (decode, prefill) = self.kernels.a8_paths().unwrap_or(("scalar", "scalar"));
+            (format!("{decode}-x8-a8"), format!("{prefill}-x8-a8"))
         } else if self.packed_bytes() > 0 {
             (
                 format!("{}-x8", paths.x8_decode),

@@ -451,7 +451,7 @@ unsafe fn dots6_a8<const G: usize, const T: usize>(
 /// 16 readable bytes at `q`; AVX2 host.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn a8_first_half_sum(q: *const u8) -> i32 {
+pub(super) unsafe fn a8_first_half_sum(q: *const u8) -> i32 {
     // SAFETY: the caller's contract.
     unsafe {
         let v = _mm_loadu_si128(q.cast());
@@ -768,7 +768,11 @@ pub(super) unsafe fn run_groups<P: Packed>(g: &mut MatmulArgs<'_>, from: usize, 
 /// As for [`run_groups`]; with `A8`, `P` is a 4- or 5-bit type or MXFP4.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_groups_as<P: Packed, const A8: bool>(g: &mut MatmulArgs<'_>, from: usize, to: usize) {
+pub(super) unsafe fn run_groups_as<P: Packed, const A8: bool>(
+    g: &mut MatmulArgs<'_>,
+    from: usize,
+    to: usize,
+) {
     let ng = to;
     let mut grp = from;
     // SAFETY: every tile stays within the groups and tokens of `g`.

@@ -28,6 +28,7 @@ macro_rules! x8_512_kernels {
         use super::super::x8::{
             self as x8_256, PMxfp4, Packed, P4K, P4_0, P4_1, P5K, P5_0, P5_1, P6K, P8_0,
         };
+        use crate::a8::A8_BLOCK_BYTES;
         use crate::blocks::QK;
         use crate::q16::Q16_BLOCK_BYTES;
         use crate::x8::ROWS;
@@ -403,6 +404,312 @@ macro_rules! x8_512_kernels {
             }
         }
 
+        /// With A8 activations (see `crate::a8`): adds the products of `G` group pairs'
+        /// 4-bit blocks to `acc[g][t]` for the `T` tokens whose A8 quants start at `a[t]`, as
+        /// the AVX2 kernel (`x86/x8.rs`'s `dots4_a8`) does for one group: the unsigned 4-bit
+        /// codes (`HB` = 1: a high-bit plane completes 5-bit values; with `E2M1`, MXFP4's
+        /// codes looked up as the doubled E2M1 values plus 12) meet 4 broadcast activation
+        /// bytes in one `dotb` per half unit, straight into the 32-bit sums.
+        ///
+        /// # Safety
+        /// Each `q[g][h]` points to a block's 128 quant bytes (and its high-bit plane after
+        /// them), each `a[t]` to 32 readable bytes.
+        #[inline]
+        #[target_feature(enable = $f)]
+        unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize, const E2M1: bool>(
+            q: &[[*const u8; 2]; G],
+            a: &[*const u8; T],
+            acc: &mut [[__m512i; T]; G],
+        ) {
+            let m = _mm512_set1_epi8(0x0F);
+            let lut = _mm512_broadcast_i32x4(_mm_setr_epi8(
+                12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+            ));
+            // SAFETY: as the contract says; unit u pairs with activation bytes 8u..8u+8.
+            unsafe {
+                let h: [__m512i; G] = std::array::from_fn(|g| {
+                    if HB == 1 {
+                        load2(q[g][0].add(128), q[g][1].add(128))
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                });
+                for u in 0..QK / 8 {
+                    let raw: [__m512i; G] =
+                        std::array::from_fn(|g| load2(q[g][0].add(32 * u), q[g][1].add(32 * u)));
+                    for half in 0..2 {
+                        let mut w = [_mm512_setzero_si512(); G];
+                        for (g, w) in w.iter_mut().enumerate() {
+                            *w = if half == 0 {
+                                _mm512_and_si512(raw[g], m)
+                            } else {
+                                _mm512_and_si512(_mm512_srli_epi16::<4>(raw[g]), m)
+                            };
+                            if E2M1 {
+                                *w = _mm512_shuffle_epi8(lut, *w);
+                            }
+                            if HB == 1 {
+                                // Positions 2 half and 2 half + 1 of unit u: the low and the
+                                // high byte of each 16-bit lane, their fifth bits at 4 and 12.
+                                let p = (4 * u + 2 * half) as u32;
+                                *w = _mm512_or_si512(*w, bits_to(h[g], p, 4, 1));
+                                *w = _mm512_or_si512(*w, bits_to(h[g], p + 1, 12, 1));
+                            }
+                        }
+                        for t in 0..T {
+                            let av = pair(a[t].add(8 * u + 4 * half));
+                            for g in 0..G {
+                                acc[g][t] = dotb(acc[g][t], w[g], av);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        /// With A8 activations: adds the products of `G` group pairs' Q6_K sub-block half
+        /// `half` as unsigned 6-bit integers (`q + 32`; the caller takes back `32 * sum(q_a)`
+        /// of the half) to `acc[g][t]`, as the AVX2 kernel's `dots6_a8`.
+        ///
+        /// # Safety
+        /// Each `q[g][h]` points to a sub-block's 128 nibble bytes and its two 32-byte
+        /// high-bit planes, each `a[t]` to 32 readable bytes.
+        #[inline]
+        #[target_feature(enable = $f)]
+        unsafe fn dots6_a8<const G: usize, const T: usize>(
+            q: &[[*const u8; 2]; G],
+            a: &[*const u8; T],
+            acc: &mut [[__m512i; T]; G],
+            half: usize,
+        ) {
+            let m = _mm512_set1_epi8(0x0F);
+            // SAFETY: as the contract says; unit u pairs with activation bytes 8u..8u+8.
+            unsafe {
+                let h: [__m512i; G] = std::array::from_fn(|g| {
+                    load2(q[g][0].add(128 + 32 * half), q[g][1].add(128 + 32 * half))
+                });
+                for u in 2 * half..2 * half + 2 {
+                    let raw: [__m512i; G] =
+                        std::array::from_fn(|g| load2(q[g][0].add(32 * u), q[g][1].add(32 * u)));
+                    for nib in 0..2 {
+                        let mut w = [_mm512_setzero_si512(); G];
+                        for (g, w) in w.iter_mut().enumerate() {
+                            *w = if nib == 0 {
+                                _mm512_and_si512(raw[g], m)
+                            } else {
+                                _mm512_and_si512(_mm512_srli_epi16::<4>(raw[g]), m)
+                            };
+                            let f = (2 * (4 * (u % 2) + 2 * nib)) as u32;
+                            *w = _mm512_or_si512(*w, bits_to(h[g], f, 4, 2));
+                            *w = _mm512_or_si512(*w, bits_to(h[g], f + 2, 12, 2));
+                        }
+                        for t in 0..T {
+                            let av = pair(a[t].add(8 * u + 4 * nib));
+                            for g in 0..G {
+                                acc[g][t] = dotb(acc[g][t], w[g], av);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Groups `grp..grp + 2G` times tokens `t0..t0 + T` with A8 activations. The integer
+        /// block sums are exact, and they are offset, converted and scaled by the AVX2 A8
+        /// tile's f32 operations in its order, so the outputs equal its bit for bit.
+        ///
+        /// # Safety
+        /// The groups and tokens exist in `g` (lengths checked by `Kernels::matmul_a8_x8`);
+        /// `P` is a 4-, 5- or 6-bit type or MXFP4.
+        #[inline]
+        #[target_feature(enable = $f)]
+        unsafe fn tile_a8<P: Packed, const G: usize, const T: usize>(
+            g: &mut MatmulArgs<'_>,
+            grp: usize,
+            t0: usize,
+        ) {
+            let nb = g.k / QK;
+            let astride = nb * A8_BLOCK_BYTES;
+            let units = nb / P::SUBS;
+            let wg: [[*const u8; 2]; G] = std::array::from_fn(|i| {
+                std::array::from_fn(|h| {
+                    g.w.as_ptr()
+                        .wrapping_add((grp + 2 * i + h) * units * P::BYTES)
+                })
+            });
+            let wend = g.w.as_ptr().wrapping_add(g.w.len());
+            let a = g.a.as_ptr();
+            let mut acc = [[_mm512_setzero_ps(); T]; G];
+            // SAFETY (loop): block b of the groups and of tokens t0..t0+T lies inside `g.w` /
+            // `g.a`.
+            unsafe {
+                for b in 0..nb {
+                    let (unit, s) = (b / P::SUBS, b % P::SUBS);
+                    let p: [[*const u8; 2]; G] = std::array::from_fn(|i| {
+                        std::array::from_fn(|h| wg[i][h].add(unit * P::BYTES))
+                    });
+                    let share = P::BYTES / P::SUBS;
+                    for p in p.iter().flatten() {
+                        let ahead = p.wrapping_add(s * share + PREFETCH_BYTES);
+                        if ahead < wend {
+                            for line in (0..share).step_by(64) {
+                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
+                            }
+                        }
+                    }
+                    let ab: [*const u8; T] =
+                        std::array::from_fn(|t| a.add((t0 + t) * astride + b * A8_BLOCK_BYTES));
+                    let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
+                    let asum: [i32; T] =
+                        std::array::from_fn(|t| ab[t].add(4).cast::<i32>().read_unaligned());
+                    let q: [[*const u8; 2]; G] = std::array::from_fn(|i| {
+                        std::array::from_fn(|h| p[i][h].add(P::Q + P::STRIDE * s))
+                    });
+                    if P::BITS == 6 {
+                        for half in 0..2 {
+                            let mut isum = [[_mm512_setzero_si512(); T]; G];
+                            dots6_a8::<G, T>(&q, &aq, &mut isum, half);
+                            // The -32 of every value, through the half's activation sum.
+                            for t in 0..T {
+                                let lo = x8_256::a8_first_half_sum(aq[t]);
+                                let h = if half == 0 { lo } else { asum[t] - lo };
+                                let c = _mm512_set1_epi32(-32 * h);
+                                for i in 0..G {
+                                    isum[i][t] = _mm512_add_epi32(isum[i][t], c);
+                                }
+                            }
+                            for i in 0..G {
+                                let dsc = half_scales2::<P>(p[i], 2 * s + half);
+                                for t in 0..T {
+                                    let da = _mm512_set1_ps(ab[t].cast::<f32>().read_unaligned());
+                                    acc[i][t] = _mm512_fmadd_ps(
+                                        _mm512_cvtepi32_ps(isum[i][t]),
+                                        _mm512_mul_ps(dsc, da),
+                                        acc[i][t],
+                                    );
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    let mut isum = [[_mm512_setzero_si512(); T]; G];
+                    match P::BITS {
+                        _ if P::E2M1 => dots4_a8::<G, T, 0, true>(&q, &aq, &mut isum),
+                        5 => dots4_a8::<G, T, 1, false>(&q, &aq, &mut isum),
+                        _ => dots4_a8::<G, T, 0, false>(&q, &aq, &mut isum),
+                    }
+                    if P::A8_INT_OFFSET != 0 {
+                        for t in 0..T {
+                            let c = _mm512_set1_epi32(P::A8_INT_OFFSET * asum[t]);
+                            for i in 0..G {
+                                isum[i][t] = _mm512_add_epi32(isum[i][t], c);
+                            }
+                        }
+                    }
+                    for i in 0..G {
+                        let (d, off) = scales2::<P>(p[i], s);
+                        let off = if P::A8_INT_OFFSET != 0 { None } else { off };
+                        for t in 0..T {
+                            let da_s = ab[t].cast::<f32>().read_unaligned();
+                            acc[i][t] = _mm512_fmadd_ps(
+                                _mm512_cvtepi32_ps(isum[i][t]),
+                                _mm512_mul_ps(d, _mm512_set1_ps(da_s)),
+                                acc[i][t],
+                            );
+                            if let Some(m) = off {
+                                let sa = _mm512_set1_ps(da_s * asum[t] as f32);
+                                acc[i][t] = _mm512_fmadd_ps(m, sa, acc[i][t]);
+                            }
+                        }
+                    }
+                }
+                let out = g.out.as_mut_ptr();
+                for i in 0..G {
+                    for t in 0..T {
+                        _mm512_storeu_ps(
+                            out.add((t0 + t) * g.out_stride + (grp + 2 * i) * ROWS),
+                            acc[i][t],
+                        );
+                    }
+                }
+            }
+        }
+
+        /// Group pairs `grp..grp + 2G` times every token with A8 activations.
+        ///
+        /// # Safety
+        /// As for [`tile_a8`].
+        #[inline]
+        #[target_feature(enable = $f)]
+        unsafe fn all_tokens_a8<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usize) {
+            let nt = g.ntok;
+            let mut t = 0;
+            // SAFETY: forwarded contract; every tile stays within 0..nt.
+            unsafe {
+                while t + 4 <= nt {
+                    tile_a8::<P, G, 4>(g, grp, t);
+                    t += 4;
+                }
+                match nt - t {
+                    3 => tile_a8::<P, G, 3>(g, grp, t),
+                    2 => tile_a8::<P, G, 2>(g, grp, t),
+                    1 => tile_a8::<P, G, 1>(g, grp, t),
+                    _ => {}
+                }
+            }
+        }
+
+        /// Every group times every token with A8 activations, as [`run`]: one token, and an
+        /// odd last group, with the AVX2 A8 kernel.
+        ///
+        /// # Safety
+        /// As for [`tile_a8`]; `g.nrows` is a multiple of 8.
+        #[target_feature(enable = $f)]
+        unsafe fn run_a8<P: Packed>(g: &mut MatmulArgs<'_>) {
+            let ng = g.nrows / ROWS;
+            let mut grp = 0;
+            // SAFETY: every tile stays within the groups and tokens of `g`; the host has
+            // AVX2, FMA and F16C.
+            unsafe {
+                if g.ntok == 1 {
+                    x8_256::run_groups_as::<P, true>(g, 0, ng);
+                    return;
+                }
+                while grp + 4 <= ng {
+                    all_tokens_a8::<P, 2>(g, grp);
+                    grp += 4;
+                }
+                while grp + 2 <= ng {
+                    all_tokens_a8::<P, 1>(g, grp);
+                    grp += 2;
+                }
+                if grp < ng {
+                    x8_256::run_groups_as::<P, true>(g, grp, ng);
+                }
+            }
+        }
+
+        /// The A8 x8 matmul of this instruction set for weight type `w` (see `crate::a8`).
+        pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
+            fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
+                // SAFETY: reachable only from this instruction set's table, which exists only
+                // on hosts with its features, with lengths checked by `Kernels::matmul_a8_x8`;
+                // P is one of the types below.
+                unsafe { run_a8::<P>(&mut g) }
+            }
+            Some(match w {
+                GgmlType::Q4_0 => entry::<P4_0>,
+                GgmlType::Q4_1 => entry::<P4_1>,
+                GgmlType::Q5_0 => entry::<P5_0>,
+                GgmlType::Q5_1 => entry::<P5_1>,
+                GgmlType::Q4K => entry::<P4K>,
+                GgmlType::Q5K => entry::<P5K>,
+                GgmlType::Q6K => entry::<P6K>,
+                GgmlType::Mxfp4 => entry::<PMxfp4>,
+                _ => return None,
+            })
+        }
+
         crate::x8::packed_type_table!();
 
         /// The MXFP4 x8 matmul of this instruction set (see `crate::x8::matmul_fn`).
@@ -416,7 +723,9 @@ macro_rules! x8_512_kernels {
 
 /// AVX-512 F/BW/DQ/VL without VNNI: `vpmaddwd` + `vpaddd`.
 pub(crate) mod plain {
-    use core::arch::x86_64::{__m512i, _mm512_add_epi32, _mm512_madd_epi16};
+    use core::arch::x86_64::{
+        __m512i, _mm512_add_epi32, _mm512_madd_epi16, _mm512_maddubs_epi16, _mm512_set1_epi16,
+    };
 
     /// `acc + w0 a0 + w1 a1` per 32-bit lane.
     #[inline]
@@ -425,18 +734,36 @@ pub(crate) mod plain {
         _mm512_add_epi32(acc, _mm512_madd_epi16(w, a))
     }
 
+    /// `acc + w0 a0 + w1 a1 + w2 a2 + w3 a3` per 32-bit lane, unsigned bytes `w` times signed
+    /// bytes `a`: `vpmaddubsw` (exact: the A8 weights are below 64, so a pair stays far from
+    /// saturation), `vpmaddwd` by ones, `vpaddd`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl")]
+    fn dotb(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+        let pairs = _mm512_maddubs_epi16(w, a);
+        _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)))
+    }
+
     x8_512_kernels!(features: "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl");
 }
 
 /// AVX-512 VNNI: one `vpdpwssd` per multiply-add.
 pub(crate) mod vnni {
-    use core::arch::x86_64::{__m512i, _mm512_dpwssd_epi32};
+    use core::arch::x86_64::{__m512i, _mm512_dpbusd_epi32, _mm512_dpwssd_epi32};
 
     /// `acc + w0 a0 + w1 a1` per 32-bit lane (wrapping, like `vpmaddwd` + `vpaddd`).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
     fn dot(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
         _mm512_dpwssd_epi32(acc, w, a)
+    }
+
+    /// `acc + w0 a0 + w1 a1 + w2 a2 + w3 a3` per 32-bit lane, unsigned bytes `w` times signed
+    /// bytes `a` (`vpdpbusd`: one instruction, no saturation).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+    fn dotb(acc: __m512i, w: __m512i, a: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, w, a)
     }
 
     x8_512_kernels!(features: "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni");
