@@ -32,9 +32,10 @@
 //! (`scripts/test-aarch64`) and have not been timed on ARM hardware.
 //!
 //! Opt-in, with 8-bit activations: [`Kernels::matmul_a8_x8`] multiplies x8-packed Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights with [`a8`] activation blocks (`vpmaddubsw`,
-//! 16-bit partial sums; AVX2 code in every x86 table, the scalar reference elsewhere): about
-//! 1.35-1.5x the Q16 kernels' rate on AVX2 at ggml's precision class.
+//! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights with [`a8`] activation blocks (AVX2:
+//! `vpmaddubsw`, 16-bit partial sums; AVX-512: two groups per vector, `vpdpbusd` with VNNI;
+//! the scalar reference elsewhere): about 1.35-1.5x the Q16 kernels' rate on AVX2, about 2x
+//! on AVX-512 VNNI, at ggml's precision class.
 //!
 //! MXFP4 (gpt-oss's experts, GGUF type 39) has the x8 layout and AVX2, AVX-512 (VNNI) and
 //! NEON kernels there (`x86/x8.rs`, `x86/x8_512.rs`, `arm/x8.rs`: a `vpshufb` (`tbl` on NEON) of the doubled E2M1 values

@@ -15,9 +15,15 @@
 //!
 //! MXFP4 has kernels here too (the AVX2 kernel's E2M1 lookup on 512-bit vectors).
 //!
+//! With A8 activations (`crate::a8`, the opt-in `act-quant=q8x`), the unsigned 4- to 6-bit
+//! weights meet 4 broadcast activation bytes per 32-bit lane in `dotb`: one `vpdpbusd` with
+//! VNNI (no 16-bit intermediate sums to widen), `vpmaddubsw` + `vpmaddwd` + `vpaddd` without.
+//! Their integer block sums are exact, and the f32 epilogue is the AVX2 A8 tile's, so these
+//! equal the AVX2 table's A8 outputs bit for bit too.
+//!
 //! [`x8_512_kernels!`] stamps the kernels out for one set of target features; the invoking
 //! module supplies `dot(acc, w, a) -> __m512i`, the per-lane `acc + w0 a0 + w1 a1` on 16-bit
-//! pairs.
+//! pairs, and `dotb(acc, w, a)`, the per-lane sum of 4 unsigned-by-signed byte products.
 
 macro_rules! x8_512_kernels {
     (features: $f:literal) => {
