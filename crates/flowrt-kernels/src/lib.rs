@@ -149,13 +149,21 @@ pub(crate) struct MatmulArgs<'a> {
     pub out_stride: usize,
 }
 
-/// Per-type entries. `vec_dot`/`matmul` are `None` for types that are not weight types.
+/// Per-type entries: every matmul path of a weight type is one entry here, filled when the
+/// table is built (`Kernels::with_matmul_paths` for the Q16, x8 and A8 ones). `None` where the
+/// type has no such path (`vec_dot`/`matmul`: types that are not weight types).
 #[derive(Clone, Copy)]
 pub(crate) struct TypeOps {
     pub quantize: QuantizeFn,
     pub dequantize: DequantizeFn,
     pub vec_dot: Option<VecDotFn>,
     pub matmul: Option<MatmulFn>,
+    /// Q16 activations on weights in ggml's row layout ([`Kernels::matmul_q16`]).
+    pub matmul_q16: Option<MatmulFn>,
+    /// Q16 activations on x8-packed weights ([`Kernels::matmul_q16_x8`]).
+    pub matmul_q16_x8: Option<MatmulFn>,
+    /// A8 activations on x8-packed weights ([`Kernels::matmul_a8_x8`]).
+    pub matmul_a8_x8: Option<MatmulFn>,
 }
 
 /// f32 element-wise and attention helpers.
@@ -215,6 +223,9 @@ pub struct Kernels {
     pub(crate) isa: Isa,
     pub(crate) types: [TypeOps; N_SLOTS],
     pub(crate) elem: ElemOps,
+    /// The Q16 and A8 activation quantisers.
+    pub(crate) quantize_q16: fn(&[f32], &mut [u8]),
+    pub(crate) quantize_a8: fn(&[f32], &mut [u8]),
 }
 
 impl std::fmt::Debug for Kernels {
@@ -235,6 +246,23 @@ pub fn row_size(ty: GgmlType, k: usize) -> usize {
         .row_size(k as u64)
         .unwrap_or_else(|e| panic!("row_size({ty}, {k}): {e}"));
     usize::try_from(bytes).unwrap_or_else(|_| panic!("row_size({ty}, {k}) overflows usize"))
+}
+
+impl Kernels {
+    /// Fills the Q16, x8 and A8 matmul entries of every type, and the activation quantisers,
+    /// with this table's instruction set's kernels: the one place they are chosen (a table is
+    /// built once per process, and every call then reads its entry).
+    pub(crate) fn with_matmul_paths(mut self) -> Kernels {
+        let isa = self.isa;
+        for (ops, &ty) in self.types.iter_mut().zip(SLOT_TYPES.iter()) {
+            ops.matmul_q16 = q16::matmul_fn(isa, ty);
+            ops.matmul_q16_x8 = x8::matmul_fn(isa, ty);
+            ops.matmul_a8_x8 = a8::matmul_fn(isa, ty);
+        }
+        self.quantize_q16 = q16::quantize_fn(isa);
+        self.quantize_a8 = a8::quantize_fn(isa);
+        self
+    }
 }
 
 fn table_for(isa: Isa) -> Option<&'static Kernels> {
@@ -349,7 +377,7 @@ impl Kernels {
     /// The portable reference table.
     pub fn scalar() -> &'static Kernels {
         static SCALAR: OnceLock<Kernels> = OnceLock::new();
-        SCALAR.get_or_init(scalar::table)
+        SCALAR.get_or_init(|| scalar::table().with_matmul_paths())
     }
 
     /// Every table this host can run, scalar first, best last.
@@ -643,7 +671,8 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let f = q16::matmul_fn(self.isa, w)
+        let f = slot(w)
+            .and_then(|s| self.types[s].matmul_q16)
             .unwrap_or_else(|| panic!("matmul_q16: {w} has no Q16 matmul"));
         checked_matmul(
             f,
@@ -678,7 +707,8 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let f = x8::matmul_fn(self.isa, w)
+        let f = slot(w)
+            .and_then(|s| self.types[s].matmul_q16_x8)
             .unwrap_or_else(|| panic!("matmul_q16_x8: {w} has no x8 layout"));
         let arow = q16::q16_row_size(k);
         checked_x8_matmul(f, w, k, packed, nrows, a, arow, ntok, out, out_stride);
@@ -715,7 +745,8 @@ impl Kernels {
         out: &mut [f32],
         out_stride: usize,
     ) {
-        let f = a8::matmul_fn(self.isa, w)
+        let f = slot(w)
+            .and_then(|s| self.types[s].matmul_a8_x8)
             .unwrap_or_else(|| panic!("matmul_a8_x8: {w} has no A8 matmul"));
         let arow = a8::a8_row_size(k);
         checked_x8_matmul(f, w, k, packed, nrows, a, arow, ntok, out, out_stride);
@@ -743,7 +774,7 @@ impl Kernels {
             a8::a8_row_size(x.len()),
             "quantize_row_a8: output length"
         );
-        a8::quantize_fn(self.isa)(x, out)
+        (self.quantize_a8)(x, out)
     }
 
     /// Quantise one activation row to Q16 (`x.len()` a multiple of 32).
@@ -753,7 +784,7 @@ impl Kernels {
             q16::q16_row_size(x.len()),
             "quantize_row_q16: output length"
         );
-        q16::quantize_fn(self.isa)(x, out)
+        (self.quantize_q16)(x, out)
     }
 
     /// `out = x / sqrt(mean(x^2) + eps) * weight`.

@@ -19,8 +19,10 @@ use core::arch::aarch64 as arch;
 
 pub(crate) fn table() -> Option<&'static Kernels> {
     static NEON: OnceLock<Option<Kernels>> = OnceLock::new();
-    NEON.get_or_init(|| std::arch::is_aarch64_feature_detected!("neon").then(neon::build))
-        .as_ref()
+    NEON.get_or_init(|| {
+        std::arch::is_aarch64_feature_detected!("neon").then(|| neon::build().with_matmul_paths())
+    })
+    .as_ref()
 }
 
 /// 4 f16 at `p` as f32, exactly (subnormals, infinities and NaNs included).

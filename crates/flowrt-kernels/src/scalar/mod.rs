@@ -95,6 +95,10 @@ fn type_ops(ty: GgmlType) -> TypeOps {
         dequantize,
         vec_dot,
         matmul,
+        // Filled by `Kernels::with_matmul_paths` for the table's instruction set.
+        matmul_q16: None,
+        matmul_q16_x8: None,
+        matmul_a8_x8: None,
     }
 }
 
@@ -130,5 +134,7 @@ pub(crate) fn table() -> Kernels {
         isa: crate::Isa::Scalar,
         types,
         elem: elem_ops(),
+        quantize_q16: crate::q16::quantize_row_ref,
+        quantize_a8: crate::a8::quantize_row_ref,
     }
 }

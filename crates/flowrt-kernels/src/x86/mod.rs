@@ -49,19 +49,19 @@ pub(crate) fn table(isa: Isa) -> Option<&'static Kernels> {
         Isa::Avx2 => AVX2
             .get_or_init(|| {
                 // SAFETY: the host has AVX2, FMA and F16C.
-                has_avx2().then(|| unsafe { avx2::build() })
+                has_avx2().then(|| unsafe { avx2::build() }.with_matmul_paths())
             })
             .as_ref(),
         Isa::Avx512 => AVX512
             .get_or_init(|| {
                 // SAFETY: the host has AVX2, FMA, F16C and AVX-512 F/BW/DQ/VL.
-                has_avx512().then(|| unsafe { avx512::build(false) })
+                has_avx512().then(|| unsafe { avx512::build(false) }.with_matmul_paths())
             })
             .as_ref(),
         Isa::Avx512Vnni => AVX512VNNI
             .get_or_init(|| {
                 // SAFETY: as for AVX512, plus AVX-512 VNNI.
-                has_avx512vnni().then(|| unsafe { avx512::build(true) })
+                has_avx512vnni().then(|| unsafe { avx512::build(true) }.with_matmul_paths())
             })
             .as_ref(),
         _ => None,
