@@ -144,8 +144,9 @@ impl GgmlType {
         }
     }
 
-    /// Number of values in one block (1 for plain types).
-    pub fn block_size(self) -> u64 {
+    /// Number of values in one block (1 for plain types). The one definition of block
+    /// geometry: the kernels' constants and layouts are derived from it.
+    pub const fn block_size(self) -> u64 {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
@@ -155,7 +156,7 @@ impl GgmlType {
     }
 
     /// Bytes of one block.
-    pub fn type_size(self) -> u64 {
+    pub const fn type_size(self) -> u64 {
         use GgmlType::*;
         match self {
             F32 | I32 => 4,

@@ -7,13 +7,14 @@
 //! Q5_0, Q5_1 and the k-quants (`BlockQ4K`, `BlockQ5K`, `BlockQ6K`, `BlockQ8K`) are in the
 //! `k` submodule, re-exported here.
 
+use flowrt_dtype::GgmlType;
 use std::mem::size_of;
 
 mod k;
 pub use k::*;
 
 /// Values per block of Q4_0, Q4_1, Q8_0 and Q8_1.
-pub const QK: usize = 32;
+pub const QK: usize = GgmlType::Q4_0.block_size() as usize;
 
 /// 4-bit block: `x = d * (q - 8)`. Value `j < 16` is the low nibble of `qs[j]`, value `j + 16`
 /// the high nibble of `qs[j]`.
@@ -60,10 +61,10 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK],
 }
 
-const _: () = assert!(size_of::<BlockQ4_0>() == 18);
-const _: () = assert!(size_of::<BlockQ4_1>() == 20);
-const _: () = assert!(size_of::<BlockQ8_0>() == 34);
-const _: () = assert!(size_of::<BlockQ8_1>() == 36);
+const _: () = assert!(size_of::<BlockQ4_0>() == GgmlType::Q4_0.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ4_1>() == GgmlType::Q4_1.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ8_0>() == GgmlType::Q8_0.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ8_1>() == GgmlType::Q8_1.type_size() as usize);
 const _: () = assert!(std::mem::align_of::<BlockQ4_1>() == 1);
 
 impl Default for BlockQ8_0 {
@@ -188,7 +189,7 @@ impl BlockQ8_1 {
 /// 32 E2M1 codes, value `j < 16` in the low nibble of byte `1 + j`, value `j + 16` in its high
 /// nibble (Q4_0's order). Value `j` is `mxfp4_half_scale(e) * MXFP4_KVALUES[code_j]`, i.e.
 /// `2^(e - 127)` times the E2M1 value.
-pub const MXFP4_BLOCK_BYTES: usize = 17;
+pub const MXFP4_BLOCK_BYTES: usize = GgmlType::Mxfp4.type_size() as usize;
 
 /// The E2M1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..8) and their negatives (codes 8..16,
 /// sign bit 3), doubled so that they are integers (the scale is halved to match).

@@ -141,7 +141,7 @@ impl Q16Weight for WMxfp4 {
 }
 
 impl Q16Weight for W4_0 {
-    const BYTES: usize = 18;
+    const BYTES: usize = GgmlType::Q4_0.type_size() as usize;
     const SUBS: usize = 1;
     fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ4_0::read(b);
@@ -154,7 +154,7 @@ impl Q16Weight for W4_0 {
 }
 
 impl Q16Weight for W4_1 {
-    const BYTES: usize = 20;
+    const BYTES: usize = GgmlType::Q4_1.type_size() as usize;
     const SUBS: usize = 1;
     fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ4_1::read(b);
@@ -166,7 +166,7 @@ impl Q16Weight for W4_1 {
 }
 
 impl Q16Weight for W5_0 {
-    const BYTES: usize = 22;
+    const BYTES: usize = GgmlType::Q5_0.type_size() as usize;
     const SUBS: usize = 1;
     fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ5_0::read(b);
@@ -179,7 +179,7 @@ impl Q16Weight for W5_0 {
 }
 
 impl Q16Weight for W5_1 {
-    const BYTES: usize = 24;
+    const BYTES: usize = GgmlType::Q5_1.type_size() as usize;
     const SUBS: usize = 1;
     fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ5_1::read(b);
@@ -191,7 +191,7 @@ impl Q16Weight for W5_1 {
 }
 
 impl Q16Weight for W8_0 {
-    const BYTES: usize = 34;
+    const BYTES: usize = GgmlType::Q8_0.type_size() as usize;
     const SUBS: usize = 1;
     fn sub(b: &[u8], _: usize, out: &mut [i32; QK]) -> (f32, f32) {
         for j in 0..QK {
@@ -202,7 +202,7 @@ impl Q16Weight for W8_0 {
 }
 
 impl Q16Weight for W4K {
-    const BYTES: usize = 144;
+    const BYTES: usize = GgmlType::Q4K.type_size() as usize;
     const SUBS: usize = 8;
     fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ4K::read(b);
@@ -218,7 +218,7 @@ impl Q16Weight for W4K {
 }
 
 impl Q16Weight for W5K {
-    const BYTES: usize = 176;
+    const BYTES: usize = GgmlType::Q5K.type_size() as usize;
     const SUBS: usize = 8;
     fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ5K::read(b);
@@ -234,7 +234,7 @@ impl Q16Weight for W5K {
 }
 
 impl Q16Weight for W6K {
-    const BYTES: usize = 210;
+    const BYTES: usize = GgmlType::Q6K.type_size() as usize;
     const SUBS: usize = 8;
     fn sub(b: &[u8], j: usize, out: &mut [i32; QK]) -> (f32, f32) {
         let blk = BlockQ6K::read(b);

@@ -43,6 +43,7 @@
 use flowrt_dtype::GgmlType;
 
 use crate::blocks::QK;
+use crate::blocks::QK_K;
 use crate::q16::{self, Q16Weight};
 use crate::{Isa, MatmulArgs, MatmulFn};
 
@@ -76,8 +77,11 @@ pub fn unit_bytes(w: GgmlType) -> usize {
     }
 }
 
+/// Bytes of a ggml Q6_K block.
+const Q6K_BLOCK: usize = GgmlType::Q6K.type_size() as usize;
+
 const _: () = assert!(
-    Q6K_UNIT == ROWS * 210,
+    Q6K_UNIT == ROWS * Q6K_BLOCK,
     "packed Q6_K keeps the size of its rows"
 );
 
@@ -105,18 +109,8 @@ const Q5K_UNIT: usize = 32 + 128 + 8 * 160;
 
 /// Bytes of one ggml block of `w` (a supported type).
 fn block_bytes(w: GgmlType) -> usize {
-    match w {
-        GgmlType::Q4_0 => 18,
-        GgmlType::Q4_1 => 20,
-        GgmlType::Q5_0 => 22,
-        GgmlType::Q5_1 => 24,
-        GgmlType::Q8_0 => 34,
-        GgmlType::Q4K => 144,
-        GgmlType::Q5K => 176,
-        GgmlType::Q6K => 210,
-        GgmlType::Mxfp4 => crate::blocks::MXFP4_BLOCK_BYTES,
-        other => panic!("x8: {other} has no x8 layout"),
-    }
+    assert!(supports(w), "x8: {w} has no x8 layout");
+    w.type_size() as usize
 }
 
 /// Where the quants start in a ggml block of `w`: after `d` (and `m` for Q4_1 and Q5_1,
@@ -339,15 +333,15 @@ const Q6K_SUB: usize = 128 + 64;
 
 fn pack_q6k(k: usize, src: &[u8], dst: &mut [u8]) {
     use crate::blocks::BlockQ6K;
-    let nb = k / 256;
-    let row_bytes = nb * 210;
+    let nb = k / QK_K;
+    let row_bytes = nb * Q6K_BLOCK;
     for (src_g, dst_g) in src
         .chunks_exact(ROWS * row_bytes)
         .zip(dst.chunks_exact_mut(nb * Q6K_UNIT))
     {
         for (b, out) in dst_g.chunks_exact_mut(Q6K_UNIT).enumerate() {
             for r in 0..ROWS {
-                let blk = BlockQ6K::read(&src_g[r * row_bytes + b * 210..][..210]);
+                let blk = BlockQ6K::read(&src_g[r * row_bytes + b * Q6K_BLOCK..][..Q6K_BLOCK]);
                 out[2 * r..2 * r + 2].copy_from_slice(&blk.d);
                 for (j, &sc) in blk.scales.iter().enumerate() {
                     out[16 + 8 * j + r] = sc as u8;
@@ -392,7 +386,7 @@ fn unpack_q6k(p: &[u8], r: usize, out: &mut [u8]) {
 fn pack_kq(w: GgmlType, k: usize, src: &[u8], dst: &mut [u8]) {
     use crate::blocks::{get_scale_min_k4, BlockQ4K, BlockQ5K};
     let (bb, ub, sub) = (block_bytes(w), unit_bytes(w), kq_sub_bytes(w));
-    let nb = k / 256;
+    let nb = k / QK_K;
     let row_bytes = nb * bb;
     for (src_g, dst_g) in src
         .chunks_exact(ROWS * row_bytes)

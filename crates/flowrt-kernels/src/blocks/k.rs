@@ -7,7 +7,7 @@ use std::mem::size_of;
 use super::QK;
 
 /// Values per k-quant super-block.
-pub const QK_K: usize = 256;
+pub const QK_K: usize = flowrt_dtype::GgmlType::Q4K.block_size() as usize;
 /// Bytes of the packed 6-bit scales and mins of Q4_K and Q5_K.
 pub const K_SCALE_SIZE: usize = 12;
 
@@ -94,12 +94,12 @@ pub struct BlockQ8K {
     pub bsums: [u8; QK_K / 16 * 2],
 }
 
-const _: () = assert!(size_of::<BlockQ5_0>() == 22);
-const _: () = assert!(size_of::<BlockQ5_1>() == 24);
-const _: () = assert!(size_of::<BlockQ4K>() == 144);
-const _: () = assert!(size_of::<BlockQ5K>() == 176);
-const _: () = assert!(size_of::<BlockQ6K>() == 210);
-const _: () = assert!(size_of::<BlockQ8K>() == 292);
+const _: () = assert!(size_of::<BlockQ5_0>() == flowrt_dtype::GgmlType::Q5_0.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ5_1>() == flowrt_dtype::GgmlType::Q5_1.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ4K>() == flowrt_dtype::GgmlType::Q4K.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ5K>() == flowrt_dtype::GgmlType::Q5K.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ6K>() == flowrt_dtype::GgmlType::Q6K.type_size() as usize);
+const _: () = assert!(size_of::<BlockQ8K>() == flowrt_dtype::GgmlType::Q8K.type_size() as usize);
 const _: () = assert!(std::mem::align_of::<BlockQ8K>() == 1);
 const _: () = assert!(std::mem::align_of::<BlockQ6K>() == 1);
 
