@@ -248,23 +248,9 @@ fn a8_tile_boundaries_match_the_reference() {
 /// group) and 1 to 9 tokens (one token runs the AVX2 kernel in every table).
 #[test]
 fn a8_avx512_tables_equal_avx2_bit_for_bit() {
-    let Ok(avx2) = Kernels::select(Some("avx2")) else {
-        println!("NOT RUN kernels: a8 x8 avx512 vs avx2 (no avx2 table on this host)");
+    let Some((avx2, wide)) = common::avx2_and_avx512_tables("a8 x8") else {
         return;
     };
-    let wide: Vec<&Kernels> = ["avx512", "avx512vnni"]
-        .into_iter()
-        .filter_map(|n| match Kernels::select(Some(n)) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                println!("NOT RUN kernels: a8 x8 {n} vs avx2 ({e})");
-                None
-            }
-        })
-        .collect();
-    if wide.is_empty() {
-        return;
-    }
     let mut r = rng(0xA8512);
     for ty in TYPES {
         for nb in [1usize, 4] {

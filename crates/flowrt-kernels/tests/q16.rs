@@ -696,23 +696,9 @@ fn x8_tile_boundaries_match_the_unpacked_reference() {
 /// counts around the 4-token tiles. Reported NOT RUN where the host lacks the tables.
 #[test]
 fn x8_avx512_tables_equal_avx2_bit_for_bit() {
-    let Ok(avx2) = Kernels::select(Some("avx2")) else {
-        println!("NOT RUN kernels: x8 avx512 vs avx2 (no avx2 table on this host)");
+    let Some((avx2, wide)) = common::avx2_and_avx512_tables("x8") else {
         return;
     };
-    let wide: Vec<&Kernels> = ["avx512", "avx512vnni"]
-        .into_iter()
-        .filter_map(|n| match Kernels::select(Some(n)) {
-            Ok(k) => Some(k),
-            Err(e) => {
-                println!("NOT RUN kernels: x8 {n} vs avx2 ({e})");
-                None
-            }
-        })
-        .collect();
-    if wide.is_empty() {
-        return;
-    }
     const GROUPS: usize = 7;
     for (i, ty) in X8_TYPES.into_iter().enumerate() {
         for (j, k) in sweep_ks(ty).into_iter().enumerate() {

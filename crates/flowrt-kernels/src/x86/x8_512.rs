@@ -252,164 +252,6 @@ macro_rules! x8_512_kernels {
             }
         }
 
-        /// Groups `grp..grp + 2G` (rows `8 grp..8 (grp + 2G)`) times tokens `t0..t0 + T`.
-        ///
-        /// # Safety
-        /// The groups and tokens exist in `g` (lengths checked by `Kernels::matmul_q16_x8`).
-        #[inline]
-        #[target_feature(enable = $f)]
-        unsafe fn tile<P: Packed, const G: usize, const T: usize>(
-            g: &mut MatmulArgs<'_>,
-            grp: usize,
-            t0: usize,
-        ) {
-            let nb = g.k / QK;
-            let astride = nb * Q16_BLOCK_BYTES;
-            let units = nb / P::SUBS;
-            let wg: [[*const u8; 2]; G] = std::array::from_fn(|i| {
-                std::array::from_fn(|h| {
-                    g.w.as_ptr()
-                        .wrapping_add((grp + 2 * i + h) * units * P::BYTES)
-                })
-            });
-            let wend = g.w.as_ptr().wrapping_add(g.w.len());
-            let a = g.a.as_ptr();
-            let mut acc = [[_mm512_setzero_ps(); T]; G];
-            // SAFETY (loop): block b of the groups and of tokens t0..t0+T lies inside `g.w` /
-            // `g.a`.
-            unsafe {
-                for b in 0..nb {
-                    let (unit, s) = (b / P::SUBS, b % P::SUBS);
-                    let p: [[*const u8; 2]; G] = std::array::from_fn(|i| {
-                        std::array::from_fn(|h| wg[i][h].add(unit * P::BYTES))
-                    });
-                    let share = P::BYTES / P::SUBS;
-                    for p in p.iter().flatten() {
-                        let ahead = p.wrapping_add(s * share + PREFETCH_BYTES);
-                        if ahead < wend {
-                            for line in (0..share).step_by(64) {
-                                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-                            }
-                        }
-                    }
-                    let ab: [*const u8; T] =
-                        std::array::from_fn(|t| a.add((t0 + t) * astride + b * Q16_BLOCK_BYTES));
-                    let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
-                    let q: [[*const u8; 2]; G] = std::array::from_fn(|i| {
-                        std::array::from_fn(|h| p[i][h].add(P::Q + P::STRIDE * s))
-                    });
-                    if P::BITS == 6 {
-                        for half in 0..2 {
-                            let mut isum = [[_mm512_setzero_si512(); T]; G];
-                            dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
-                            for i in 0..G {
-                                let dsc = half_scales2::<P>(p[i], 2 * s + half);
-                                for t in 0..T {
-                                    let da = _mm512_set1_ps(ab[t].cast::<f32>().read_unaligned());
-                                    acc[i][t] = _mm512_fmadd_ps(
-                                        _mm512_cvtepi32_ps(isum[i][t]),
-                                        _mm512_mul_ps(dsc, da),
-                                        acc[i][t],
-                                    );
-                                }
-                            }
-                        }
-                        continue;
-                    }
-                    let mut isum = [[_mm512_setzero_si512(); T]; G];
-                    match P::BITS {
-                        _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
-                        8 => dots8::<G, T>(&q, &aq, &mut isum),
-                        5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
-                        _ => dots4::<G, T, 0>(&q, &aq, &mut isum, 0, 4),
-                    }
-                    for i in 0..G {
-                        let (d, off) = scales2::<P>(p[i], s);
-                        for t in 0..T {
-                            let da = _mm512_set1_ps(ab[t].cast::<f32>().read_unaligned());
-                            acc[i][t] = _mm512_fmadd_ps(
-                                _mm512_cvtepi32_ps(isum[i][t]),
-                                _mm512_mul_ps(d, da),
-                                acc[i][t],
-                            );
-                            if let Some(m) = off {
-                                let sa =
-                                    _mm512_set1_ps(ab[t].add(4).cast::<f32>().read_unaligned());
-                                acc[i][t] = _mm512_fmadd_ps(m, sa, acc[i][t]);
-                            }
-                        }
-                    }
-                }
-                let out = g.out.as_mut_ptr();
-                for i in 0..G {
-                    for t in 0..T {
-                        _mm512_storeu_ps(
-                            out.add((t0 + t) * g.out_stride + (grp + 2 * i) * ROWS),
-                            acc[i][t],
-                        );
-                    }
-                }
-            }
-        }
-
-        /// Group pairs `grp..grp + 2G` times every token: tiles of 4 tokens, then the rest.
-        ///
-        /// # Safety
-        /// As for [`tile`].
-        #[inline]
-        #[target_feature(enable = $f)]
-        unsafe fn all_tokens<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usize) {
-            let nt = g.ntok;
-            let mut t = 0;
-            // SAFETY: forwarded contract; every tile stays within 0..nt.
-            unsafe {
-                while t + 4 <= nt {
-                    tile::<P, G, 4>(g, grp, t);
-                    t += 4;
-                }
-                match nt - t {
-                    3 => tile::<P, G, 3>(g, grp, t),
-                    2 => tile::<P, G, 2>(g, grp, t),
-                    1 => tile::<P, G, 1>(g, grp, t),
-                    _ => {}
-                }
-            }
-        }
-
-        /// Every group times every token: tiles of two pairs where there are several tokens,
-        /// then single pairs, and an odd last group with the AVX2 kernel.
-        ///
-        /// # Safety
-        /// As for [`tile`]; `g.nrows` is a multiple of 8.
-        #[target_feature(enable = $f)]
-        unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
-            let ng = g.nrows / ROWS;
-            let mut grp = 0;
-            // SAFETY: every tile stays within the groups and tokens of `g`; the host has
-            // AVX2, FMA and F16C (a subset of this table's features).
-            unsafe {
-                if g.ntok == 1 {
-                    // One token (decode) streams the weights from memory: the AVX2 kernel's
-                    // single linear stream per group measured faster end to end (SmolLM2
-                    // decode, 2 threads: 68 against 47 tok/s with group pairs), though not
-                    // in cache (docs/performance.md).
-                    x8_256::run_groups::<P>(g, 0, ng);
-                    return;
-                }
-                while g.ntok > 1 && grp + 4 <= ng {
-                    all_tokens::<P, 2>(g, grp);
-                    grp += 4;
-                }
-                while grp + 2 <= ng {
-                    all_tokens::<P, 1>(g, grp);
-                    grp += 2;
-                }
-                if grp < ng {
-                    x8_256::run_groups::<P>(g, grp, ng);
-                }
-            }
-        }
-
         /// With A8 activations (see `crate::a8`): adds the products of `G` group pairs'
         /// 4-bit blocks to `acc[g][t]` for the `T` tokens whose A8 quants start at `a[t]`, as
         /// the AVX2 kernel (`x86/x8.rs`'s `dots4_a8`) does for one group: the unsigned 4-bit
@@ -520,22 +362,24 @@ macro_rules! x8_512_kernels {
             }
         }
 
-        /// Groups `grp..grp + 2G` times tokens `t0..t0 + T` with A8 activations. The integer
-        /// block sums are exact, and they are offset, converted and scaled by the AVX2 A8
-        /// tile's f32 operations in its order, so the outputs equal its bit for bit.
+        /// Groups `grp..grp + 2G` (rows `8 grp..8 (grp + 2G)`) times tokens `t0..t0 + T`, with
+        /// Q16 activations, or A8 ones (`A8`; `P` then a 4-, 5- or 6-bit type or MXFP4). The
+        /// integer block sums are exact and are offset, converted and scaled by the AVX2 tile's
+        /// f32 operations in its order, so the outputs equal its bit for bit.
         ///
         /// # Safety
-        /// The groups and tokens exist in `g` (lengths checked by `Kernels::matmul_a8_x8`);
-        /// `P` is a 4-, 5- or 6-bit type or MXFP4.
+        /// The groups and tokens exist in `g` (lengths checked by `Kernels::matmul_q16_x8` /
+        /// `Kernels::matmul_a8_x8`).
         #[inline]
         #[target_feature(enable = $f)]
-        unsafe fn tile_a8<P: Packed, const G: usize, const T: usize>(
+        unsafe fn tile<P: Packed, const G: usize, const T: usize, const A8: bool>(
             g: &mut MatmulArgs<'_>,
             grp: usize,
             t0: usize,
         ) {
             let nb = g.k / QK;
-            let astride = nb * A8_BLOCK_BYTES;
+            let ablock = if A8 { A8_BLOCK_BYTES } else { Q16_BLOCK_BYTES };
+            let astride = nb * ablock;
             let units = nb / P::SUBS;
             let wg: [[*const u8; 2]; G] = std::array::from_fn(|i| {
                 std::array::from_fn(|h| {
@@ -564,25 +408,35 @@ macro_rules! x8_512_kernels {
                         }
                     }
                     let ab: [*const u8; T] =
-                        std::array::from_fn(|t| a.add((t0 + t) * astride + b * A8_BLOCK_BYTES));
+                        std::array::from_fn(|t| a.add((t0 + t) * astride + b * ablock));
                     let aq: [*const u8; T] = std::array::from_fn(|t| ab[t].add(8));
-                    let asum: [i32; T] =
-                        std::array::from_fn(|t| ab[t].add(4).cast::<i32>().read_unaligned());
+                    // A8 blocks hold the integer sum of their quants (Q16 blocks `d * sum`).
+                    let asum: [i32; T] = std::array::from_fn(|t| {
+                        if A8 {
+                            ab[t].add(4).cast::<i32>().read_unaligned()
+                        } else {
+                            0
+                        }
+                    });
                     let q: [[*const u8; 2]; G] = std::array::from_fn(|i| {
                         std::array::from_fn(|h| p[i][h].add(P::Q + P::STRIDE * s))
                     });
                     if P::BITS == 6 {
                         for half in 0..2 {
                             let mut isum = [[_mm512_setzero_si512(); T]; G];
-                            dots6_a8::<G, T>(&q, &aq, &mut isum, half);
-                            // The -32 of every value, through the half's activation sum.
-                            for t in 0..T {
-                                let lo = x8_256::a8_first_half_sum(aq[t]);
-                                let h = if half == 0 { lo } else { asum[t] - lo };
-                                let c = _mm512_set1_epi32(-32 * h);
-                                for i in 0..G {
-                                    isum[i][t] = _mm512_add_epi32(isum[i][t], c);
+                            if A8 {
+                                dots6_a8::<G, T>(&q, &aq, &mut isum, half);
+                                // The -32 of every value, through the half's activation sum.
+                                for t in 0..T {
+                                    let lo = x8_256::a8_first_half_sum(aq[t]);
+                                    let h = if half == 0 { lo } else { asum[t] - lo };
+                                    let c = _mm512_set1_epi32(-32 * h);
+                                    for i in 0..G {
+                                        isum[i][t] = _mm512_add_epi32(isum[i][t], c);
+                                    }
                                 }
+                            } else {
+                                dots4::<G, T, 2>(&q, &aq, &mut isum, 2 * half, 2 * half + 2);
                             }
                             for i in 0..G {
                                 let dsc = half_scales2::<P>(p[i], 2 * s + half);
@@ -600,11 +454,17 @@ macro_rules! x8_512_kernels {
                     }
                     let mut isum = [[_mm512_setzero_si512(); T]; G];
                     match P::BITS {
-                        _ if P::E2M1 => dots4_a8::<G, T, 0, true>(&q, &aq, &mut isum),
-                        5 => dots4_a8::<G, T, 1, false>(&q, &aq, &mut isum),
-                        _ => dots4_a8::<G, T, 0, false>(&q, &aq, &mut isum),
+                        _ if A8 && P::E2M1 => dots4_a8::<G, T, 0, true>(&q, &aq, &mut isum),
+                        5 if A8 => dots4_a8::<G, T, 1, false>(&q, &aq, &mut isum),
+                        _ if A8 => dots4_a8::<G, T, 0, false>(&q, &aq, &mut isum),
+                        _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
+                        8 => dots8::<G, T>(&q, &aq, &mut isum),
+                        5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
+                        _ => dots4::<G, T, 0>(&q, &aq, &mut isum, 0, 4),
                     }
-                    if P::A8_INT_OFFSET != 0 {
+                    // With A8, an integer offset (Q4_0's -8, ...) goes into the integer sums.
+                    let int_offset = A8 && P::A8_INT_OFFSET != 0;
+                    if int_offset {
                         for t in 0..T {
                             let c = _mm512_set1_epi32(P::A8_INT_OFFSET * asum[t]);
                             for i in 0..G {
@@ -614,7 +474,7 @@ macro_rules! x8_512_kernels {
                     }
                     for i in 0..G {
                         let (d, off) = scales2::<P>(p[i], s);
-                        let off = if P::A8_INT_OFFSET != 0 { None } else { off };
+                        let off = if int_offset { None } else { off };
                         for t in 0..T {
                             let da_s = ab[t].cast::<f32>().read_unaligned();
                             acc[i][t] = _mm512_fmadd_ps(
@@ -623,8 +483,12 @@ macro_rules! x8_512_kernels {
                                 acc[i][t],
                             );
                             if let Some(m) = off {
-                                let sa = _mm512_set1_ps(da_s * asum[t] as f32);
-                                acc[i][t] = _mm512_fmadd_ps(m, sa, acc[i][t]);
+                                let sa = if A8 {
+                                    da_s * asum[t] as f32
+                                } else {
+                                    ab[t].add(4).cast::<f32>().read_unaligned()
+                                };
+                                acc[i][t] = _mm512_fmadd_ps(m, _mm512_set1_ps(sa), acc[i][t]);
                             }
                         }
                     }
@@ -641,58 +505,76 @@ macro_rules! x8_512_kernels {
             }
         }
 
-        /// Group pairs `grp..grp + 2G` times every token with A8 activations.
+        /// Group pairs `grp..grp + 2G` times every token: tiles of 4 tokens, then the rest.
         ///
         /// # Safety
-        /// As for [`tile_a8`].
+        /// As for [`tile`].
         #[inline]
         #[target_feature(enable = $f)]
-        unsafe fn all_tokens_a8<P: Packed, const G: usize>(g: &mut MatmulArgs<'_>, grp: usize) {
+        unsafe fn all_tokens<P: Packed, const G: usize, const A8: bool>(
+            g: &mut MatmulArgs<'_>,
+            grp: usize,
+        ) {
             let nt = g.ntok;
             let mut t = 0;
             // SAFETY: forwarded contract; every tile stays within 0..nt.
             unsafe {
                 while t + 4 <= nt {
-                    tile_a8::<P, G, 4>(g, grp, t);
+                    tile::<P, G, 4, A8>(g, grp, t);
                     t += 4;
                 }
                 match nt - t {
-                    3 => tile_a8::<P, G, 3>(g, grp, t),
-                    2 => tile_a8::<P, G, 2>(g, grp, t),
-                    1 => tile_a8::<P, G, 1>(g, grp, t),
+                    3 => tile::<P, G, 3, A8>(g, grp, t),
+                    2 => tile::<P, G, 2, A8>(g, grp, t),
+                    1 => tile::<P, G, 1, A8>(g, grp, t),
                     _ => {}
                 }
             }
         }
 
-        /// Every group times every token with A8 activations, as [`run`]: one token, and an
-        /// odd last group, with the AVX2 A8 kernel.
+        /// Every group times every token (Q16 or A8 activations): tiles of two pairs, then
+        /// single pairs, and an odd last group with the AVX2 kernel.
         ///
         /// # Safety
-        /// As for [`tile_a8`]; `g.nrows` is a multiple of 8.
+        /// As for [`tile`]; `g.nrows` is a multiple of 8.
         #[target_feature(enable = $f)]
-        unsafe fn run_a8<P: Packed>(g: &mut MatmulArgs<'_>) {
+        unsafe fn run_as<P: Packed, const A8: bool>(g: &mut MatmulArgs<'_>) {
             let ng = g.nrows / ROWS;
             let mut grp = 0;
             // SAFETY: every tile stays within the groups and tokens of `g`; the host has
-            // AVX2, FMA and F16C.
+            // AVX2, FMA and F16C (a subset of this table's features).
             unsafe {
                 if g.ntok == 1 {
-                    x8_256::run_groups_as::<P, true>(g, 0, ng);
+                    // One token (decode) streams the weights from memory: the AVX2 kernel's
+                    // single linear stream per group measured faster end to end (SmolLM2
+                    // decode, 2 threads: 285-325 against 177-209 tok/s with group pairs),
+                    // though not in cache (docs/performance.md).
+                    x8_256::run_groups_as::<P, A8>(g, 0, ng);
                     return;
                 }
                 while grp + 4 <= ng {
-                    all_tokens_a8::<P, 2>(g, grp);
+                    all_tokens::<P, 2, A8>(g, grp);
                     grp += 4;
                 }
                 while grp + 2 <= ng {
-                    all_tokens_a8::<P, 1>(g, grp);
+                    all_tokens::<P, 1, A8>(g, grp);
                     grp += 2;
                 }
                 if grp < ng {
-                    x8_256::run_groups_as::<P, true>(g, grp, ng);
+                    x8_256::run_groups_as::<P, A8>(g, grp, ng);
                 }
             }
+        }
+
+        /// [`run_as`] with Q16 activations (the entries of `packed_type_table!`).
+        ///
+        /// # Safety
+        /// As for [`run_as`].
+        #[inline]
+        #[target_feature(enable = $f)]
+        unsafe fn run<P: Packed>(g: &mut MatmulArgs<'_>) {
+            // SAFETY: forwarded.
+            unsafe { run_as::<P, false>(g) }
         }
 
         /// The A8 x8 matmul of this instruction set for weight type `w` (see `crate::a8`).
@@ -701,7 +583,7 @@ macro_rules! x8_512_kernels {
                 // SAFETY: reachable only from this instruction set's table, which exists only
                 // on hosts with its features, with lengths checked by `Kernels::matmul_a8_x8`;
                 // P is one of the types below.
-                unsafe { run_a8::<P>(&mut g) }
+                unsafe { run_as::<P, true>(&mut g) }
             }
             Some(match w {
                 GgmlType::Q4_0 => entry::<P4_0>,

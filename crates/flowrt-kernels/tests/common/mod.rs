@@ -455,3 +455,24 @@ pub fn terms(w: GgmlType, k: usize) -> usize {
         k
     }
 }
+
+/// The AVX2 table and the AVX-512 tables this host can run, for tests that compare their
+/// outputs bit for bit; prints `NOT RUN kernels: <what> <table> vs avx2 (<why>)` for each
+/// table it lacks, and gives `None` where there is nothing to compare.
+pub fn avx2_and_avx512_tables(what: &str) -> Option<(&'static Kernels, Vec<&'static Kernels>)> {
+    let Ok(avx2) = Kernels::select(Some("avx2")) else {
+        println!("NOT RUN kernels: {what} avx512 vs avx2 (no avx2 table on this host)");
+        return None;
+    };
+    let wide: Vec<&Kernels> = ["avx512", "avx512vnni"]
+        .into_iter()
+        .filter_map(|n| match Kernels::select(Some(n)) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                println!("NOT RUN kernels: {what} {n} vs avx2 ({e})");
+                None
+            }
+        })
+        .collect();
+    (!wide.is_empty()).then_some((avx2, wide))
+}
