@@ -620,6 +620,37 @@ macro_rules! packed_type_table {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 pub(crate) use packed_type_table;
 
+/// Defines a driver module's A8 table, `matmul_a8_fn(w)`: the entry that runs the module's
+/// `unsafe fn run_as::<P, true>` for the packed type `P` of `w` (the types with A8 kernels,
+/// see `crate::a8::supports`; the module has them in scope, as for [`packed_type_table!`]).
+macro_rules! a8_type_table {
+    () => {
+        /// The A8 x8 matmul of this module's instruction set for weight type `w` (see
+        /// `crate::a8`).
+        pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
+            fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
+                // SAFETY: reachable only from the kernel table of this module's instruction
+                // set, which exists only on hosts with its features, with lengths checked by
+                // `Kernels::matmul_a8_x8`; P is one of the types below.
+                unsafe { run_as::<P, true>(&mut g) }
+            }
+            Some(match w {
+                GgmlType::Q4_0 => entry::<P4_0>,
+                GgmlType::Q4_1 => entry::<P4_1>,
+                GgmlType::Q5_0 => entry::<P5_0>,
+                GgmlType::Q5_1 => entry::<P5_1>,
+                GgmlType::Q4K => entry::<P4K>,
+                GgmlType::Q5K => entry::<P5K>,
+                GgmlType::Q6K => entry::<P6K>,
+                GgmlType::Mxfp4 => entry::<PMxfp4>,
+                _ => return None,
+            })
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use a8_type_table;
+
 /// The x8 matmul (Q16 activations) for weight type `w` on `isa`.
 pub(crate) fn matmul_fn(isa: Isa, w: GgmlType) -> Option<MatmulFn> {
     // MXFP4 has AVX2, AVX-512 and NEON kernels (outside `packed_type_table!`); elsewhere the

@@ -272,14 +272,8 @@ fn a8_avx512_tables_equal_avx2_bit_for_bit() {
                     };
                     let want = run(avx2);
                     for kern in &wide {
-                        let got = run(kern);
-                        for (n, (g, e)) in got.iter().zip(&want).enumerate() {
-                            assert!(
-                                g.to_bits() == e.to_bits(),
-                                "{} {ty} k={k} {nrows}x{ntok}: output {n}: {g} vs avx2 {e}",
-                                kern.name()
-                            );
-                        }
+                        let what = format!("{} {ty} k={k} {nrows}x{ntok}", kern.name());
+                        common::assert_same_bits(&run(kern), &want, &what);
                     }
                 }
             }

@@ -826,24 +826,14 @@ pub(crate) fn matmul_mxfp4(mut g: MatmulArgs<'_>) {
     unsafe { run::<PMxfp4>(&mut g) }
 }
 
-/// The A8 x8 matmul for weight type `w` (see `crate::a8`; every x86 table uses these).
-pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
-    fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
-        let ng = g.nrows / ROWS;
-        // SAFETY: reachable only from the x86 tables, which exist only on hosts with AVX2,
-        // FMA and F16C, with lengths checked by `Kernels::matmul_a8_x8`; P is one of the
-        // types below.
-        unsafe { run_groups_as::<P, true>(&mut g, 0, ng) }
-    }
-    Some(match w {
-        GgmlType::Q4_0 => entry::<P4_0>,
-        GgmlType::Q4_1 => entry::<P4_1>,
-        GgmlType::Q5_0 => entry::<P5_0>,
-        GgmlType::Q5_1 => entry::<P5_1>,
-        GgmlType::Q4K => entry::<P4K>,
-        GgmlType::Q5K => entry::<P5K>,
-        GgmlType::Q6K => entry::<P6K>,
-        GgmlType::Mxfp4 => entry::<PMxfp4>,
-        _ => return None,
-    })
+/// Every group times every token with Q16 (`A8` false) or A8 activations.
+///
+/// # Safety
+/// As for [`run_groups_as`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_as<P: Packed, const A8: bool>(g: &mut MatmulArgs<'_>) {
+    // SAFETY: forwarded.
+    unsafe { run_groups_as::<P, A8>(g, 0, g.nrows / ROWS) }
 }
+
+crate::x8::a8_type_table!();

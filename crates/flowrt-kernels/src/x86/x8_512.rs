@@ -253,21 +253,25 @@ macro_rules! x8_512_kernels {
         }
 
         /// With A8 activations (see `crate::a8`): adds the products of `G` group pairs'
-        /// 4-bit blocks to `acc[g][t]` for the `T` tokens whose A8 quants start at `a[t]`, as
-        /// the AVX2 kernel (`x86/x8.rs`'s `dots4_a8`) does for one group: the unsigned 4-bit
-        /// codes (`HB` = 1: a high-bit plane completes 5-bit values; with `E2M1`, MXFP4's
+        /// 4-bit blocks (units `u0..u1`) to `acc[g][t]` for the `T` tokens whose A8 quants
+        /// start at `a[t]`, as the AVX2 kernel (`x86/x8.rs`'s `dots4_a8`, `dots6_a8`) does for
+        /// one group: the unsigned codes (`HB` = 1: a high-bit plane completes 5-bit values;
+        /// `HB` = 2: two planes, one per 16-value half, complete Q6_K's 6-bit `q + 32`, whose
+        /// `-32` the caller takes back through the half's activation sum; with `E2M1`, MXFP4's
         /// codes looked up as the doubled E2M1 values plus 12) meet 4 broadcast activation
         /// bytes in one `dotb` per half unit, straight into the 32-bit sums.
         ///
         /// # Safety
-        /// Each `q[g][h]` points to a block's 128 quant bytes (and its high-bit plane after
-        /// them), each `a[t]` to 32 readable bytes.
+        /// Each `q[g][h]` points to a block's 128 quant bytes (and its `HB` high-bit planes
+        /// after them), each `a[t]` to 32 readable bytes.
         #[inline]
         #[target_feature(enable = $f)]
         unsafe fn dots4_a8<const G: usize, const T: usize, const HB: usize, const E2M1: bool>(
             q: &[[*const u8; 2]; G],
             a: &[*const u8; T],
             acc: &mut [[__m512i; T]; G],
+            u0: usize,
+            u1: usize,
         ) {
             let m = _mm512_set1_epi8(0x0F);
             let lut = _mm512_broadcast_i32x4(_mm_setr_epi8(
@@ -275,14 +279,16 @@ macro_rules! x8_512_kernels {
             ));
             // SAFETY: as the contract says; unit u pairs with activation bytes 8u..8u+8.
             unsafe {
+                // The plane of units u0..u1 (HB = 2: one per two units).
                 let h: [__m512i; G] = std::array::from_fn(|g| {
-                    if HB == 1 {
-                        load2(q[g][0].add(128), q[g][1].add(128))
+                    let plane = 128 + 32 * (u0 / 2) * (HB == 2) as usize;
+                    if HB > 0 {
+                        load2(q[g][0].add(plane), q[g][1].add(plane))
                     } else {
                         _mm512_setzero_si512()
                     }
                 });
-                for u in 0..QK / 8 {
+                for u in u0..u1 {
                     let raw: [__m512i; G] =
                         std::array::from_fn(|g| load2(q[g][0].add(32 * u), q[g][1].add(32 * u)));
                     for half in 0..2 {
@@ -303,56 +309,15 @@ macro_rules! x8_512_kernels {
                                 *w = _mm512_or_si512(*w, bits_to(h[g], p, 4, 1));
                                 *w = _mm512_or_si512(*w, bits_to(h[g], p + 1, 12, 1));
                             }
+                            if HB == 2 {
+                                // The same positions' 2-bit fields (see `crate::x8`).
+                                let f = (2 * (4 * (u % 2) + 2 * half)) as u32;
+                                *w = _mm512_or_si512(*w, bits_to(h[g], f, 4, 2));
+                                *w = _mm512_or_si512(*w, bits_to(h[g], f + 2, 12, 2));
+                            }
                         }
                         for t in 0..T {
                             let av = pair(a[t].add(8 * u + 4 * half));
-                            for g in 0..G {
-                                acc[g][t] = dotb(acc[g][t], w[g], av);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-
-        /// With A8 activations: adds the products of `G` group pairs' Q6_K sub-block half
-        /// `half` as unsigned 6-bit integers (`q + 32`; the caller takes back `32 * sum(q_a)`
-        /// of the half) to `acc[g][t]`, as the AVX2 kernel's `dots6_a8`.
-        ///
-        /// # Safety
-        /// Each `q[g][h]` points to a sub-block's 128 nibble bytes and its two 32-byte
-        /// high-bit planes, each `a[t]` to 32 readable bytes.
-        #[inline]
-        #[target_feature(enable = $f)]
-        unsafe fn dots6_a8<const G: usize, const T: usize>(
-            q: &[[*const u8; 2]; G],
-            a: &[*const u8; T],
-            acc: &mut [[__m512i; T]; G],
-            half: usize,
-        ) {
-            let m = _mm512_set1_epi8(0x0F);
-            // SAFETY: as the contract says; unit u pairs with activation bytes 8u..8u+8.
-            unsafe {
-                let h: [__m512i; G] = std::array::from_fn(|g| {
-                    load2(q[g][0].add(128 + 32 * half), q[g][1].add(128 + 32 * half))
-                });
-                for u in 2 * half..2 * half + 2 {
-                    let raw: [__m512i; G] =
-                        std::array::from_fn(|g| load2(q[g][0].add(32 * u), q[g][1].add(32 * u)));
-                    for nib in 0..2 {
-                        let mut w = [_mm512_setzero_si512(); G];
-                        for (g, w) in w.iter_mut().enumerate() {
-                            *w = if nib == 0 {
-                                _mm512_and_si512(raw[g], m)
-                            } else {
-                                _mm512_and_si512(_mm512_srli_epi16::<4>(raw[g]), m)
-                            };
-                            let f = (2 * (4 * (u % 2) + 2 * nib)) as u32;
-                            *w = _mm512_or_si512(*w, bits_to(h[g], f, 4, 2));
-                            *w = _mm512_or_si512(*w, bits_to(h[g], f + 2, 12, 2));
-                        }
-                        for t in 0..T {
-                            let av = pair(a[t].add(8 * u + 4 * nib));
                             for g in 0..G {
                                 acc[g][t] = dotb(acc[g][t], w[g], av);
                             }
@@ -425,7 +390,8 @@ macro_rules! x8_512_kernels {
                         for half in 0..2 {
                             let mut isum = [[_mm512_setzero_si512(); T]; G];
                             if A8 {
-                                dots6_a8::<G, T>(&q, &aq, &mut isum, half);
+                                let u = 2 * half;
+                                dots4_a8::<G, T, 2, false>(&q, &aq, &mut isum, u, u + 2);
                                 // The -32 of every value, through the half's activation sum.
                                 for t in 0..T {
                                     let lo = x8_256::a8_first_half_sum(aq[t]);
@@ -454,9 +420,9 @@ macro_rules! x8_512_kernels {
                     }
                     let mut isum = [[_mm512_setzero_si512(); T]; G];
                     match P::BITS {
-                        _ if A8 && P::E2M1 => dots4_a8::<G, T, 0, true>(&q, &aq, &mut isum),
-                        5 if A8 => dots4_a8::<G, T, 1, false>(&q, &aq, &mut isum),
-                        _ if A8 => dots4_a8::<G, T, 0, false>(&q, &aq, &mut isum),
+                        _ if A8 && P::E2M1 => dots4_a8::<G, T, 0, true>(&q, &aq, &mut isum, 0, 4),
+                        5 if A8 => dots4_a8::<G, T, 1, false>(&q, &aq, &mut isum, 0, 4),
+                        _ if A8 => dots4_a8::<G, T, 0, false>(&q, &aq, &mut isum, 0, 4),
                         _ if P::E2M1 => dots_e2m1::<G, T>(&q, &aq, &mut isum),
                         8 => dots8::<G, T>(&q, &aq, &mut isum),
                         5 => dots4::<G, T, 1>(&q, &aq, &mut isum, 0, 4),
@@ -577,26 +543,7 @@ macro_rules! x8_512_kernels {
             unsafe { run_as::<P, false>(g) }
         }
 
-        /// The A8 x8 matmul of this instruction set for weight type `w` (see `crate::a8`).
-        pub(crate) fn matmul_a8_fn(w: GgmlType) -> Option<MatmulFn> {
-            fn entry<P: Packed>(mut g: MatmulArgs<'_>) {
-                // SAFETY: reachable only from this instruction set's table, which exists only
-                // on hosts with its features, with lengths checked by `Kernels::matmul_a8_x8`;
-                // P is one of the types below.
-                unsafe { run_as::<P, true>(&mut g) }
-            }
-            Some(match w {
-                GgmlType::Q4_0 => entry::<P4_0>,
-                GgmlType::Q4_1 => entry::<P4_1>,
-                GgmlType::Q5_0 => entry::<P5_0>,
-                GgmlType::Q5_1 => entry::<P5_1>,
-                GgmlType::Q4K => entry::<P4K>,
-                GgmlType::Q5K => entry::<P5K>,
-                GgmlType::Q6K => entry::<P6K>,
-                GgmlType::Mxfp4 => entry::<PMxfp4>,
-                _ => return None,
-            })
-        }
+        crate::x8::a8_type_table!();
 
         crate::x8::packed_type_table!();
 

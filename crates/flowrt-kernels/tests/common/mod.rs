@@ -476,3 +476,14 @@ pub fn avx2_and_avx512_tables(what: &str) -> Option<(&'static Kernels, Vec<&'sta
         .collect();
     (!wide.is_empty()).then_some((avx2, wide))
 }
+
+/// Asserts that `got` equals the AVX2 table's `want` bit for bit (`what` names the case).
+pub fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: output length");
+    for (n, (g, e)) in got.iter().zip(want).enumerate() {
+        assert!(
+            g.to_bits() == e.to_bits(),
+            "{what}: output {n}: {g} vs avx2 {e}"
+        );
+    }
+}
