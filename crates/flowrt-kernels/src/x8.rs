@@ -623,6 +623,8 @@ pub(crate) use packed_type_table;
 /// Defines a driver module's A8 table, `matmul_a8_fn(w)`: the entry that runs the module's
 /// `unsafe fn run_as::<P, true>` for the packed type `P` of `w` (the types with A8 kernels,
 /// see `crate::a8::supports`; the module has them in scope, as for [`packed_type_table!`]).
+/// Only the x86 drivers have A8 kernels.
+#[cfg(target_arch = "x86_64")]
 macro_rules! a8_type_table {
     () => {
         /// The A8 x8 matmul of this module's instruction set for weight type `w` (see
