@@ -43,9 +43,9 @@ pub struct EngineArgs {
     pub kernels: Option<String>,
     /// [cpu] Activation quantisation for quantised weights: q16 (the default; matches f32
     /// reference math to rounding noise), q8x (8-bit activations on the repacked Q4_0, Q4_1,
-    /// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights, Q16 for the rest: faster prefill on AVX2 at
-    /// about llama.cpp's precision; AVX2 code on every x86 machine, not measured on AVX-512
-    /// ones, whose default kernels are AVX-512) or q8 (ggml's 8-bit activation types on the
+    /// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and MXFP4 weights, Q16 for the rest: faster prefill at
+    /// about llama.cpp's precision, x86 only (elsewhere q16); batches run 512-bit kernels where the CPU has
+    /// AVX-512, single tokens the AVX2 ones) or q8 (ggml's 8-bit activation types on the
     /// file's row layout, for comparisons). The CPU backend's `act-quant` setting.
     #[arg(long = "act-quant")]
     pub act_quant: Option<String>,

@@ -51,6 +51,10 @@ prompts, slower, 4 n^2 bytes held per distinct input of n columns (docs/quantisa
 its gate runs on built-in held-out prompts instead of the calibration ones, and it needs at \
 least as many calibration tokens as the widest matrix input has columns (add text with \
 --prompts FILE) and refuses when those bytes exceed 80 % of the available memory. \
+--gptq --sequential takes each matrix's second moments through the matrices already \
+quantised instead, layer by layer (GPTQ's sequential calibration): one layer's second \
+moments held at a time instead of every layer's, about three times the calibration runs \
+(docs/quantisation.md). \
 Q8_0 rounds as ggml's reference does. MXFP4 \
 per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
 E2M1 code (ggml's and gguf-py's rule).
@@ -132,6 +136,13 @@ pub struct PackArgs {
     /// written) and time (about n²/2 multiply-adds per row). Same file format.
     #[arg(long, conflicts_with = "no_importance")]
     pub gptq: bool,
+    /// With --gptq: take each matrix's second moments through the matrices already
+    /// quantised (GPTQ's sequential calibration): the calibration runs layer by layer, each
+    /// block over the residual stream the quantised layers before it made, Q/K/V before the
+    /// attention output and gate/up before down. Holds one layer's second moments at a time
+    /// and the residual stream of every calibration position (4·hidden bytes each).
+    #[arg(long, requires = "gptq")]
+    pub sequential: bool,
 }
 
 /// The types `--quant` takes, with the gate's default (max mean KL, min top-1).
@@ -232,7 +243,15 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         Some(t) if t > 0 => t,
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
-    let importance = if uses_importance(quant) && !args.no_importance {
+    let mut calibration: Box<dyn Calibration> = if args.sequential {
+        let seq = Sequential::new(&args, &extra, quant)?;
+        println!(
+            "calibration: layer by layer over {} tokens of the gate's prompts through the \
+             matrices as quantised (--gptq --sequential)",
+            seq.driver.tokens()
+        );
+        Box::new(seq)
+    } else if uses_importance(quant) && !args.no_importance {
         let imp = importance(&args, &extra)?;
         let grams: HashSet<*const Vec<f32>> = imp
             .values()
@@ -257,18 +276,11 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
                 .map(|g| g.len().isqrt())
                 .max()
                 .unwrap_or(0);
-            anyhow::ensure!(
-                tokens >= widest as u64,
-                "--gptq: the calibration has {tokens} tokens, fewer than the widest matrix \
-                 input ({widest} columns), so its second moments are rank-deficient and error \
-                 feedback would fit those prompts rather than the model (measured worse than \
-                 the weighted search, docs/quantisation.md); add calibration text with \
-                 --prompts FILE"
-            );
+            check_gptq_tokens(tokens, widest)?;
         }
-        imp
+        Box::new(imp)
     } else {
-        Default::default()
+        Box::new(Importance::default())
     };
     // What llama.cpp would run differently from the model written (HF sources).
     let mut llama_cpp_caveats = Vec::new();
@@ -281,7 +293,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
             meta,
             quant,
             &args.output,
-            &importance,
+            calibration.as_mut(),
             threads,
             &|t: &SrcTensor<'_>| t.slices().into_iter().for_each(|s| hf.release(s)),
         )?
@@ -312,7 +324,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
             meta,
             quant,
             &args.output,
-            &importance,
+            calibration.as_mut(),
             threads,
             &|t: &SrcTensor<'_>| src.release(t.file_offset, t.data.len()),
         )?
@@ -676,13 +688,19 @@ fn write_pack(
     meta: Vec<(String, Value)>,
     quant: GgmlType,
     out: &Path,
-    importance: &Importance,
+    calibration: &mut dyn Calibration,
     threads: usize,
     release: &dyn Fn(&SrcTensor<'_>),
 ) -> Result<Vec<(String, GgmlType)>> {
+    // Sequential calibration takes the matrices in the order the forward pass reads them.
+    let mut order: Vec<&SrcTensor<'_>> = tensors.iter().collect();
+    if calibration.forward_order() {
+        order.sort_by_key(|t| forward_rank(&t.name));
+    }
+    let tensors = order;
     let mut specs = Vec::new();
     let mut fallbacks = Vec::new();
-    for t in tensors {
+    for &t in &tensors {
         let ty = match &t.ty {
             Ok(ty) if Kernels::supports_conversion(*ty) => *ty,
             Ok(ty) => bail!("tensor `{}`: pack cannot read type {ty}", t.name),
@@ -724,7 +742,7 @@ fn write_pack(
     let k = Kernels::detect();
     // Error-feedback factors of the last few inputs (Q, K and V share one, gate and up one).
     let mut factors: Vec<(Arc<Vec<f32>>, Arc<gptq::Factor>)> = Vec::new();
-    for (t, spec) in tensors.iter().zip(&specs) {
+    for (&t, spec) in tensors.iter().zip(&specs) {
         bar.set_message(t.name.clone());
         let src_ty = *t.ty.as_ref().expect("checked above");
         let mut reader = RowReader::new(t, src_ty)?;
@@ -735,7 +753,11 @@ fn write_pack(
         let mut ggml = Vec::with_capacity(out_row);
         // Only a row of the length the statistics were taken for (a fused or split matrix
         // whose input differs falls back to the plain search).
-        let stat = matrix_key(&t.name).and_then(|key| importance.get(&key));
+        let stat = match matrix_key(&t.name) {
+            Some(key) => calibration.stat(key)?,
+            None => None,
+        };
+        let stat = stat.as_ref();
         let imp = stat.map(|v| &v.0[..]).filter(|w| w.len() == n);
         let gram = stat
             .and_then(|v| v.2.as_ref())
@@ -763,6 +785,7 @@ fn write_pack(
                         .with_context(|| format!("tensor `{}`: error feedback", t.name))?;
                     w.write_tensor(&t.name, &buf)
                         .with_context(|| format!("cannot write {}", partial.display()))?;
+                    calibration.written(t, spec.ty, &buf)?;
                     release(t);
                     bar.inc(1);
                     continue;
@@ -786,6 +809,7 @@ fn write_pack(
         }
         w.write_tensor(&t.name, &buf)
             .with_context(|| format!("cannot write {}", partial.display()))?;
+        calibration.written(t, spec.ty, &buf)?;
         release(t);
         bar.inc(1);
     }
@@ -849,23 +873,161 @@ fn matrix_key(name: &str) -> Option<(Option<usize>, MatRole)> {
     Some((Some(layer.parse().ok()?), role))
 }
 
-/// Per matrix: the mean square of each input column of the source over the gate's prompts,
-/// the tokens it was taken over, and (`--gptq`) the input's second-moment matrix.
-type Importance = HashMap<(Option<usize>, MatRole), (Vec<f32>, u64, Option<Arc<Vec<f32>>>)>;
+/// A matrix input's statistics: the mean square of each input column over the calibration
+/// prompts, the tokens it was taken over, and (`--gptq`) the input's second-moment matrix.
+type Stat = (Vec<f32>, u64, Option<Arc<Vec<f32>>>);
+
+/// Per matrix, its input's [`Stat`] through the source.
+type Importance = HashMap<(Option<usize>, MatRole), Stat>;
+
+fn to_stat(s: &flowrt_engine::InputStat) -> Stat {
+    let n = s.rows as f64;
+    let mean = s.sum_sq.iter().map(|&v| (v / n) as f32).collect();
+    (mean, s.rows, s.gram.clone())
+}
+
+/// Where [`write_pack`] gets each matrix's input statistics.
+trait Calibration {
+    /// The statistics of the input of the matrix `key` names, if measured.
+    fn stat(&mut self, key: (Option<usize>, MatRole)) -> Result<Option<Stat>>;
+    /// Tensor `t` as written: `bytes`, rows of `ty` in GGUF order.
+    fn written(&mut self, _t: &SrcTensor<'_>, _ty: GgmlType, _bytes: &[u8]) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the tensors must come in the order the forward pass reads them.
+    fn forward_order(&self) -> bool {
+        false
+    }
+}
+
+/// Statistics taken once, through the source.
+impl Calibration for Importance {
+    fn stat(&mut self, key: (Option<usize>, MatRole)) -> Result<Option<Stat>> {
+        Ok(self.get(&key).cloned())
+    }
+}
+
+/// Statistics taken layer by layer through the matrices as written (`--sequential`).
+struct Sequential {
+    driver: flowrt_engine::LayerByLayer,
+    source: Arc<flowrt_model::Model>,
+}
+
+impl Sequential {
+    fn new(args: &PackArgs, extra: &[String], quant: GgmlType) -> Result<Sequential> {
+        anyhow::ensure!(
+            uses_importance(quant),
+            "--sequential applies to Q4_0 and Q4_1 (not {quant})"
+        );
+        let source = load_source(args)?;
+        let opts = gate_options(args, &source);
+        let prompts =
+            flowrt_engine::builtin_prompts(&source.tokenizer, source.template.as_ref(), extra)?;
+        let driver =
+            flowrt_engine::LayerByLayer::new(&source, &prompts, &opts, InputStatKind::Gram)?;
+        check_gptq_tokens(driver.tokens(), widest_input(&source.model))?;
+        // One layer's second moments, and three residual streams of every position (before
+        // a block, after it, and the next).
+        let streams = 3 * 4 * driver.tokens() * source.model.config.hidden_size as u64;
+        if let Some(avail) = flowrt_engine::available_memory_bytes() {
+            check_gram_memory(
+                layer_gram_bytes(&source.model) + streams,
+                avail,
+                "without --gptq",
+            )?;
+        }
+        Ok(Sequential {
+            driver,
+            source: source.model.clone(),
+        })
+    }
+}
+
+impl Calibration for Sequential {
+    fn stat(&mut self, (layer, role): (Option<usize>, MatRole)) -> Result<Option<Stat>> {
+        Ok(self
+            .driver
+            .stat(layer, role)?
+            .filter(|s| s.rows > 0)
+            .map(to_stat))
+    }
+
+    fn written(&mut self, t: &SrcTensor<'_>, ty: GgmlType, bytes: &[u8]) -> Result<()> {
+        if !matches!(t.layout, Layout::Rows) {
+            return Ok(());
+        }
+        // The model's own row order (HF's rotate-half Q/K rows where the GGUF pairs them).
+        let n = t.dims.first().copied().unwrap_or(1) as usize;
+        let row = flowrt_kernels::row_size(ty, n);
+        let rows = bytes.len() / row.max(1);
+        let rows_of = |bytes: &[u8]| match t.permute_heads {
+            Some(h) => unpermute_rows(bytes, row, h),
+            None => bytes.to_vec(),
+        };
+        if t.name == "token_embd.weight" {
+            self.driver.replace_embedding(ty, rows_of(bytes))?;
+        } else if let Some((layer, role)) = matrix_key(&t.name) {
+            // A fused tensor (Q/K/V, gate/up in one) stays as the source in the calibration.
+            let same = self
+                .source
+                .matrix(layer, role)
+                .is_some_and(|m| (m.rows, m.cols) == (rows, n));
+            if same {
+                self.driver.replace(layer, role, ty, rows_of(bytes))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn forward_order(&self) -> bool {
+        true
+    }
+}
+
+/// GGUF rows (of `row` bytes) permuted per head into llama's adjacent pairs, back in the
+/// source's rotate-half order: the inverse of [`permuted_row`].
+fn unpermute_rows(bytes: &[u8], row: usize, n_head: usize) -> Vec<u8> {
+    let rows = bytes.len() / row.max(1);
+    let mut out = vec![0u8; bytes.len()];
+    for (r, src) in bytes.chunks_exact(row).enumerate() {
+        let s = permuted_row(r, rows, n_head);
+        out[s * row..(s + 1) * row].copy_from_slice(src);
+    }
+    out
+}
+
+/// Where a GGUF tensor comes in the forward pass: the embeddings, then each layer's blocks
+/// (Q/K/V before the attention output, gate/up before down), then the output.
+fn forward_rank(name: &str) -> (u8, usize, u8) {
+    if let Some(rest) = name.strip_prefix("blk.") {
+        let (layer, base) = rest.split_once('.').unwrap_or((rest, ""));
+        let rank = match base.trim_end_matches(".weight").trim_end_matches(".bias") {
+            "attn_q" | "attn_k" | "attn_v" | "attn_qkv" | "shortconv.in_proj" => 1,
+            "attn_output" | "shortconv.out_proj" => 2,
+            b if b.starts_with("ffn_gate") || b.starts_with("ffn_up") => 3,
+            b if b.starts_with("ffn_down") => 4,
+            _ => 0,
+        };
+        return (1, layer.parse().unwrap_or(usize::MAX), rank);
+    }
+    if name.starts_with("output") {
+        return (2, 0, 0);
+    }
+    (0, 0, 0)
+}
 
 /// Runs the source (at its stored precision) over the gate's prompts and returns each dense
 /// matrix's column importances.
 fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
-    let source = LoadedModel::load(&args.source).with_context(|| {
-        format!(
-            "cannot load source {} to measure its activations (--no-importance skips this)",
-            args.source.display()
-        )
-    })?;
+    let source = load_source(args)?;
     if args.gptq {
         let need = gram_bytes(&source.model);
         if let Some(avail) = flowrt_engine::available_memory_bytes() {
-            check_gram_memory(need, avail)?;
+            let instead = format!(
+                "with --sequential (one layer's at a time, {:.1} GiB) or without --gptq",
+                layer_gram_bytes(&source.model) as f64 / (1u64 << 30) as f64
+            );
+            check_gram_memory(need, avail, &instead)?;
         }
     }
     let opts = gate_options(args, &source);
@@ -878,44 +1040,101 @@ fn importance(args: &PackArgs, extra: &[String]) -> Result<Importance> {
     };
     let stats = flowrt_engine::input_stats(&source, &prompts, &opts, kind)?;
     Ok(stats
-        .into_iter()
+        .iter()
         .filter(|s| s.rows > 0)
-        .map(|s| {
-            let n = s.rows as f64;
-            let mean: Vec<f32> = s.sum_sq.iter().map(|&v| (v / n) as f32).collect();
-            ((s.layer, s.role), (mean, s.rows, s.gram))
-        })
+        .map(|s| ((s.layer, s.role), to_stat(s)))
         .collect())
 }
 
-/// The bytes `--gptq`'s second moments take: `4 n²` for each distinct dense-matmul input of
-/// `n` columns (Q/K/V share one, gate/up one), every layer's and the output projection's.
-fn gram_bytes(model: &flowrt_model::Model) -> u64 {
-    let layers = model.config.num_hidden_layers;
-    let distinct = [
-        MatRole::Q,
-        MatRole::O,
-        MatRole::Gate,
-        MatRole::Down,
-        MatRole::ConvIn,
-        MatRole::ConvOut,
-    ];
-    let per_layer = (0..layers).flat_map(|l| distinct.iter().map(move |&r| (Some(l), r)));
-    per_layer
-        .chain([(None, MatRole::Output)])
-        .filter_map(|(l, r)| model.matrix(l, r))
+/// The source, loaded to run (the calibration).
+fn load_source(args: &PackArgs) -> Result<LoadedModel> {
+    LoadedModel::load(&args.source).with_context(|| {
+        format!(
+            "cannot load source {} to measure its activations (--no-importance skips this)",
+            args.source.display()
+        )
+    })
+}
+
+/// The distinct dense-matmul inputs of a layer (Q/K/V share one, gate/up one).
+const DISTINCT_INPUTS: [MatRole; 6] = [
+    MatRole::Q,
+    MatRole::O,
+    MatRole::Gate,
+    MatRole::Down,
+    MatRole::ConvIn,
+    MatRole::ConvOut,
+];
+
+/// The bytes of `layer`'s second moments (`None`: the output projection's): `4 n²` for each
+/// distinct input of `n` columns.
+fn gram_bytes_of(model: &flowrt_model::Model, layer: Option<usize>) -> u64 {
+    let roles: &[MatRole] = match layer {
+        Some(_) => &DISTINCT_INPUTS,
+        None => &[MatRole::Output],
+    };
+    roles
+        .iter()
+        .filter_map(|&r| model.matrix(layer, r))
         .map(|m| 4 * (m.cols as u64).pow(2))
         .sum()
 }
 
+/// The bytes `--gptq`'s second moments take: every layer's and the output projection's,
+/// held until the pack is written.
+fn gram_bytes(model: &flowrt_model::Model) -> u64 {
+    let layers = model.config.num_hidden_layers;
+    (0..layers)
+        .map(Some)
+        .chain([None])
+        .map(|l| gram_bytes_of(model, l))
+        .sum()
+}
+
+/// The most bytes `--gptq --sequential`'s second moments take at once: one layer's.
+fn layer_gram_bytes(model: &flowrt_model::Model) -> u64 {
+    let layers = model.config.num_hidden_layers;
+    (0..layers)
+        .map(Some)
+        .chain([None])
+        .map(|l| gram_bytes_of(model, l))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The widest dense-matmul input (columns).
+fn widest_input(model: &flowrt_model::Model) -> usize {
+    let layers = model.config.num_hidden_layers;
+    (0..layers)
+        .flat_map(|l| DISTINCT_INPUTS.iter().map(move |&r| (Some(l), r)))
+        .chain([(None, MatRole::Output)])
+        .filter_map(|(l, r)| model.matrix(l, r))
+        .map(|m| m.cols)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Refuses `--gptq` with fewer calibration tokens than the widest input has columns.
+fn check_gptq_tokens(tokens: u64, widest: usize) -> Result<()> {
+    anyhow::ensure!(
+        tokens >= widest as u64,
+        "--gptq: the calibration has {tokens} tokens, fewer than the widest matrix \
+         input ({widest} columns), so its second moments are rank-deficient and error \
+         feedback would fit those prompts rather than the model (measured worse than \
+         the weighted search, docs/quantisation.md); add calibration text with \
+         --prompts FILE"
+    );
+    Ok(())
+}
+
 /// Refuses `--gptq` when its second moments (`need` bytes) would take more than 80 % of the
-/// memory the system has available.
-fn check_gram_memory(need: u64, available: u64) -> Result<()> {
+/// memory the system has available, saying how to pack `instead`.
+fn check_gram_memory(need: u64, available: u64, instead: &str) -> Result<()> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     anyhow::ensure!(
         need <= available / 5 * 4,
         "--gptq: the second moments of this model's matrix inputs need {:.1} GiB, and {:.1} GiB \
-         of memory is available (at most 80 % of it is used); pack without --gptq",
+         of memory is available (at most 80 % of it is used); pack {instead}",
         gib(need),
         gib(available)
     );
@@ -1007,11 +1226,132 @@ mod tests {
         }
         let held: u64 = seen.iter().map(|g| 4 * g.len() as u64).sum();
         assert_eq!(gram_bytes(&m.model), held);
-        assert!(check_gram_memory(held, 2 * held).is_ok());
-        let e = check_gram_memory(1 << 31, 1 << 31).unwrap_err().to_string();
+        // --sequential holds one layer's (or the output projection's) at a time.
+        let per = |l: Option<usize>| -> u64 {
+            let mut seen: Vec<&Arc<Vec<f32>>> = Vec::new();
+            for g in stats
+                .iter()
+                .filter(|s| s.layer == l)
+                .filter_map(|s| s.gram.as_ref())
+            {
+                if !seen.iter().any(|s| Arc::ptr_eq(s, g)) {
+                    seen.push(g);
+                }
+            }
+            seen.iter().map(|g| 4 * g.len() as u64).sum()
+        };
+        let layers = m.model.config.num_hidden_layers;
+        let most = (0..layers).map(Some).chain([None]).map(per).max().unwrap();
+        assert_eq!(layer_gram_bytes(&m.model), most);
+        assert!(most < held);
+        assert!(check_gram_memory(held, 2 * held, "so").is_ok());
+        let e = check_gram_memory(1 << 31, 1 << 31, "with --sequential")
+            .unwrap_err()
+            .to_string();
         assert!(
-            e.contains("need 2.0 GiB") && e.contains("2.0 GiB of memory"),
+            e.contains("need 2.0 GiB")
+                && e.contains("2.0 GiB of memory")
+                && e.ends_with("pack with --sequential"),
             "{e}"
+        );
+    }
+
+    /// `--sequential` on an f32 source with every matrix handed back unchanged (as f32 rows
+    /// in GGUF order, Q/K permuted): each statistic is the one-pass run's, so the rows went
+    /// back to the source's order and into the right matrices.
+    #[test]
+    fn sequential_statistics_are_the_sources_when_nothing_is_quantised() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/families/llama-untied");
+        let hf = hf::HfSource::open(&dir, None).unwrap();
+        let (_, tensors) = hf.plan().unwrap();
+        let m = LoadedModel::load(&dir).unwrap();
+        let prompts = vec![m
+            .tokenizer
+            .encode("Rows go back in their own order.", true, false)
+            .unwrap()];
+        let opts = EngineOptions {
+            threads: 1,
+            kv: KvPrecision::F32,
+            ..Default::default()
+        };
+        let kind = InputStatKind::SumSquares;
+        let once = flowrt_engine::input_stats(&m, &prompts, &opts, kind).unwrap();
+        let mut seq = Sequential {
+            driver: flowrt_engine::LayerByLayer::new(&m, &prompts, &opts, kind).unwrap(),
+            source: m.model.clone(),
+        };
+        let k = Kernels::detect();
+        let mut order: Vec<&SrcTensor<'_>> = tensors.iter().collect();
+        order.sort_by_key(|t| forward_rank(&t.name));
+        let (mut compared, mut permuted) = (0, 0);
+        for t in order {
+            if let Some(key) = matrix_key(&t.name).filter(|k| k.1 != MatRole::Output) {
+                let got = seq.stat(key).unwrap().expect("statistics");
+                let want = once.iter().find(|s| (s.layer, s.role) == key).unwrap();
+                for (g, w) in got.0.iter().zip(to_stat(want).0) {
+                    assert!((g - w).abs() <= 1e-5 * w.abs().max(1e-3), "{}", t.name);
+                }
+                compared += 1;
+            }
+            let ty = *t.ty.as_ref().unwrap();
+            assert_eq!(ty, GgmlType::F32);
+            let mut reader = RowReader::new(t, ty).unwrap();
+            let mut f = vec![0f32; reader.n];
+            let mut bytes = Vec::new();
+            for r in 0..reader.rows {
+                reader.row(k, r, &mut f);
+                bytes.extend(f.iter().flat_map(|v| v.to_le_bytes()));
+            }
+            permuted += usize::from(t.permute_heads.is_some());
+            seq.written(t, GgmlType::F32, &bytes).unwrap();
+        }
+        assert!(compared >= 7 * m.model.config.num_hidden_layers && permuted > 0);
+    }
+
+    #[test]
+    fn unpermuting_gives_the_source_rows_back() {
+        // 2 heads of 8 rows, 3 bytes a row, every row different.
+        let (rows, row, heads) = (16, 3, 2);
+        let src: Vec<u8> = (0..rows * row).map(|i| i as u8).collect();
+        let mut gguf = vec![0u8; src.len()];
+        for r in 0..rows {
+            let s = permuted_row(r, rows, heads);
+            gguf[r * row..(r + 1) * row].copy_from_slice(&src[s * row..(s + 1) * row]);
+        }
+        assert_ne!(gguf, src);
+        assert_eq!(unpermute_rows(&gguf, row, heads), src);
+    }
+
+    #[test]
+    fn forward_order_puts_each_matrix_after_what_feeds_it() {
+        let mut names = vec![
+            "output.weight",
+            "blk.1.attn_q.weight",
+            "blk.0.ffn_down.weight",
+            "blk.0.attn_output.weight",
+            "blk.0.ffn_up.weight",
+            "blk.0.attn_norm.weight",
+            "blk.0.attn_k.weight",
+            "blk.10.attn_q.weight",
+            "token_embd.weight",
+            "output_norm.weight",
+        ];
+        names.sort_by_key(|n| forward_rank(n));
+        assert_eq!(
+            names,
+            [
+                "token_embd.weight",
+                "blk.0.attn_norm.weight",
+                "blk.0.attn_k.weight",
+                "blk.0.attn_output.weight",
+                "blk.0.ffn_up.weight",
+                "blk.0.ffn_down.weight",
+                "blk.1.attn_q.weight",
+                "blk.10.attn_q.weight",
+                "output.weight",
+                "output_norm.weight",
+            ]
         );
     }
 

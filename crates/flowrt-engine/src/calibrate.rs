@@ -8,9 +8,15 @@
 //! llama.cpp's importance matrices). Sessions and the dispatcher are not involved: the
 //! backend is driven directly, the whole plan one runlist per chunk of a prompt.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flowrt_backends::BackendKind;
+use flowrt_dispatch::BackendSettings;
 use flowrt_dispatch::{Backend, Batch, InputStat, InputStatKind, LogitsWanted, Runlist, SeqSpan};
+use flowrt_gguf::GgmlType;
+use flowrt_model::plan::{Buf, MatRole};
+use flowrt_model::{GroupKind, Model, Plan, WeightData, WeightMatrix};
 
 use crate::error::EngineError;
 use crate::load::{EngineOptions, LoadedModel};
@@ -85,4 +91,381 @@ fn run(
                 rl.describe_layers()
             ))
         })
+}
+
+/// Which block of a layer a matrix belongs to, and whether its input depends on another
+/// matrix of the same block (the attention output on Q/K/V, the down projection on
+/// gate/up, a convolution's output on its input projection).
+fn stage_of(role: MatRole) -> (Stage, bool) {
+    match role {
+        MatRole::Q | MatRole::K | MatRole::V | MatRole::ConvIn => (Stage::Mixer, false),
+        MatRole::O | MatRole::ConvOut => (Stage::Mixer, true),
+        MatRole::Gate | MatRole::Up | MatRole::Router => (Stage::Ffn, false),
+        MatRole::Down => (Stage::Ffn, true),
+        MatRole::Output => (Stage::Output, false),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Attention, or a short convolution in its place.
+    Mixer,
+    Ffn,
+    Output,
+}
+
+/// Statistics taken, and the versions of the matrices upstream of their input then.
+struct Taken {
+    stat: InputStat,
+    key: (u64, u64),
+}
+
+/// Matmul input statistics taken layer by layer through the matrices already quantised:
+/// GPTQ's sequential calibration, for `flowrt pack --gptq`.
+///
+/// The caller asks for a matrix's input statistics ([`LayerByLayer::stat`]), quantises the
+/// matrix and hands the result back ([`LayerByLayer::replace`]), in the order the forward
+/// pass reads the matrices. The residual stream of every calibration position is held
+/// between layers (positions × hidden f32), so each layer runs only over its own blocks: the
+/// attention block (or short convolution) with the layer's Q/K/V as they are when their
+/// statistics are asked for, again for the output projection once Q/K/V are replaced, and the
+/// same for the feed-forward block's gate/up and down; once a layer's matrices are all
+/// replaced, the stream is carried through them to the next layer. Each run opens a backend
+/// on the source model with the current layer's replacements (the layers already passed need
+/// no weights: their output is held), so only one layer's second moments exist at a time.
+pub struct LayerByLayer {
+    source: Arc<Model>,
+    working: Model,
+    plan: Arc<Plan>,
+    backend: BackendKind,
+    settings: BackendSettings,
+    kind: InputStatKind,
+    prompts: Vec<Vec<u32>>,
+    /// Every prompt's residual stream before `layer` (`None` until the embedding has run).
+    x: Option<Vec<Vec<f32>>>,
+    /// The layer `x` enters (the layer count once past the last).
+    layer: usize,
+    /// `layer`'s stream after its attention block, and the mixer version it was taken at.
+    mid: Option<(u64, Vec<Vec<f32>>)>,
+    /// Bumped when a matrix of `layer` is replaced: any of the mixer's, the mixer's first
+    /// (Q/K/V, convolution input), the feed-forward block's first (gate/up).
+    mixer_any: u64,
+    mixer_first: u64,
+    ffn_first: u64,
+    taken: Vec<Taken>,
+}
+
+impl LayerByLayer {
+    /// Prepares to calibrate `model` over `prompts` (each from position 0, cut to the model's
+    /// context). Nothing runs until the first [`LayerByLayer::stat`].
+    pub fn new(
+        model: &LoadedModel,
+        prompts: &[Vec<u32>],
+        opts: &EngineOptions,
+        kind: InputStatKind,
+    ) -> Result<Self, EngineError> {
+        let max = model.model_ctx().max(1);
+        let prompts: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| p[..p.len().min(max)].to_vec())
+            .filter(|p| !p.is_empty())
+            .collect();
+        if prompts.is_empty() {
+            return Err(EngineError::Invalid(
+                "no prompt to collect matmul input statistics from".into(),
+            ));
+        }
+        let n_ctx = prompts.iter().map(Vec::len).max().unwrap_or(1);
+        Ok(LayerByLayer {
+            source: model.model.clone(),
+            working: (*model.model).clone(),
+            plan: model.plan.clone(),
+            backend: opts.backend,
+            settings: opts.backend_settings(n_ctx, 1),
+            kind,
+            prompts,
+            x: None,
+            layer: 0,
+            mid: None,
+            mixer_any: 0,
+            mixer_first: 0,
+            ffn_first: 0,
+            taken: Vec::new(),
+        })
+    }
+
+    /// The calibration positions (every prompt's tokens).
+    pub fn tokens(&self) -> u64 {
+        self.prompts.iter().map(|p| p.len() as u64).sum()
+    }
+
+    /// The statistics of the input of `role`'s matrix in `layer` (`None`: the output
+    /// projection), taken through every matrix replaced so far; `None` when no matmul of the
+    /// model reads it. Layers must be asked for in order.
+    pub fn stat(
+        &mut self,
+        layer: Option<usize>,
+        role: MatRole,
+    ) -> Result<Option<&InputStat>, EngineError> {
+        let (stage, _) = stage_of(role);
+        let layers = self.source.config.num_hidden_layers;
+        let target = match (stage, layer) {
+            (Stage::Output, _) => layers,
+            (_, Some(l)) if l < layers => l,
+            _ => return Ok(None),
+        };
+        self.advance_to(target)?;
+        let key = self.key(role);
+        let found = |t: &Taken| t.stat.layer == layer && t.stat.role == role && t.key == key;
+        if !self.taken.iter().any(found) {
+            let (groups, input) = match stage {
+                Stage::Mixer => (self.groups(GroupKind::Attention { layer: target }), false),
+                Stage::Ffn => {
+                    self.ensure_mid()?;
+                    (self.groups(GroupKind::Ffn { layer: target }), true)
+                }
+                Stage::Output => (self.groups(GroupKind::Output), false),
+            };
+            let Some(groups) = groups else {
+                return Ok(None);
+            };
+            let src = match (input, &self.mid) {
+                (true, Some((_, mid))) => mid,
+                _ => self.x.as_ref().expect("embedded by advance_to"),
+            };
+            let (_, stats) = self.run(groups, layer, Some(src), true, false)?;
+            for stat in stats {
+                if stat.layer != layer || stage_of(stat.role).0 != stage {
+                    continue;
+                }
+                let key = self.key(stat.role);
+                self.taken
+                    .retain(|t| !(t.stat.layer == stat.layer && t.stat.role == stat.role));
+                self.taken.push(Taken { stat, key });
+            }
+        }
+        Ok(self.taken.iter().find(|t| found(t)).map(|t| &t.stat))
+    }
+
+    /// Replaces the matrix playing `role` in `layer` (`None`: the output projection) with
+    /// `rows` of `dtype` (its quantised form, in the model's own row order), for the
+    /// statistics asked for after.
+    pub fn replace(
+        &mut self,
+        layer: Option<usize>,
+        role: MatRole,
+        dtype: GgmlType,
+        rows: Vec<u8>,
+    ) -> Result<(), EngineError> {
+        let (stage, second) = stage_of(role);
+        let Some(l) = layer.filter(|_| stage != Stage::Output) else {
+            // Nothing reads the logits' input after the output projection.
+            return Ok(());
+        };
+        self.advance_to(l)?;
+        let Some(cur) = self.working.matrix_mut(layer, role) else {
+            return Err(EngineError::Invalid(format!(
+                "layer {l} has no {role:?} matrix to replace"
+            )));
+        };
+        *cur = replacement(cur, dtype, rows)?;
+        match (stage, second) {
+            (Stage::Mixer, false) => {
+                self.mixer_first += 1;
+                self.mixer_any += 1;
+            }
+            (Stage::Mixer, true) => self.mixer_any += 1,
+            (Stage::Ffn, false) => self.ffn_first += 1,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Replaces the token embedding (and the output projection when tied) with `rows` of
+    /// `dtype`, before anything has run.
+    pub fn replace_embedding(&mut self, dtype: GgmlType, rows: Vec<u8>) -> Result<(), EngineError> {
+        if self.x.is_some() {
+            return Err(EngineError::Invalid(
+                "the token embedding must be replaced before any statistics are taken".into(),
+            ));
+        }
+        let m = replacement(&self.working.token_embd, dtype, rows)?;
+        if self.working.tied_embeddings {
+            if let Some(out) = self.working.output.as_mut() {
+                *out = m.clone();
+            }
+        }
+        self.working.token_embd = m;
+        Ok(())
+    }
+
+    /// What a statistic of `role` depends on, as the versions of the matrices upstream of
+    /// its input in the current layer.
+    fn key(&self, role: MatRole) -> (u64, u64) {
+        match stage_of(role) {
+            (Stage::Mixer, false) | (Stage::Output, _) => (0, 0),
+            (Stage::Mixer, true) => (0, self.mixer_first),
+            (Stage::Ffn, false) => (self.mixer_any, 0),
+            (Stage::Ffn, true) => (self.mixer_any, self.ffn_first),
+        }
+    }
+
+    /// The plan's groups of `kind` (one range).
+    fn groups(&self, kind: GroupKind) -> Option<std::ops::Range<usize>> {
+        let groups = &self.plan.groups;
+        let first = groups.iter().position(|g| g.kind == kind)?;
+        let last = groups.iter().rposition(|g| g.kind == kind)?;
+        Some(first..last + 1)
+    }
+
+    /// Embeds the prompts if not yet done, then carries the stream through the current
+    /// layers (as replaced) until it enters `target`.
+    fn advance_to(&mut self, target: usize) -> Result<(), EngineError> {
+        if self.x.is_none() {
+            let groups = self
+                .groups(GroupKind::Embed)
+                .ok_or_else(|| EngineError::Invalid("the model's plan has no embedding".into()))?;
+            let (x, _) = self.run(groups, None, None, false, true)?;
+            self.x = Some(x);
+        }
+        if target < self.layer {
+            return Err(EngineError::Invalid(format!(
+                "layer {target}'s matrix inputs were asked for after layer {}'s: layers must \
+                 come in order",
+                self.layer
+            )));
+        }
+        while self.layer < target {
+            let l = self.layer;
+            self.ensure_mid()?;
+            let mid = self.mid.take().map(|(_, m)| m);
+            let next = match (self.groups(GroupKind::Ffn { layer: l }), mid) {
+                (Some(g), Some(mid)) => self.run(g, Some(l), Some(&mid), false, true)?.0,
+                (None, Some(mid)) => mid,
+                (_, None) => unreachable!("ensure_mid sets it"),
+            };
+            self.x = Some(next);
+            // The layer passed needs no weights again: give back its replacements.
+            self.working.layers[l] = self.source.layers[l].clone();
+            self.layer += 1;
+            self.mixer_any = 0;
+            self.mixer_first = 0;
+            self.ffn_first = 0;
+            self.taken.clear();
+        }
+        Ok(())
+    }
+
+    /// Sets `mid`: the current layer's stream after its attention block as it now stands.
+    fn ensure_mid(&mut self) -> Result<(), EngineError> {
+        if matches!(&self.mid, Some((v, _)) if *v == self.mixer_any) {
+            return Ok(());
+        }
+        let l = self.layer;
+        let x = self.x.take().expect("embedded before a layer runs");
+        let mid = match self.groups(GroupKind::Attention { layer: l }) {
+            Some(g) => self.run(g, Some(l), Some(&x), false, true).map(|r| r.0),
+            None => Ok(x.clone()),
+        };
+        self.x = Some(x);
+        self.mid = Some((self.mixer_any, mid?));
+        Ok(())
+    }
+
+    /// Runs `groups` of the working model over every prompt, the residual stream written
+    /// from `input` first (when given); returns the stream after them (when `read`) and the
+    /// statistics (when `stats`).
+    fn run(
+        &self,
+        groups: std::ops::Range<usize>,
+        layer: Option<usize>,
+        input: Option<&[Vec<f32>]>,
+        stats: bool,
+        read: bool,
+    ) -> Result<(Vec<Vec<f32>>, Vec<InputStat>), EngineError> {
+        let model = Arc::new(self.working.clone());
+        let mut backend = flowrt_backends::open(self.backend, model, &self.settings)?;
+        let fail = |e: flowrt_dispatch::ProbeError| {
+            EngineError::Invalid(format!("layer-by-layer calibration: {e}"))
+        };
+        if stats {
+            backend.collect_input_stats(Some(self.kind)).map_err(fail)?;
+        }
+        let hidden = self.source.config.hidden_size;
+        let output = groups.end == self.plan.groups.len();
+        let rl = Runlist {
+            index: 0,
+            count: 1,
+            groups,
+            layers: layer.map(|l| (l, l)),
+            deadline: Duration::from_secs(3600),
+        };
+        let max_batch = backend.max_batch().max(1);
+        let mut out = Vec::with_capacity(if read { self.prompts.len() } else { 0 });
+        for (pi, tokens) in self.prompts.iter().enumerate() {
+            let mut stream = Vec::with_capacity(if read { tokens.len() * hidden } else { 0 });
+            for (ci, chunk) in tokens.chunks(max_batch).enumerate() {
+                let pos0 = ci * max_batch;
+                if let Some(x) = input {
+                    let x = &x[pi][pos0 * hidden..(pos0 + chunk.len()) * hidden];
+                    backend.write_activation(Buf::X, x).map_err(fail)?;
+                }
+                let spans = [SeqSpan {
+                    seq: 0,
+                    pos0,
+                    len: chunk.len(),
+                }];
+                let batch = Batch {
+                    tokens: chunk,
+                    spans: &spans,
+                    // The output projection's statistics over every position.
+                    logits: if output {
+                        LogitsWanted::All
+                    } else {
+                        LogitsWanted::Last
+                    },
+                };
+                run(backend.as_mut(), &self.plan, &rl, &batch)?;
+                if read {
+                    stream.extend(backend.read_activation(Buf::X, chunk.len()).map_err(fail)?);
+                }
+            }
+            if read {
+                out.push(stream);
+            }
+        }
+        let stats = if stats {
+            backend.take_input_stats()
+        } else {
+            Vec::new()
+        };
+        Ok((out, stats))
+    }
+}
+
+/// `cur` with its bytes replaced by `rows` of `dtype`, checked against its shape.
+fn replacement(
+    cur: &WeightMatrix,
+    dtype: GgmlType,
+    rows: Vec<u8>,
+) -> Result<WeightMatrix, EngineError> {
+    let row_bytes = flowrt_kernels::row_size(dtype, cur.cols);
+    if !cur.cols.is_multiple_of(dtype.block_size() as usize) || rows.len() != cur.rows * row_bytes {
+        return Err(EngineError::Invalid(format!(
+            "replacement for `{}` ({} x {}): {} bytes of {dtype}, where {} are needed",
+            cur.name,
+            cur.rows,
+            cur.cols,
+            rows.len(),
+            cur.rows * row_bytes
+        )));
+    }
+    Ok(WeightMatrix {
+        name: cur.name.clone(),
+        dtype,
+        rows: cur.rows,
+        cols: cur.cols,
+        row_bytes,
+        data: WeightData::Owned(Arc::new(rows)),
+    })
 }

@@ -27,7 +27,7 @@ pub use bench::{
     bench, bench_parallel, weight_bytes, BackendReport, BenchOptions, BenchReport, ParallelReport,
     Roofline, Stat,
 };
-pub use calibrate::input_stats;
+pub use calibrate::{input_stats, LayerByLayer};
 pub use compare::{builtin_prompts, compare_models, BUILTIN_CHAT, BUILTIN_TEXTS};
 pub use constraint::{Constraint, ConstraintError, ConstraintSpec, Guide};
 pub use diff::{diff, DiffOptions, DiffPrompt, DiffReport, LayerDiff, DEFAULT_DIFF_THRESHOLD};

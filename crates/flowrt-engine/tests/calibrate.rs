@@ -126,3 +126,122 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
     assert!(plain.iter().all(|s| s.gram.is_none()));
     assert_eq!(stat(&plain, Some(0), MatRole::Q).sum_sq, *got);
 }
+
+/// `LayerByLayer` (pack's `--gptq --sequential`): with nothing replaced, every layer's
+/// statistics are the one-pass run's (the output projection's over every position instead of
+/// each prompt's last); a matrix replaced changes the statistics of the inputs downstream of
+/// it (the attention output after Q/K/V, the next layers) and of nothing upstream; layers are
+/// taken in order, and a replacement of the wrong size is refused.
+#[test]
+fn layer_by_layer_statistics_follow_the_replaced_matrices() {
+    use flowrt_engine::LayerByLayer;
+    let m = LoadedModel::load(&common::fixture("families/llama-untied")).unwrap();
+    let prompts: Vec<Vec<u32>> = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Importance weights come from the activations.",
+    ]
+    .iter()
+    .map(|p| m.tokenizer.encode(p, false, true).unwrap())
+    .collect();
+    let opts = EngineOptions {
+        threads: 2,
+        kv: KvPrecision::F32,
+        max_batch: 4,
+        ..Default::default()
+    };
+    let once = input_stats(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
+    let c = &m.model.config;
+    let roles = [
+        MatRole::Q,
+        MatRole::K,
+        MatRole::V,
+        MatRole::O,
+        MatRole::Gate,
+        MatRole::Up,
+        MatRole::Down,
+    ];
+    let close = |a: &[f64], b: &[f64], what: &str| {
+        for (j, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1e-3),
+                "{what} column {j}: {x} vs {y}"
+            );
+        }
+    };
+    let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
+    for l in 0..c.num_hidden_layers {
+        for role in roles {
+            let s = lbl
+                .stat(Some(l), role)
+                .unwrap()
+                .expect("statistics")
+                .clone();
+            let o = stat(&once, Some(l), role);
+            assert_eq!(s.rows, o.rows, "layer {l} {role:?}");
+            close(&s.sum_sq, &o.sum_sq, &format!("layer {l} {role:?}"));
+        }
+    }
+    let tokens: u64 = prompts.iter().map(|p| p.len() as u64).sum();
+    assert_eq!(lbl.tokens(), tokens);
+    let out = lbl.stat(None, MatRole::Output).unwrap().expect("output");
+    assert_eq!(out.rows, tokens);
+    // Asking for a layer already passed is an error.
+    let err = lbl.stat(Some(0), MatRole::Q).unwrap_err().to_string();
+    assert!(err.contains("in order"), "{err}");
+
+    // Layer 0's Q, K and V quantised to Q4_0: their own input is unchanged, the attention
+    // output's and everything after it move.
+    let k = flowrt_kernels::Kernels::detect();
+    let q4 = |role: MatRole| -> Vec<u8> {
+        let w = m.model.matrix(Some(0), role).unwrap();
+        let row = flowrt_kernels::row_size(flowrt_dtype::GgmlType::Q4_0, w.cols);
+        let mut out = vec![0u8; w.rows * row];
+        let mut f = vec![0f32; w.cols];
+        for r in 0..w.rows {
+            k.dequantize_row(
+                w.dtype,
+                &w.bytes()[r * w.row_bytes..][..w.row_bytes],
+                &mut f,
+            );
+            k.quantize_row_weighted(
+                flowrt_dtype::GgmlType::Q4_0,
+                &f,
+                None,
+                &mut out[r * row..][..row],
+            );
+        }
+        out
+    };
+    let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
+    let q_before = lbl.stat(Some(0), MatRole::Q).unwrap().unwrap().clone();
+    let o_before = lbl.stat(Some(0), MatRole::O).unwrap().unwrap().clone();
+    let bad = lbl.replace(
+        Some(0),
+        MatRole::Q,
+        flowrt_dtype::GgmlType::Q4_0,
+        vec![0u8; 18],
+    );
+    assert!(bad.unwrap_err().to_string().contains("bytes of q4_0"));
+    for role in [MatRole::Q, MatRole::K, MatRole::V] {
+        lbl.replace(Some(0), role, flowrt_dtype::GgmlType::Q4_0, q4(role))
+            .unwrap();
+    }
+    let q_after = lbl.stat(Some(0), MatRole::Q).unwrap().unwrap().clone();
+    assert_eq!(q_after.sum_sq, q_before.sum_sq);
+    let o_after = lbl.stat(Some(0), MatRole::O).unwrap().unwrap().clone();
+    assert_ne!(o_after.sum_sq, o_before.sum_sq);
+    assert_ne!(
+        o_after.sum_sq,
+        stat(&once, Some(0), MatRole::O).sum_sq,
+        "the attention output's input comes through the quantised Q/K/V"
+    );
+    let next = lbl.stat(Some(1), MatRole::Q).unwrap().unwrap().clone();
+    let before = &stat(&once, Some(1), MatRole::Q).sum_sq;
+    assert!(
+        next.sum_sq
+            .iter()
+            .zip(before)
+            .any(|(a, b)| (a - b).abs() > 1e-4 * b.abs()),
+        "layer 1's input comes through layer 0 as replaced"
+    );
+}

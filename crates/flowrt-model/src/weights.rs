@@ -1779,6 +1779,28 @@ impl Model {
         })
     }
 
+    /// The matrix playing `role` in `layer`, to replace (as [`Model::matrix`]).
+    pub fn matrix_mut(&mut self, layer: Option<usize>, role: MatRole) -> Option<&mut WeightMatrix> {
+        let lw = match (role, layer) {
+            (MatRole::Output, _) => return self.output.as_mut(),
+            (_, Some(l)) => self.layers.get_mut(l)?,
+            (_, None) => return None,
+        };
+        Some(match role {
+            MatRole::Q => lw.wq.as_mut()?,
+            MatRole::K => lw.wk.as_mut()?,
+            MatRole::V => lw.wv.as_mut()?,
+            MatRole::O => lw.wo.as_mut()?,
+            MatRole::ConvIn => &mut lw.conv.as_mut()?.in_proj,
+            MatRole::ConvOut => &mut lw.conv.as_mut()?.out_proj,
+            MatRole::Gate => lw.w_gate.as_mut()?,
+            MatRole::Up => lw.w_up.as_mut()?,
+            MatRole::Down => lw.w_down.as_mut()?,
+            MatRole::Router => &mut lw.moe.as_mut()?.router,
+            MatRole::Output => self.output.as_mut()?,
+        })
+    }
+
     /// The bias added after the matrix playing `role` in `layer`, if the family has one.
     pub fn bias(&self, layer: Option<usize>, role: MatRole) -> Option<&Vec<f32>> {
         let lw = self.layers.get(layer?)?;
