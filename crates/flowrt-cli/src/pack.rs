@@ -1080,26 +1080,23 @@ fn gram_bytes_of(model: &flowrt_model::Model, layer: Option<usize>) -> u64 {
         .sum()
 }
 
-/// The bytes `--gptq`'s second moments take: every layer's and the output projection's,
-/// held until the pack is written.
-fn gram_bytes(model: &flowrt_model::Model) -> u64 {
-    let layers = model.config.num_hidden_layers;
-    (0..layers)
+/// Each layer's second-moment bytes, then the output projection's.
+fn layer_grams(model: &flowrt_model::Model) -> impl Iterator<Item = u64> + '_ {
+    (0..model.config.num_hidden_layers)
         .map(Some)
         .chain([None])
         .map(|l| gram_bytes_of(model, l))
-        .sum()
+}
+
+/// The bytes `--gptq`'s second moments take: every layer's and the output projection's,
+/// held until the pack is written.
+fn gram_bytes(model: &flowrt_model::Model) -> u64 {
+    layer_grams(model).sum()
 }
 
 /// The most bytes `--gptq --sequential`'s second moments take at once: one layer's.
 fn layer_gram_bytes(model: &flowrt_model::Model) -> u64 {
-    let layers = model.config.num_hidden_layers;
-    (0..layers)
-        .map(Some)
-        .chain([None])
-        .map(|l| gram_bytes_of(model, l))
-        .max()
-        .unwrap_or(0)
+    layer_grams(model).max().unwrap_or(0)
 }
 
 /// The widest dense-matmul input (columns).

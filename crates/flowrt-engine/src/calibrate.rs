@@ -56,23 +56,65 @@ pub fn input_stats(
         layers: (layers > 0).then(|| (0, layers - 1)),
         deadline: Duration::from_secs(3600),
     };
+    run_prompts(
+        backend.as_mut(),
+        &plan,
+        &rl,
+        &prompts,
+        None,
+        false,
+        LogitsWanted::Last,
+    )?;
+    Ok(backend.take_input_stats())
+}
+
+/// Runs `rl` over every prompt, chunk by chunk from position 0, writing each chunk's
+/// residual stream from `input` first when given; returns every prompt's stream after the
+/// runlist when `read` (positions × hidden).
+fn run_prompts<P: AsRef<[u32]>>(
+    backend: &mut dyn Backend,
+    plan: &Plan,
+    rl: &Runlist,
+    prompts: &[P],
+    input: Option<&[Vec<f32>]>,
+    read: bool,
+    logits: LogitsWanted,
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    let fail = |e: flowrt_dispatch::ProbeError| {
+        EngineError::Invalid(format!("matmul input statistics: {e}"))
+    };
     let max_batch = backend.max_batch().max(1);
-    for tokens in prompts {
+    let mut out = Vec::new();
+    for (pi, tokens) in prompts.iter().enumerate() {
+        let tokens = tokens.as_ref();
+        let mut stream = Vec::new();
         for (ci, chunk) in tokens.chunks(max_batch).enumerate() {
+            let pos0 = ci * max_batch;
+            if let Some(x) = input {
+                let hidden = x[pi].len() / tokens.len().max(1);
+                let x = &x[pi][pos0 * hidden..(pos0 + chunk.len()) * hidden];
+                backend.write_activation(Buf::X, x).map_err(fail)?;
+            }
             let spans = [SeqSpan {
                 seq: 0,
-                pos0: ci * max_batch,
+                pos0,
                 len: chunk.len(),
             }];
             let batch = Batch {
                 tokens: chunk,
                 spans: &spans,
-                logits: LogitsWanted::Last,
+                logits,
             };
-            run(backend.as_mut(), &plan, &rl, &batch)?;
+            run(backend, plan, rl, &batch)?;
+            if read {
+                stream.extend(backend.read_activation(Buf::X, chunk.len()).map_err(fail)?);
+            }
+        }
+        if read {
+            out.push(stream);
         }
     }
-    Ok(backend.take_input_stats())
+    Ok(out)
 }
 
 fn run(
@@ -385,13 +427,11 @@ impl LayerByLayer {
     ) -> Result<(Vec<Vec<f32>>, Vec<InputStat>), EngineError> {
         let model = Arc::new(self.working.clone());
         let mut backend = flowrt_backends::open(self.backend, model, &self.settings)?;
-        let fail = |e: flowrt_dispatch::ProbeError| {
-            EngineError::Invalid(format!("layer-by-layer calibration: {e}"))
-        };
         if stats {
-            backend.collect_input_stats(Some(self.kind)).map_err(fail)?;
+            backend
+                .collect_input_stats(Some(self.kind))
+                .map_err(|e| EngineError::Invalid(format!("layer-by-layer calibration: {e}")))?;
         }
-        let hidden = self.source.config.hidden_size;
         let output = groups.end == self.plan.groups.len();
         let rl = Runlist {
             index: 0,
@@ -400,40 +440,21 @@ impl LayerByLayer {
             layers: layer.map(|l| (l, l)),
             deadline: Duration::from_secs(3600),
         };
-        let max_batch = backend.max_batch().max(1);
-        let mut out = Vec::with_capacity(if read { self.prompts.len() } else { 0 });
-        for (pi, tokens) in self.prompts.iter().enumerate() {
-            let mut stream = Vec::with_capacity(if read { tokens.len() * hidden } else { 0 });
-            for (ci, chunk) in tokens.chunks(max_batch).enumerate() {
-                let pos0 = ci * max_batch;
-                if let Some(x) = input {
-                    let x = &x[pi][pos0 * hidden..(pos0 + chunk.len()) * hidden];
-                    backend.write_activation(Buf::X, x).map_err(fail)?;
-                }
-                let spans = [SeqSpan {
-                    seq: 0,
-                    pos0,
-                    len: chunk.len(),
-                }];
-                let batch = Batch {
-                    tokens: chunk,
-                    spans: &spans,
-                    // The output projection's statistics over every position.
-                    logits: if output {
-                        LogitsWanted::All
-                    } else {
-                        LogitsWanted::Last
-                    },
-                };
-                run(backend.as_mut(), &self.plan, &rl, &batch)?;
-                if read {
-                    stream.extend(backend.read_activation(Buf::X, chunk.len()).map_err(fail)?);
-                }
-            }
-            if read {
-                out.push(stream);
-            }
-        }
+        // The output projection's statistics over every position.
+        let logits = if output {
+            LogitsWanted::All
+        } else {
+            LogitsWanted::Last
+        };
+        let out = run_prompts(
+            backend.as_mut(),
+            &self.plan,
+            &rl,
+            &self.prompts,
+            input,
+            read,
+            logits,
+        )?;
         let stats = if stats {
             backend.take_input_stats()
         } else {

@@ -15,20 +15,26 @@ fn stat(stats: &[InputStat], layer: Option<usize>, role: MatRole) -> &InputStat 
         .unwrap_or_else(|| panic!("no statistics for {layer:?} {role:?}"))
 }
 
-/// On the f32 llama fixture, layer 0's attention input is `rms_norm(embedding) * attn_norm`:
-/// the Q, K and V statistics are its column sums of squares over every prompt token; gate
-/// and up share an input too; every dense matmul of every layer is there, with one row per
-/// token (the output projection: one per prompt, the last token's).
-#[test]
-fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
+/// The f32 llama fixture and two prompts.
+fn fixture_and_prompts() -> (LoadedModel, Vec<Vec<u32>>) {
     let m = LoadedModel::load(&common::fixture("families/llama-untied")).unwrap();
-    let prompts: Vec<Vec<u32>> = [
+    let prompts = [
         "The quick brown fox jumps over the lazy dog.",
         "Importance weights come from the activations.",
     ]
     .iter()
     .map(|p| m.tokenizer.encode(p, false, true).unwrap())
     .collect();
+    (m, prompts)
+}
+
+/// On the f32 llama fixture, layer 0's attention input is `rms_norm(embedding) * attn_norm`:
+/// the Q, K and V statistics are its column sums of squares over every prompt token; gate
+/// and up share an input too; every dense matmul of every layer is there, with one row per
+/// token (the output projection: one per prompt, the last token's).
+#[test]
+fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
+    let (m, prompts) = fixture_and_prompts();
     let opts = EngineOptions {
         threads: 2,
         kv: KvPrecision::F32,
@@ -135,14 +141,7 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
 #[test]
 fn layer_by_layer_statistics_follow_the_replaced_matrices() {
     use flowrt_engine::LayerByLayer;
-    let m = LoadedModel::load(&common::fixture("families/llama-untied")).unwrap();
-    let prompts: Vec<Vec<u32>> = [
-        "The quick brown fox jumps over the lazy dog.",
-        "Importance weights come from the activations.",
-    ]
-    .iter()
-    .map(|p| m.tokenizer.encode(p, false, true).unwrap())
-    .collect();
+    let (m, prompts) = fixture_and_prompts();
     let opts = EngineOptions {
         threads: 2,
         kv: KvPrecision::F32,
