@@ -393,12 +393,10 @@ impl LayerByLayer {
         }
         while self.layer < target {
             let l = self.layer;
-            self.ensure_mid()?;
-            let mid = self.mid.take().map(|(_, m)| m);
-            let next = match (self.groups(GroupKind::Ffn { layer: l }), mid) {
-                (Some(g), Some(mid)) => self.run(g, Some(l), Some(&mid), false, true)?.0,
-                (None, Some(mid)) => mid,
-                (_, None) => unreachable!("ensure_mid sets it"),
+            let mid = self.take_mid()?;
+            let next = match self.groups(GroupKind::Ffn { layer: l }) {
+                Some(g) => self.run(g, Some(l), Some(&mid), false, true)?.0,
+                None => mid,
             };
             self.x = Some(next);
             // The layer passed needs no weights again: give back its replacements, and let
@@ -416,6 +414,17 @@ impl LayerByLayer {
             self.taken.clear();
         }
         Ok(())
+    }
+
+    /// The current layer's stream after its attention block as it now stands, taken out.
+    fn take_mid(&mut self) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.ensure_mid()?;
+        match self.mid.take() {
+            Some((_, mid)) => Ok(mid),
+            None => Err(EngineError::Invalid(
+                "layer-by-layer calibration lost the attention block's output".into(),
+            )),
+        }
     }
 
     /// Sets `mid`: the current layer's stream after its attention block as it now stands.

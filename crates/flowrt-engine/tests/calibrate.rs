@@ -15,6 +15,17 @@ fn stat(stats: &[InputStat], layer: Option<usize>, role: MatRole) -> &InputStat 
         .unwrap_or_else(|| panic!("no statistics for {layer:?} {role:?}"))
 }
 
+/// The dense matrices of a llama layer.
+const DENSE_ROLES: [MatRole; 7] = [
+    MatRole::Q,
+    MatRole::K,
+    MatRole::V,
+    MatRole::O,
+    MatRole::Gate,
+    MatRole::Up,
+    MatRole::Down,
+];
+
 /// The f32 llama fixture and two prompts.
 fn fixture_and_prompts() -> (LoadedModel, Vec<Vec<u32>>) {
     let m = LoadedModel::load(&common::fixture("families/llama-untied")).unwrap();
@@ -45,15 +56,7 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
     let c = &m.model.config;
     let h = c.hidden_size;
     for l in 0..c.num_hidden_layers {
-        for role in [
-            MatRole::Q,
-            MatRole::K,
-            MatRole::V,
-            MatRole::O,
-            MatRole::Gate,
-            MatRole::Up,
-            MatRole::Down,
-        ] {
+        for role in DENSE_ROLES {
             let s = stat(&stats, Some(l), role);
             assert_eq!(s.rows, tokens, "layer {l} {role:?}");
             assert!(s.sum_sq.iter().all(|v| v.is_finite() && *v >= 0.0));
@@ -150,15 +153,6 @@ fn layer_by_layer_statistics_follow_the_replaced_matrices() {
     };
     let once = input_stats(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
     let c = &m.model.config;
-    let roles = [
-        MatRole::Q,
-        MatRole::K,
-        MatRole::V,
-        MatRole::O,
-        MatRole::Gate,
-        MatRole::Up,
-        MatRole::Down,
-    ];
     let close = |a: &[f64], b: &[f64], what: &str| {
         for (j, (x, y)) in a.iter().zip(b).enumerate() {
             assert!(
@@ -169,7 +163,7 @@ fn layer_by_layer_statistics_follow_the_replaced_matrices() {
     };
     let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
     for l in 0..c.num_hidden_layers {
-        for role in roles {
+        for role in DENSE_ROLES {
             let s = lbl
                 .stat(Some(l), role)
                 .unwrap()
