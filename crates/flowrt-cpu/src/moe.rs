@@ -236,6 +236,9 @@ impl MoeBatch {
         // Gate and up, row blocks of every active expert; the activation per block.
         let (active, span, tiles) = (&self.active, &self.span, &self.tiles);
         let blocks = Blocks::new(active, span, ff, threads);
+        // Every thread's tiles sized for the largest tile before the split, so that which
+        // thread gets which tile (timing) never grows one mid-step.
+        grow_tiles(&tiles[..threads], blocks.most(), true);
         let act_gate = &self.act_gate[..];
         let act_up = if f_up != f_gate {
             &self.act_up[..]
@@ -285,6 +288,7 @@ impl MoeBatch {
         });
         // Down, row blocks of every active expert.
         let blocks = Blocks::new(active, span, h, threads);
+        grow_tiles(&tiles[..threads], blocks.most(), false);
         let act_mid = &self.act_mid[..];
         self.out.resize(slots * h, 0.0);
         pool.for_each_tile(
@@ -347,12 +351,31 @@ impl<'b> Blocks<'b> {
         self.active.len() * self.per
     }
 
+    /// The most values a tile holds: an expert's most slots times a row block.
+    fn most(&self) -> usize {
+        let slots = self.active.iter().map(|&e| self.span[e].1).max();
+        slots.unwrap_or(0) * self.rb.min(self.width)
+    }
+
     /// Tile `i`: its expert, and (first slot, end slot, first row, end row) of the output.
     fn tile(&self, i: usize) -> (usize, (usize, usize, usize, usize)) {
         let (e, b) = (self.active[i / self.per], i % self.per);
         let (s0, m) = self.span[e];
         let c1 = ((b + 1) * self.rb).min(self.width);
         (e, (s0, s0 + m, b * self.rb, c1))
+    }
+}
+
+/// Grows each thread's tile scratch (the first, and with `both` the second) to `n` values.
+fn grow_tiles(tiles: &[std::sync::Mutex<(Vec<f32>, Vec<f32>)>], n: usize, both: bool) {
+    for t in tiles {
+        let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+        if t.0.len() < n {
+            t.0.resize(n, 0.0);
+        }
+        if both && t.1.len() < n {
+            t.1.resize(n, 0.0);
+        }
     }
 }
 

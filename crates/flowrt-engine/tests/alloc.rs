@@ -11,13 +11,22 @@ use flowrt_sample::{Sampler, SamplerConfig};
 struct Counting;
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+/// The sizes of the first allocations counted, for the failure message.
+static SIZES: [AtomicUsize; 8] = [const { AtomicUsize::new(0) }; 8];
+
+fn count(size: usize) {
+    let i = ALLOCS.fetch_add(1, Ordering::Relaxed);
+    if let Some(s) = SIZES.get(i) {
+        s.store(size, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: forwards to the system allocator; only counts.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            count(l.size());
         }
         // SAFETY: same contract as the caller's.
         unsafe { System.alloc(l) }
@@ -28,7 +37,7 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         if COUNTING.load(Ordering::Relaxed) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            count(n);
         }
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(p, l, n) }
@@ -91,10 +100,11 @@ fn decode_allocs(path: &std::path::Path) {
         tok = sampler.sample(s.feed(&[tok]).unwrap()).unwrap();
     }
     COUNTING.store(false, Ordering::SeqCst);
+    let sizes: Vec<usize> = SIZES.iter().map(|s| s.load(Ordering::SeqCst)).collect();
     assert_eq!(
         ALLOCS.load(Ordering::SeqCst),
         0,
-        "heap allocations during 32 decode steps of {}",
+        "heap allocations during 32 decode steps of {} (the first ones' sizes: {sizes:?})",
         path.display()
     );
 }
