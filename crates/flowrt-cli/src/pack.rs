@@ -244,7 +244,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut calibration: Box<dyn Calibration> = if args.sequential {
-        let seq = Sequential::new(&args, &extra, quant)?;
+        let seq = Sequential::new(&args, &extra)?;
         println!(
             "calibration: layer by layer over {} tokens of the gate's prompts through the \
              matrices as quantised (--gptq --sequential)",
@@ -914,11 +914,8 @@ struct Sequential {
 }
 
 impl Sequential {
-    fn new(args: &PackArgs, extra: &[String], quant: GgmlType) -> Result<Sequential> {
-        anyhow::ensure!(
-            uses_importance(quant),
-            "--sequential applies to Q4_0 and Q4_1 (not {quant})"
-        );
+    /// Prepares the calibration (`pack` has checked that `--gptq` applies to the type).
+    fn new(args: &PackArgs, extra: &[String]) -> Result<Sequential> {
         let source = load_source(args)?;
         let opts = gate_options(args, &source);
         let prompts =

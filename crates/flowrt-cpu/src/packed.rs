@@ -18,18 +18,8 @@ use flowrt_model::plan::MatRole;
 use flowrt_model::{Model, WeightMatrix};
 use memmap2::{Mmap, MmapOptions};
 
-/// Layer matrices in the order of [`slot`].
-const LAYER_ROLES: [MatRole; 9] = [
-    MatRole::Q,
-    MatRole::K,
-    MatRole::V,
-    MatRole::O,
-    MatRole::Gate,
-    MatRole::Up,
-    MatRole::Down,
-    MatRole::ConvIn,
-    MatRole::ConvOut,
-];
+/// Layer matrices in the order of [`slot`]: the dense ones (routers stay F32).
+const LAYER_ROLES: &[MatRole] = MatRole::IN_LAYER.split_at(9).0;
 
 fn slot(role: MatRole) -> Option<usize> {
     LAYER_ROLES.iter().position(|&r| r == role)

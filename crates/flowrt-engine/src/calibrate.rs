@@ -135,20 +135,6 @@ fn run(
         })
 }
 
-/// The dense matrices of a layer.
-const LAYER_ROLES: [MatRole; 10] = [
-    MatRole::Q,
-    MatRole::K,
-    MatRole::V,
-    MatRole::O,
-    MatRole::ConvIn,
-    MatRole::ConvOut,
-    MatRole::Gate,
-    MatRole::Up,
-    MatRole::Down,
-    MatRole::Router,
-];
-
 /// Which block of a layer a matrix belongs to, and whether its input depends on another
 /// matrix of the same block (the attention output on Q/K/V, the down projection on
 /// gate/up, a convolution's output on its input projection).
@@ -402,7 +388,7 @@ impl LayerByLayer {
             // The layer passed needs no weights again: give back its replacements, and let
             // the source's file pages behind its matrices leave the resident set.
             self.working.layers[l] = self.source.layers[l].clone();
-            for role in LAYER_ROLES {
+            for role in MatRole::IN_LAYER {
                 if let Some(m) = self.source.matrix(Some(l), role) {
                     m.data.release_range(0, m.rows * m.row_bytes);
                 }

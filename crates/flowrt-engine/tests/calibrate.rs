@@ -16,15 +16,7 @@ fn stat(stats: &[InputStat], layer: Option<usize>, role: MatRole) -> &InputStat 
 }
 
 /// The dense matrices of a llama layer.
-const DENSE_ROLES: [MatRole; 7] = [
-    MatRole::Q,
-    MatRole::K,
-    MatRole::V,
-    MatRole::O,
-    MatRole::Gate,
-    MatRole::Up,
-    MatRole::Down,
-];
+const DENSE_ROLES: &[MatRole] = MatRole::IN_LAYER.split_at(7).0;
 
 /// The f32 llama fixture and two prompts.
 fn fixture_and_prompts() -> (LoadedModel, Vec<Vec<u32>>) {
@@ -56,7 +48,7 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
     let c = &m.model.config;
     let h = c.hidden_size;
     for l in 0..c.num_hidden_layers {
-        for role in DENSE_ROLES {
+        for &role in DENSE_ROLES {
             let s = stat(&stats, Some(l), role);
             assert_eq!(s.rows, tokens, "layer {l} {role:?}");
             assert!(s.sum_sq.iter().all(|v| v.is_finite() && *v >= 0.0));
@@ -163,7 +155,7 @@ fn layer_by_layer_statistics_follow_the_replaced_matrices() {
     };
     let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
     for l in 0..c.num_hidden_layers {
-        for role in DENSE_ROLES {
+        for &role in DENSE_ROLES {
             let s = lbl
                 .stat(Some(l), role)
                 .unwrap()

@@ -104,6 +104,23 @@ pub enum MatRole {
     ConvOut,
 }
 
+impl MatRole {
+    /// A decoder layer's dense matrices (each family's layers have some of them), then its
+    /// router.
+    pub const IN_LAYER: [MatRole; 10] = [
+        MatRole::Q,
+        MatRole::K,
+        MatRole::V,
+        MatRole::O,
+        MatRole::Gate,
+        MatRole::Up,
+        MatRole::Down,
+        MatRole::ConvIn,
+        MatRole::ConvOut,
+        MatRole::Router,
+    ];
+}
+
 /// One step of the forward pass.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
