@@ -54,7 +54,10 @@ least as many calibration tokens as the widest matrix input has columns (add tex
 --gptq --sequential takes each matrix's second moments through the matrices already \
 quantised instead, layer by layer (GPTQ's sequential calibration): one layer's second \
 moments held at a time instead of every layer's, about three times the calibration runs \
-(docs/quantisation.md). \
+(docs/quantisation.md). --asymmetric [ALPHA] (with --gptq --sequential) also runs the \
+source's own path beside the pack's and quantises each matrix towards the source's outputs \
+from the pack's inputs (GPTAQ's asymmetric target, moved ALPHA of the way, 0.25 when not \
+given), which corrects part of the error the layers before it made (docs/quantisation.md). \
 Q8_0 rounds as ggml's reference does. MXFP4 \
 per 32 values: the shared E8M0 exponent floor(log2(amax)) - 2 + 127, each value the nearest \
 E2M1 code (ggml's and gguf-py's rule).
@@ -143,6 +146,20 @@ pub struct PackArgs {
     /// and the residual stream of every calibration position (4·hidden bytes each).
     #[arg(long, requires = "gptq")]
     pub sequential: bool,
+    /// With --gptq --sequential: quantise each matrix towards what the source computes
+    /// rather than towards its own weights on the quantised path's inputs (the asymmetric
+    /// target of GPTAQ): the least-squares matrix for the source's outputs from the pack's
+    /// inputs, moved ALPHA (0 < ALPHA ≤ 1) of the way from the source's. The calibration
+    /// also runs the source's own path and keeps both paths' inputs of one layer
+    /// (4·n bytes a position and input each). ALPHA defaults to 0.25.
+    #[arg(
+        long,
+        requires = "sequential",
+        value_name = "ALPHA",
+        num_args = 0..=1,
+        default_missing_value = "0.25"
+    )]
+    pub asymmetric: Option<f32>,
 }
 
 /// The types `--quant` takes, with the gate's default (max mean KL, min top-1).
@@ -255,12 +272,12 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         let imp = importance(&args, &extra)?;
         let grams: HashSet<*const Vec<f32>> = imp
             .values()
-            .filter_map(|v| v.2.as_ref().map(Arc::as_ptr))
+            .filter_map(|v| v.gram.as_ref().map(Arc::as_ptr))
             .collect();
         println!(
             "importance: {} matrices, from {} tokens of the gate's prompts through the source{} ({:.1}s)",
             imp.len(),
-            imp.values().map(|v| v.1).max().unwrap_or(0),
+            imp.values().map(|v| v.rows).max().unwrap_or(0),
             if args.gptq {
                 format!(", with the second moments of {} inputs (--gptq)", grams.len())
             } else {
@@ -269,10 +286,10 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
             t0.elapsed().as_secs_f64()
         );
         if args.gptq {
-            let tokens = imp.values().map(|v| v.1).max().unwrap_or(0);
+            let tokens = imp.values().map(|v| v.rows).max().unwrap_or(0);
             let widest = imp
                 .values()
-                .filter_map(|v| v.2.as_ref())
+                .filter_map(|v| v.gram.as_ref())
                 .map(|g| g.len().isqrt())
                 .max()
                 .unwrap_or(0);
@@ -742,6 +759,8 @@ fn write_pack(
     let k = Kernels::detect();
     // Error-feedback factors of the last few inputs (Q, K and V share one, gate and up one).
     let mut factors: Vec<(Arc<Vec<f32>>, Arc<gptq::Factor>)> = Vec::new();
+    // `--asymmetric`'s correction of the last input (by its cross moments).
+    let mut correction: Option<(Arc<Vec<f32>>, Arc<gptq::Correction>)> = None;
     for (&t, spec) in tensors.iter().zip(&specs) {
         bar.set_message(t.name.clone());
         let src_ty = *t.ty.as_ref().expect("checked above");
@@ -758,9 +777,9 @@ fn write_pack(
             None => None,
         };
         let stat = stat.as_ref();
-        let imp = stat.map(|v| &v.0[..]).filter(|w| w.len() == n);
+        let imp = stat.map(|v| &v.mean_sq[..]).filter(|w| w.len() == n);
         let gram = stat
-            .and_then(|v| v.2.as_ref())
+            .and_then(|v| v.gram.as_ref())
             .filter(|g| g.len() == n * n && gptq::supports(spec.ty));
         if let Some(g) = gram {
             let cached = factors.iter().find(|(p, _)| Arc::ptr_eq(p, g));
@@ -780,6 +799,22 @@ fn write_pack(
                     let mut m = vec![0f32; rows * n];
                     for (r, row) in m.chunks_mut(n.max(1)).enumerate() {
                         reader.row(k, r, row);
+                    }
+                    if let Some((cross, alpha)) = stat.and_then(|v| v.target.as_ref()) {
+                        let c = match &correction {
+                            Some((p, c)) if Arc::ptr_eq(p, cross) => c.clone(),
+                            _ => {
+                                let c = Arc::new(
+                                    gptq::Correction::new(cross, &factor, threads).with_context(
+                                        || format!("tensor `{}`: asymmetric target", t.name),
+                                    )?,
+                                );
+                                correction = Some((cross.clone(), c.clone()));
+                                c
+                            }
+                        };
+                        c.apply(&mut m, *alpha, threads)
+                            .with_context(|| format!("tensor `{}`: asymmetric target", t.name))?;
                     }
                     gptq::quantize_matrix(spec.ty, &mut m, &factor, &mut buf, threads)
                         .with_context(|| format!("tensor `{}`: error feedback", t.name))?;
@@ -875,7 +910,22 @@ fn matrix_key(name: &str) -> Option<(Option<usize>, MatRole)> {
 
 /// A matrix input's statistics: the mean square of each input column over the calibration
 /// prompts, the tokens it was taken over, and (`--gptq`) the input's second-moment matrix.
-type Stat = (Vec<f32>, u64, Option<Arc<Vec<f32>>>);
+/// Rows of matrix inputs, shared by the matrices that read them.
+type Shared = Arc<Vec<f32>>;
+
+/// What is known of a matrix's input.
+#[derive(Clone)]
+struct Stat {
+    /// Each input column's mean square.
+    mean_sq: Vec<f32>,
+    /// Positions measured.
+    rows: u64,
+    /// The second moments `Σ x̃ x̃ᵀ` (`--gptq`).
+    gram: Option<Shared>,
+    /// `--asymmetric`: the cross moments `Σ (x − x̃) x̃ᵀ` of the source's inputs `x` and the
+    /// pack's `x̃`, and the fraction of the correction to its target to take.
+    target: Option<(Shared, f32)>,
+}
 
 /// Per matrix, its input's [`Stat`] through the source.
 type Importance = HashMap<(Option<usize>, MatRole), Stat>;
@@ -883,7 +933,12 @@ type Importance = HashMap<(Option<usize>, MatRole), Stat>;
 fn to_stat(s: &flowrt_engine::InputStat) -> Stat {
     let n = s.rows as f64;
     let mean = s.sum_sq.iter().map(|&v| (v / n) as f32).collect();
-    (mean, s.rows, s.gram.clone())
+    Stat {
+        mean_sq: mean,
+        rows: s.rows,
+        gram: s.gram.clone(),
+        target: None,
+    }
 }
 
 /// Where [`write_pack`] gets each matrix's input statistics.
@@ -911,6 +966,10 @@ impl Calibration for Importance {
 struct Sequential {
     driver: flowrt_engine::LayerByLayer,
     source: Arc<flowrt_model::Model>,
+    /// `--asymmetric`'s fraction, and the cross moments of the last input (by its rows).
+    asymmetric: Option<f32>,
+    cross: Option<(Shared, Shared)>,
+    threads: usize,
 }
 
 impl Sequential {
@@ -920,12 +979,26 @@ impl Sequential {
         let opts = gate_options(args, &source);
         let prompts =
             flowrt_engine::builtin_prompts(&source.tokenizer, source.template.as_ref(), extra)?;
-        let driver =
-            flowrt_engine::LayerByLayer::new(&source, &prompts, &opts, InputStatKind::Gram)?;
+        if let Some(a) = args.asymmetric {
+            anyhow::ensure!(
+                a > 0.0 && a <= 1.0,
+                "--asymmetric takes a fraction in (0, 1], not {a}"
+            );
+        }
+        let kind = match args.asymmetric {
+            Some(_) => InputStatKind::Inputs,
+            None => InputStatKind::Gram,
+        };
+        let driver = flowrt_engine::LayerByLayer::new(&source, &prompts, &opts, kind)?;
         check_gptq_tokens(driver.tokens(), widest_input(&source.model))?;
         // One layer's second moments, and three residual streams of every position (before
-        // a block, after it, and the next).
-        let streams = 3 * 4 * driver.tokens() * source.model.config.hidden_size as u64;
+        // a block, after it, and the next); with --asymmetric three more (the source's), and
+        // both paths' inputs of one layer.
+        let tokens = driver.tokens();
+        let mut streams = 3 * 4 * tokens * source.model.config.hidden_size as u64;
+        if args.asymmetric.is_some() {
+            streams = 2 * streams + 2 * 4 * tokens * layer_input_width(&source.model);
+        }
         if let Some(avail) = flowrt_engine::available_memory_bytes() {
             check_gram_memory(
                 layer_gram_bytes(&source.model) + streams,
@@ -936,17 +1009,48 @@ impl Sequential {
         Ok(Sequential {
             driver,
             source: source.model.clone(),
+            asymmetric: args.asymmetric,
+            cross: None,
+            threads: args
+                .threads
+                .filter(|&t| t > 0)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         })
     }
 }
 
 impl Calibration for Sequential {
     fn stat(&mut self, (layer, role): (Option<usize>, MatRole)) -> Result<Option<Stat>> {
-        Ok(self
-            .driver
-            .stat(layer, role)?
-            .filter(|s| s.rows > 0)
-            .map(to_stat))
+        let (mut stat, inputs) = match self.driver.stat(layer, role)?.filter(|s| s.rows > 0) {
+            Some(s) => (to_stat(s), s.inputs.clone()),
+            None => return Ok(None),
+        };
+        let (Some(alpha), Some(pack)) = (self.asymmetric, inputs) else {
+            return Ok(Some(stat));
+        };
+        let cross = match &self.cross {
+            Some((rows, c)) if Arc::ptr_eq(rows, &pack) => c.clone(),
+            _ => {
+                let Some(src) = self.driver.reference(layer, role)? else {
+                    return Ok(Some(stat));
+                };
+                let n = stat.mean_sq.len();
+                anyhow::ensure!(
+                    src.len() == pack.len() && pack.len() == n * stat.rows as usize,
+                    "the source's and the pack's inputs of {role:?} in layer {layer:?} differ \
+                     in size ({} and {} values for {} positions of {n})",
+                    src.len(),
+                    pack.len(),
+                    stat.rows
+                );
+                let delta: Vec<f32> = src.iter().zip(pack.iter()).map(|(x, y)| x - y).collect();
+                let c = Arc::new(gptq::cross_moment(&delta, n, &pack, n, self.threads));
+                self.cross = Some((pack, c.clone()));
+                c
+            }
+        };
+        stat.target = Some((cross, alpha));
+        Ok(Some(stat))
     }
 
     fn written(&mut self, t: &SrcTensor<'_>, ty: GgmlType, bytes: &[u8]) -> Result<()> {
@@ -1094,6 +1198,23 @@ fn gram_bytes(model: &flowrt_model::Model) -> u64 {
 /// The most bytes `--gptq --sequential`'s second moments take at once: one layer's.
 fn layer_gram_bytes(model: &flowrt_model::Model) -> u64 {
     layer_grams(model).max().unwrap_or(0)
+}
+
+/// The most columns one layer's distinct matrix inputs have together (the output
+/// projection counting as a layer): what `--asymmetric` keeps of each position per path.
+fn layer_input_width(model: &flowrt_model::Model) -> u64 {
+    let layers = model.config.num_hidden_layers;
+    (0..layers)
+        .map(|l| {
+            DISTINCT_INPUTS
+                .iter()
+                .filter_map(|&r| model.matrix(Some(l), r))
+                .map(|m| m.cols as u64)
+                .sum::<u64>()
+        })
+        .chain(model.matrix(None, MatRole::Output).map(|m| m.cols as u64))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The widest dense-matmul input (columns).
@@ -1274,6 +1395,9 @@ mod tests {
         let mut seq = Sequential {
             driver: flowrt_engine::LayerByLayer::new(&m, &prompts, &opts, kind).unwrap(),
             source: m.model.clone(),
+            asymmetric: None,
+            cross: None,
+            threads: 1,
         };
         let k = Kernels::detect();
         let mut order: Vec<&SrcTensor<'_>> = tensors.iter().collect();
@@ -1283,7 +1407,7 @@ mod tests {
             if let Some(key) = matrix_key(&t.name).filter(|k| k.1 != MatRole::Output) {
                 let got = seq.stat(key).unwrap().expect("statistics");
                 let want = once.iter().find(|s| (s.layer, s.role) == key).unwrap();
-                for (g, w) in got.0.iter().zip(to_stat(want).0) {
+                for (g, w) in got.mean_sq.iter().zip(to_stat(want).mean_sq) {
                     assert!((g - w).abs() <= 1e-5 * w.abs().max(1e-3), "{}", t.name);
                 }
                 compared += 1;

@@ -291,6 +291,9 @@ pub struct InputStat {
     /// `Σ x xᵀ` over the same rows (`n × n`, row-major, f32) when [`InputStatKind::Gram`]
     /// was asked for; shared by the matmuls that read the same input.
     pub gram: Option<std::sync::Arc<Vec<f32>>>,
+    /// Every input row summed (`rows × n`, row-major, in the order they were multiplied)
+    /// when [`InputStatKind::Inputs`] was asked for; shared like `gram`.
+    pub inputs: Option<std::sync::Arc<Vec<f32>>>,
 }
 
 /// What [`Backend::collect_input_stats`] accumulates.
@@ -302,6 +305,9 @@ pub enum InputStatKind {
     /// ([`InputStat::gram`]): `4 n²` bytes per input of `n` columns (every layer's), for
     /// error-feedback quantisation.
     Gram,
+    /// [`InputStatKind::Gram`] and every input row itself ([`InputStat::inputs`]): `4 n`
+    /// bytes per row and input, for the cross moments of two runs over the same positions.
+    Inputs,
 }
 
 /// What a backend is, for reports.

@@ -195,6 +195,21 @@ pub struct LayerByLayer {
     mixer_first: u64,
     ffn_first: u64,
     taken: Vec<Taken>,
+    /// The source's own path, with [`InputStatKind::Inputs`].
+    reference: Option<Reference>,
+}
+
+/// The source's own forward pass over the calibration positions, a layer at a time beside
+/// the working one: the inputs its matrices multiply there, for asymmetric targets.
+struct Reference {
+    /// The layer `x` enters (the layer count once past the last).
+    layer: usize,
+    x: Vec<Vec<f32>>,
+    /// `layer`'s stream after its attention block, and after the whole layer.
+    mid: Option<Vec<Vec<f32>>>,
+    next: Option<Vec<Vec<f32>>>,
+    /// The statistics (with the input rows) of `layer`'s matrices taken so far.
+    taken: Vec<InputStat>,
 }
 
 impl LayerByLayer {
@@ -233,6 +248,7 @@ impl LayerByLayer {
             mixer_first: 0,
             ffn_first: 0,
             taken: Vec::new(),
+            reference: None,
         })
     }
 
@@ -275,7 +291,7 @@ impl LayerByLayer {
                 (true, Some((_, mid))) => mid,
                 _ => self.x.as_ref().expect("embedded by advance_to"),
             };
-            let (_, stats) = self.run(groups, layer, Some(src), true, false)?;
+            let (_, stats) = self.run(false, groups, layer, Some(src), true, false)?;
             for stat in stats {
                 if stat.layer != layer || stage_of(stat.role).0 != stage {
                     continue;
@@ -341,6 +357,119 @@ impl LayerByLayer {
         Ok(())
     }
 
+    /// The rows the source itself multiplies `role`'s matrix in `layer` by (`None`: the
+    /// output projection) at the calibration positions, in the order of the rows of
+    /// [`InputStat::inputs`] that [`LayerByLayer::stat`] gives; `None` when no matmul reads
+    /// that input. Only with [`InputStatKind::Inputs`]; layers must be asked for in order.
+    pub fn reference(
+        &mut self,
+        layer: Option<usize>,
+        role: MatRole,
+    ) -> Result<Option<Arc<Vec<f32>>>, EngineError> {
+        if self.kind != InputStatKind::Inputs {
+            return Err(EngineError::Invalid(
+                "the source's matrix inputs are kept only when the input rows are asked for".into(),
+            ));
+        }
+        let (stage, _) = stage_of(role);
+        let layers = self.source.config.num_hidden_layers;
+        let target = match (stage, layer) {
+            (Stage::Output, _) => layers,
+            (_, Some(l)) if l < layers => l,
+            _ => return Ok(None),
+        };
+        let mut r = match self.reference.take() {
+            Some(r) => r,
+            None => {
+                let groups = self.groups(GroupKind::Embed).ok_or_else(|| {
+                    EngineError::Invalid("the model's plan has no embedding".into())
+                })?;
+                let (x, _) = self.run(true, groups, None, None, false, true)?;
+                Reference {
+                    layer: 0,
+                    x,
+                    mid: None,
+                    next: None,
+                    taken: Vec::new(),
+                }
+            }
+        };
+        let result = self.reference_step(&mut r, target, stage);
+        self.reference = Some(r);
+        result?;
+        let r = self.reference.as_ref().expect("just set");
+        Ok(r.taken
+            .iter()
+            .find(|s| s.layer == layer && s.role == role)
+            .and_then(|s| s.inputs.clone()))
+    }
+
+    /// Carries `r` to `target` and takes the source's inputs of `stage` there.
+    fn reference_step(
+        &self,
+        r: &mut Reference,
+        target: usize,
+        stage: Stage,
+    ) -> Result<(), EngineError> {
+        if target < r.layer {
+            return Err(EngineError::Invalid(format!(
+                "layer {target}'s source inputs were asked for after layer {}'s: layers must                  come in order",
+                r.layer
+            )));
+        }
+        let layers = self.source.config.num_hidden_layers;
+        while r.layer < target || (r.layer < layers && stage == Stage::Ffn && r.next.is_none()) {
+            let l = r.layer;
+            if r.mid.is_none() {
+                let mid = match self.groups(GroupKind::Attention { layer: l }) {
+                    Some(g) => {
+                        let (mid, stats) = self.run(true, g, Some(l), Some(&r.x), true, true)?;
+                        r.taken.extend(stats);
+                        mid
+                    }
+                    None => r.x.clone(),
+                };
+                r.mid = Some(mid);
+            }
+            if r.next.is_none() {
+                let mid = r.mid.as_ref().expect("set above");
+                let next = match self.groups(GroupKind::Ffn { layer: l }) {
+                    Some(g) => {
+                        let (next, stats) = self.run(true, g, Some(l), Some(mid), true, true)?;
+                        r.taken.extend(stats);
+                        next
+                    }
+                    None => mid.clone(),
+                };
+                r.next = Some(next);
+            }
+            if r.layer == target {
+                break;
+            }
+            r.x = r.next.take().expect("set above");
+            r.mid = None;
+            r.taken.clear();
+            r.layer += 1;
+        }
+        match stage {
+            Stage::Mixer if r.mid.is_none() => {
+                if let Some(g) = self.groups(GroupKind::Attention { layer: target }) {
+                    let (mid, stats) = self.run(true, g, Some(target), Some(&r.x), true, true)?;
+                    r.taken.extend(stats);
+                    r.mid = Some(mid);
+                }
+            }
+            Stage::Output if !r.taken.iter().any(|s| s.layer.is_none()) => {
+                if let Some(g) = self.groups(GroupKind::Output) {
+                    let (_, stats) = self.run(true, g, None, Some(&r.x), true, false)?;
+                    r.taken.extend(stats);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// What a statistic of `role` depends on, as the versions of the matrices upstream of
     /// its input in the current layer.
     fn key(&self, role: MatRole) -> (u64, u64) {
@@ -367,7 +496,7 @@ impl LayerByLayer {
             let groups = self
                 .groups(GroupKind::Embed)
                 .ok_or_else(|| EngineError::Invalid("the model's plan has no embedding".into()))?;
-            let (x, _) = self.run(groups, None, None, false, true)?;
+            let (x, _) = self.run(false, groups, None, None, false, true)?;
             self.x = Some(x);
         }
         if target < self.layer {
@@ -381,7 +510,7 @@ impl LayerByLayer {
             let l = self.layer;
             let mid = self.take_mid()?;
             let next = match self.groups(GroupKind::Ffn { layer: l }) {
-                Some(g) => self.run(g, Some(l), Some(&mid), false, true)?.0,
+                Some(g) => self.run(false, g, Some(l), Some(&mid), false, true)?.0,
                 None => mid,
             };
             self.x = Some(next);
@@ -421,7 +550,9 @@ impl LayerByLayer {
         let l = self.layer;
         let x = self.x.take().expect("embedded before a layer runs");
         let mid = match self.groups(GroupKind::Attention { layer: l }) {
-            Some(g) => self.run(g, Some(l), Some(&x), false, true).map(|r| r.0),
+            Some(g) => self
+                .run(false, g, Some(l), Some(&x), false, true)
+                .map(|r| r.0),
             None => Ok(x.clone()),
         };
         self.x = Some(x);
@@ -434,13 +565,18 @@ impl LayerByLayer {
     /// statistics (when `stats`).
     fn run(
         &self,
+        source: bool,
         groups: std::ops::Range<usize>,
         layer: Option<usize>,
         input: Option<&[Vec<f32>]>,
         stats: bool,
         read: bool,
     ) -> Result<(Vec<Vec<f32>>, Vec<InputStat>), EngineError> {
-        let model = Arc::new(self.working.clone());
+        let model = if source {
+            self.source.clone()
+        } else {
+            Arc::new(self.working.clone())
+        };
         let mut backend = flowrt_backends::open(self.backend, model, &self.settings)?;
         if stats {
             backend

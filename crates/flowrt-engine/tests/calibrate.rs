@@ -230,3 +230,96 @@ fn layer_by_layer_statistics_follow_the_replaced_matrices() {
         "layer 1's input comes through layer 0 as replaced"
     );
 }
+
+/// `LayerByLayer::reference` (pack's `--asymmetric`): the source's own matrix inputs, row for
+/// row beside the working path's [`InputStat::inputs`]. With nothing replaced the two are the
+/// same for every matrix; once layer 0's Q/K/V are quantised the working path's inputs of the
+/// attention output and of layer 1 move and the source's do not.
+#[test]
+fn reference_inputs_are_the_sources_own_path() {
+    use flowrt_engine::LayerByLayer;
+    let (m, prompts) = fixture_and_prompts();
+    let opts = EngineOptions {
+        threads: 2,
+        kv: KvPrecision::F32,
+        max_batch: 4,
+        ..Default::default()
+    };
+    let c = &m.model.config;
+    let tokens: usize = prompts.iter().map(Vec::len).sum();
+    let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Inputs).unwrap();
+    let mut plain = Vec::new();
+    for l in 0..c.num_hidden_layers {
+        for &role in DENSE_ROLES {
+            let s = lbl
+                .stat(Some(l), role)
+                .unwrap()
+                .expect("statistics")
+                .clone();
+            let rows = s.inputs.clone().expect("the input rows");
+            let n = s.sum_sq.len();
+            assert_eq!(rows.len(), tokens * n, "layer {l} {role:?}");
+            // The rows are the ones summed.
+            for (j, want) in s.sum_sq.iter().enumerate() {
+                let got: f64 = rows.chunks(n).map(|r| r[j] as f64 * r[j] as f64).sum();
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.max(1e-3),
+                    "layer {l} {role:?} {j}"
+                );
+            }
+            let src = lbl
+                .reference(Some(l), role)
+                .unwrap()
+                .expect("the source's rows");
+            assert_eq!(*src, *rows, "layer {l} {role:?}: nothing replaced");
+            plain.push(((l, role), rows));
+        }
+    }
+    let out = lbl
+        .reference(None, MatRole::Output)
+        .unwrap()
+        .expect("output");
+    assert_eq!(out.len(), tokens * c.hidden_size);
+    assert!(lbl
+        .reference(Some(0), MatRole::Q)
+        .unwrap_err()
+        .to_string()
+        .contains("in order"));
+    let rows_of = |l: usize, role: MatRole| {
+        plain
+            .iter()
+            .find(|(k, _)| *k == (l, role))
+            .map(|(_, r)| r.clone())
+            .unwrap()
+    };
+
+    let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Inputs).unwrap();
+    for role in [MatRole::Q, MatRole::K, MatRole::V] {
+        let w = m.model.matrix(Some(0), role).unwrap();
+        // Every weight halved: a large, exact change.
+        let mut f = vec![0f32; w.rows * w.cols];
+        let k = flowrt_kernels::Kernels::detect();
+        for (r, row) in f.chunks_mut(w.cols).enumerate() {
+            k.dequantize_row(w.dtype, &w.bytes()[r * w.row_bytes..][..w.row_bytes], row);
+        }
+        let bytes: Vec<u8> = f.iter().flat_map(|v| (v * 0.5).to_le_bytes()).collect();
+        lbl.replace(Some(0), role, flowrt_dtype::GgmlType::F32, bytes)
+            .unwrap();
+    }
+    let o = lbl.stat(Some(0), MatRole::O).unwrap().unwrap().clone();
+    assert_ne!(*o.inputs.unwrap(), *rows_of(0, MatRole::O));
+    assert_eq!(
+        *lbl.reference(Some(0), MatRole::O).unwrap().unwrap(),
+        *rows_of(0, MatRole::O)
+    );
+    let next = lbl.stat(Some(1), MatRole::Gate).unwrap().unwrap().clone();
+    assert_ne!(*next.inputs.unwrap(), *rows_of(1, MatRole::Gate));
+    assert_eq!(
+        *lbl.reference(Some(1), MatRole::Gate).unwrap().unwrap(),
+        *rows_of(1, MatRole::Gate)
+    );
+
+    // Without the rows asked for, no reference.
+    let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
+    assert!(lbl.reference(Some(0), MatRole::Q).is_err());
+}

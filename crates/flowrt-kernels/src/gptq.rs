@@ -53,6 +53,8 @@ pub struct Factor {
     /// `1 / V_kk`.
     inv_diag: Vec<f32>,
     diag: Vec<f32>,
+    /// What `H + λI` was multiplied by before factoring (`1 /` its mean diagonal).
+    scale: f64,
 }
 
 /// Fraction of the mean diagonal added to the diagonal of `H`.
@@ -96,6 +98,7 @@ impl Factor {
             v,
             inv_diag,
             diag,
+            scale: s,
         })
     }
 
@@ -108,6 +111,149 @@ impl Factor {
     /// `H` scaled to a unit mean diagonal.
     pub fn upper(&self) -> &[f32] {
         &self.v
+    }
+}
+
+/// Rows of the panels [`cross_moment`] sums at a time (a panel of a few hundred KiB).
+const CROSS_ROWS: usize = 64;
+
+/// `Σ_t a_t b_tᵀ` (`p × q`, row-major) over the rows `t` of `a` (`T × p`, row-major) and `b`
+/// (`T × q`), on up to `threads` threads: the rows are copied [`CROSS_ROWS`] at a time into
+/// one zero-padded panel `[a_t | b_t]` whose columns [`crate::Kernels::panel_dots_f32`] takes
+/// 4 × 16 at a time, rows of tiles dealt round-robin to the threads.
+///
+/// # Panics
+/// When `a` and `b` are not the same number of whole rows of `p` and `q` values.
+pub fn cross_moment(a: &[f32], p: usize, b: &[f32], q: usize, threads: usize) -> Vec<f32> {
+    let t = a.len().checked_div(p).unwrap_or(0);
+    assert!(
+        a.len() == t * p && b.len() == t * q,
+        "cross_moment: {} and {} values are not {t} rows of {p} and {q}",
+        a.len(),
+        b.len()
+    );
+    let mut out = vec![0f32; p * q];
+    if t == 0 || q == 0 {
+        return out;
+    }
+    let kern = crate::Kernels::detect();
+    let pa = p.div_ceil(4) * 4;
+    let stride = pa + q.div_ceil(16) * 16;
+    let mut panel = vec![0f32; CROSS_ROWS * stride];
+    let threads = threads.clamp(1, pa / 4);
+    for t0 in (0..t).step_by(CROSS_ROWS) {
+        let m = (t - t0).min(CROSS_ROWS);
+        let panel = &mut panel[..m * stride];
+        for (i, row) in panel.chunks_exact_mut(stride).enumerate() {
+            row[..p].copy_from_slice(&a[(t0 + i) * p..(t0 + i + 1) * p]);
+            row[pa..pa + q].copy_from_slice(&b[(t0 + i) * q..(t0 + i + 1) * q]);
+        }
+        let panel = &*panel;
+        let mut parts: Vec<Vec<(usize, &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+        for (ti, rows) in out.chunks_mut(4 * q).enumerate() {
+            parts[ti % threads].push((4 * ti, rows));
+        }
+        std::thread::scope(|s| {
+            for part in parts {
+                s.spawn(move || {
+                    let mut tile = [[0f32; 16]; 4];
+                    for (i0, rows) in part {
+                        for c0 in (0..q).step_by(16) {
+                            kern.panel_dots_f32(panel, stride, i0, pa + c0, &mut tile);
+                            let w = (q - c0).min(16);
+                            for (r, row) in rows.chunks_mut(q).enumerate() {
+                                for (o, v) in row[c0..c0 + w].iter_mut().zip(&tile[r][..w]) {
+                                    *o += v;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+    out
+}
+
+/// The asymmetric target of error-feedback quantisation (GPTAQ: Li et al., 2025): a matrix
+/// `W` that the source multiplies by inputs `X` is to be quantised for inputs `X̃` (the same
+/// positions through the already quantised matrices before it). Its output error
+/// `‖W X − Q X̃‖²` is least for `Q` near `W* = W X X̃ᵀ (X̃ X̃ᵀ)⁻¹ = W (I + K)` with
+/// `K = (X − X̃) X̃ᵀ (X̃ X̃ᵀ + λI)⁻¹`, which error feedback through `X̃ X̃ᵀ` then quantises. `K`
+/// is shared by the matrices that read the same input.
+#[derive(Clone, Debug)]
+pub struct Correction {
+    n: usize,
+    /// `K` (`n × n`, row-major).
+    k: Vec<f32>,
+}
+
+impl Correction {
+    /// `K` from `cross = Σ_t (x_t − x̃_t) x̃_tᵀ` (`n × n`, row-major) and the factor of the
+    /// same inputs' `Σ x̃ x̃ᵀ`, on up to `threads` threads. Each row `c` of `cross` is solved
+    /// as `c (H + λI)⁻¹ = s c V⁻ᵀ V⁻¹`: back substitution with `V`'s rows for `y Vᵀ = c`,
+    /// then `z V = y` as axpys of `V`'s rows.
+    pub fn new(cross: &[f32], factor: &Factor, threads: usize) -> Result<Self, GptqError> {
+        let n = factor.n;
+        if cross.len() != n * n {
+            return Err(GptqError::Shape(format!(
+                "{} cross moments for inputs of {n}",
+                cross.len()
+            )));
+        }
+        if !cross.iter().all(|v| v.is_finite()) {
+            return Err(GptqError::NotFinite);
+        }
+        let kern = crate::Kernels::detect();
+        let v = &factor.v;
+        let scale = factor.scale as f32;
+        let mut k = cross.to_vec();
+        let per = n.div_ceil(threads.max(1)).max(1);
+        std::thread::scope(|s| {
+            for part in k.chunks_mut(per * n) {
+                s.spawn(move || {
+                    let mut y = vec![0f32; n];
+                    for row in part.chunks_mut(n) {
+                        for j in (0..n).rev() {
+                            let vj = &v[j * n..(j + 1) * n];
+                            let dot = kern.dot_f32(&vj[j + 1..], &y[j + 1..]);
+                            y[j] = (row[j] - dot) * factor.inv_diag[j];
+                        }
+                        for i in 0..n {
+                            let z = y[i] * factor.inv_diag[i];
+                            row[i] = scale * z;
+                            let vi = &v[i * n..(i + 1) * n];
+                            kern.axpy_f32(&mut y[i + 1..], -z, &vi[i + 1..]);
+                        }
+                    }
+                });
+            }
+        });
+        Ok(Self { n, k })
+    }
+
+    /// Moves `w` (rows of `n` values, row-major) a fraction `alpha` of the way to its
+    /// target: `w += alpha · w K`, on up to `threads` threads.
+    pub fn apply(&self, w: &mut [f32], alpha: f32, threads: usize) -> Result<(), GptqError> {
+        let n = self.n;
+        if n == 0 || !w.len().is_multiple_of(n) {
+            return Err(GptqError::Shape(format!(
+                "{} values in rows of {n}",
+                w.len()
+            )));
+        }
+        let rows = w.len() / n;
+        let mut wt = vec![0f32; w.len()];
+        for (r, row) in w.chunks_exact(n).enumerate() {
+            for (c, &x) in row.iter().enumerate() {
+                wt[c * rows + r] = x;
+            }
+        }
+        let d = cross_moment(&wt, rows, &self.k, n, threads);
+        for (x, dx) in w.iter_mut().zip(&d) {
+            *x += alpha * dx;
+        }
+        Ok(())
     }
 }
 

@@ -1,13 +1,15 @@
 //! Error-feedback quantisation (`flowrt_kernels::gptq`, what `flowrt pack --gptq` writes):
 //! on inputs with correlated columns its output error `Σ_rows eᵀ H e` is well below the
 //! importance-weighted search's, the factor it spreads errors with is `H + λI`'s Cholesky factor, the
-//! blocks it writes decode to values on their own grids, and bad shapes are errors.
+//! blocks it writes decode to values on their own grids, the asymmetric target (`--asymmetric`)
+//! is the least-squares matrix for the source's outputs from the pack's inputs, and bad shapes
+//! are errors.
 
 mod common;
 
 use common::{normal, rng, TestRng};
 use flowrt_dtype::GgmlType;
-use flowrt_kernels::gptq::{quantize_matrix, Factor, GptqError};
+use flowrt_kernels::gptq::{cross_moment, quantize_matrix, Correction, Factor, GptqError};
 use flowrt_kernels::{row_size, Kernels};
 
 const TYPES: [GgmlType; 4] = [
@@ -226,4 +228,181 @@ fn bad_inputs_are_errors() {
         quantize_matrix(GgmlType::Q4_0, &mut w, &f, &mut out[..10], 1),
         Err(GptqError::Shape(_))
     ));
+}
+
+/// `Σ_t a_t b_tᵀ` in f64.
+fn cross_f64(a: &[f32], p: usize, b: &[f32], q: usize) -> Vec<f64> {
+    let t = a.len() / p.max(1);
+    let mut out = vec![0f64; p * q];
+    for m in 0..t {
+        for i in 0..p {
+            for j in 0..q {
+                out[i * q + j] += a[m * p + i] as f64 * b[m * q + j] as f64;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn cross_moments_are_the_sums_of_outer_products() {
+    let mut rng = rng(21);
+    // Widths on and off the 4 × 16 tiles, row counts on and off the 64-row panels.
+    for (p, q) in [(1, 1), (3, 17), (4, 16), (17, 33), (40, 5)] {
+        for t in [0, 1, 63, 64, 65, 130] {
+            let a: Vec<f32> = (0..t * p).map(|_| normal(&mut rng)).collect();
+            let b: Vec<f32> = (0..t * q).map(|_| normal(&mut rng)).collect();
+            let want = cross_f64(&a, p, &b, q);
+            for threads in 1..=3 {
+                let got = cross_moment(&a, p, &b, q, threads);
+                assert_eq!(got.len(), p * q);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (*g as f64 - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                        "p {p} q {q} t {t} threads {threads} at {i}: {g} against {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `a⁻¹` of a symmetric positive definite `n × n` matrix, by Gauss-Jordan in f64.
+fn inverse(a: &[f64], n: usize) -> Vec<f64> {
+    let mut m = a.to_vec();
+    let mut inv: Vec<f64> = (0..n * n)
+        .map(|k| if k % (n + 1) == 0 { 1.0 } else { 0.0 })
+        .collect();
+    for c in 0..n {
+        let p = m[c * n + c];
+        for j in 0..n {
+            m[c * n + j] /= p;
+            inv[c * n + j] /= p;
+        }
+        for r in 0..n {
+            if r != c {
+                let f = m[r * n + c];
+                for j in 0..n {
+                    m[r * n + j] -= f * m[c * n + j];
+                    inv[r * n + j] -= f * inv[c * n + j];
+                }
+            }
+        }
+    }
+    inv
+}
+
+/// With the pack's inputs `x̃` and the source's `x` (the same positions, moved by what the
+/// layers before quantised), `W + alpha · W K` is `W` moved `alpha` of the way to the
+/// least-squares `W*` for `W x` from `x̃` under the damping, computed here in f64; `W*` makes
+/// less output error on `x̃` than `W` does.
+#[test]
+fn the_correction_is_the_least_squares_target() {
+    let mut rng = rng(23);
+    for n in [32, 64, 96] {
+        let tokens = 3 * n;
+        let (xq, g) = inputs(&mut rng, n, tokens, 6);
+        // The source's inputs: the pack's plus an error correlated with them.
+        let mix: Vec<f32> = (0..n * n).map(|_| 0.05 * normal(&mut rng)).collect();
+        let mut x = xq.clone();
+        for t in 0..tokens {
+            for j in 0..n {
+                let e: f32 = (0..n).map(|i| xq[t * n + i] * mix[i * n + j]).sum();
+                x[t * n + j] += e + 0.05 * normal(&mut rng);
+            }
+        }
+        let delta: Vec<f32> = x.iter().zip(&xq).map(|(a, b)| a - b).collect();
+        let rows = 5;
+        let w: Vec<f32> = (0..rows * n).map(|_| normal(&mut rng)).collect();
+        let factor = Factor::new(&g, n, 2).unwrap();
+        let cross = cross_moment(&delta, n, &xq, n, 2);
+        let corr = Correction::new(&cross, &factor, 3).unwrap();
+        // W* = W (C + λI)(H + λI)⁻¹ with C = Σ x x̃ᵀ, H = Σ x̃ x̃ᵀ, λ a hundredth of H's mean
+        // diagonal: W + W (C − H)(H + λI)⁻¹.
+        let mean = (0..n).map(|i| g[i * n + i] as f64).sum::<f64>() / n as f64;
+        let d: Vec<f64> = (0..n * n)
+            .map(|k| g[k] as f64 + if k % (n + 1) == 0 { 0.01 * mean } else { 0.0 })
+            .collect();
+        let dinv = inverse(&d, n);
+        let c = cross_f64(&delta, n, &xq, n);
+        let mut k = vec![0f64; n * n];
+        for i in 0..n {
+            for j in 0..n {
+                k[i * n + j] = (0..n).map(|m| c[i * n + m] * dinv[m * n + j]).sum();
+            }
+        }
+        for alpha in [1.0f32, 0.25] {
+            let mut got = w.clone();
+            corr.apply(&mut got, alpha, 2).unwrap();
+            let mut worst = 0f64;
+            let mut size = 0f64;
+            for r in 0..rows {
+                for j in 0..n {
+                    let wk: f64 = (0..n).map(|m| w[r * n + m] as f64 * k[m * n + j]).sum();
+                    let want = w[r * n + j] as f64 + alpha as f64 * wk;
+                    worst = worst.max((got[r * n + j] as f64 - want).abs());
+                    size = size.max(wk.abs());
+                }
+            }
+            assert!(
+                size > 1e-2,
+                "n {n}: the correction is too small to test ({size:e})"
+            );
+            assert!(
+                worst < 1e-3 * (1.0 + size),
+                "n {n} alpha {alpha}: off the target by {worst:e} (correction up to {size:e})"
+            );
+        }
+        // ‖W x − W' x̃‖² over the positions: less with the target than with W.
+        let err = |m: &[f32]| -> f64 {
+            let mut e = 0f64;
+            for t in 0..tokens {
+                for r in 0..rows {
+                    let want: f64 = (0..n)
+                        .map(|j| w[r * n + j] as f64 * x[t * n + j] as f64)
+                        .sum();
+                    let got: f64 = (0..n)
+                        .map(|j| m[r * n + j] as f64 * xq[t * n + j] as f64)
+                        .sum();
+                    e += (want - got).powi(2);
+                }
+            }
+            e
+        };
+        let mut target = w.clone();
+        corr.apply(&mut target, 1.0, 1).unwrap();
+        let (before, after) = (err(&w), err(&target));
+        assert!(
+            after < 0.5 * before,
+            "n {n}: output error {after:e} with the target against {before:e} without"
+        );
+    }
+}
+
+#[test]
+fn bad_corrections_are_errors() {
+    let mut g = vec![0f32; 32 * 32];
+    for j in 0..32 {
+        g[j * 32 + j] = 1.0;
+    }
+    let f = Factor::new(&g, 32, 1).unwrap();
+    assert!(matches!(
+        Correction::new(&[0.0; 31 * 32], &f, 1),
+        Err(GptqError::Shape(_))
+    ));
+    let mut bad = vec![0f32; 32 * 32];
+    bad[7] = f32::INFINITY;
+    assert_eq!(
+        Correction::new(&bad, &f, 1).unwrap_err(),
+        GptqError::NotFinite
+    );
+    let c = Correction::new(&vec![0f32; 32 * 32], &f, 1).unwrap();
+    assert!(matches!(
+        c.apply(&mut [0f32; 40], 1.0, 1),
+        Err(GptqError::Shape(_))
+    ));
+    // No difference between the paths: no correction.
+    let mut w: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    c.apply(&mut w, 1.0, 2).unwrap();
+    assert!(w.iter().enumerate().all(|(i, &v)| v == i as f32));
 }

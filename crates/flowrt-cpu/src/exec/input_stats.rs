@@ -1,7 +1,8 @@
 //! The dense matmuls' input statistics while a pack calibrates
 //! ([`flowrt_dispatch::Backend::collect_input_stats`]): each input column's sum of squares,
 //! and with [`InputStatKind::Gram`] the second-moment matrix `Σ x xᵀ` of each distinct input
-//! (one per call of `matmuls`, shared by the matrices it feeds).
+//! (one per call of `matmuls`, shared by the matrices it feeds), with
+//! [`InputStatKind::Inputs`] also the rows themselves.
 
 use std::sync::Arc;
 
@@ -16,6 +17,8 @@ pub(super) struct InputStats {
     grams: Vec<(usize, Vec<f32>)>,
     /// Per entry of `stats`: its gram.
     gram_of: Vec<Option<usize>>,
+    /// Per gram, the input rows (with [`InputStatKind::Inputs`]).
+    inputs: Vec<Vec<f32>>,
 }
 
 impl InputStats {
@@ -25,6 +28,7 @@ impl InputStats {
             stats: Vec::new(),
             grams: Vec::new(),
             gram_of: Vec::new(),
+            inputs: Vec::new(),
         }
     }
 
@@ -70,6 +74,7 @@ impl InputStats {
                         sum_sq: sq.clone(),
                         rows: rows.len() as u64,
                         gram: None,
+                        inputs: None,
                     });
                     self.gram_of.push(None);
                     self.stats.len() - 1
@@ -77,13 +82,14 @@ impl InputStats {
             };
             entries.push(i);
         }
-        if self.kind != InputStatKind::Gram {
+        if self.kind == InputStatKind::SumSquares {
             return;
         }
         let g = match entries.iter().find_map(|&i| self.gram_of[i]) {
             Some(g) => g,
             None => {
                 self.grams.push((k, vec![0f32; k * k]));
+                self.inputs.push(Vec::new());
                 self.grams.len() - 1
             }
         };
@@ -91,10 +97,19 @@ impl InputStats {
             self.gram_of[i] = Some(g);
         }
         add_outer(kern, &mut self.grams[g].1, rows, k, threads);
+        if self.kind == InputStatKind::Inputs {
+            let kept = &mut self.inputs[g];
+            kept.reserve(rows.len() * k);
+            for r in rows {
+                kept.extend_from_slice(r);
+            }
+        }
     }
 
     /// The statistics in layer and role order, each Gram matrix made symmetric and shared.
     pub(super) fn take(self) -> Vec<InputStat> {
+        let keep = self.kind == InputStatKind::Inputs;
+        let inputs: Vec<Arc<Vec<f32>>> = self.inputs.into_iter().map(Arc::new).collect();
         let grams: Vec<Arc<Vec<f32>>> = self
             .grams
             .into_iter()
@@ -113,6 +128,7 @@ impl InputStats {
             .zip(self.gram_of)
             .map(|(mut e, g)| {
                 e.gram = g.map(|g| grams[g].clone());
+                e.inputs = g.filter(|_| keep).map(|g| inputs[g].clone());
                 e
             })
             .collect();
