@@ -771,10 +771,12 @@ fn write_pack(
         let mut f = vec![0f32; n];
         let mut ggml = Vec::with_capacity(out_row);
         // Only a row of the length the statistics were taken for (a fused or split matrix
-        // whose input differs falls back to the plain search).
+        // whose input differs falls back to the plain search), and only for the types whose
+        // search weighs by them (the Q8_0 head of a Q4 mix needs no run of the head over
+        // every calibration position).
         let stat = match matrix_key(&t.name) {
-            Some(key) => calibration.stat(key)?,
-            None => None,
+            Some(key) if gptq::supports(spec.ty) => calibration.stat(key)?,
+            _ => None,
         };
         let stat = stat.as_ref();
         let imp = stat.map(|v| &v.mean_sq[..]).filter(|w| w.len() == n);
