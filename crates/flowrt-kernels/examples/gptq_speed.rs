@@ -1,5 +1,7 @@
 //! Time of error-feedback quantisation (`flowrt_kernels::gptq`) at a model's widths: the
-//! factorisation of an `n × n` second-moment matrix and the quantisation of `rows × n`.
+//! factorisation of an `n × n` second-moment matrix, the quantisation of `rows × n`, and
+//! `--asymmetric`'s parts: the cross moments of `T` positions (`CROSS_T`, default 4096), the
+//! correction's solve and its application to `rows × n`.
 //!
 //! `cargo run --profile ci -p flowrt-kernels --example gptq_speed [-- N ROWS [THREADS]]`
 //!
@@ -8,7 +10,7 @@
 use std::time::Instant;
 
 use flowrt_dtype::GgmlType;
-use flowrt_kernels::gptq::{quantize_matrix, Factor};
+use flowrt_kernels::gptq::{cross_moment, quantize_matrix, Correction, Factor};
 use flowrt_kernels::row_size;
 
 /// xorshift64* uniform in [-1, 1).
@@ -69,4 +71,32 @@ fn main() {
             rows as f64 * n as f64 * n as f64 / secs / 1e9
         );
     }
+    let t: usize = std::env::var("CROSS_T")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096);
+    let a: Vec<f32> = (0..t * n).map(|_| uniform(&mut s)).collect();
+    let b: Vec<f32> = (0..t * n).map(|_| uniform(&mut s)).collect();
+    let t0 = Instant::now();
+    let mut c = cross_moment(&a, n, &b, n, threads);
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "cross moments {t} x {n} threads={threads}: {secs:.2} s ({:.1} GMAC/s)",
+        t as f64 * n as f64 * n as f64 / secs / 1e9
+    );
+    c.iter_mut().for_each(|v| *v *= 1e-4);
+    let t0 = Instant::now();
+    let corr = Correction::new(&c, &f, threads).expect("solved");
+    let secs = t0.elapsed().as_secs_f64();
+    println!(
+        "correction solve n={n} threads={threads}: {secs:.2} s ({:.1} GMAC/s)",
+        (n as f64).powi(3) / secs / 1e9
+    );
+    let mut w = w0.clone();
+    let t0 = Instant::now();
+    corr.apply(&mut w, 0.25, threads).expect("applied");
+    println!(
+        "correction apply {rows}x{n} threads={threads}: {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
 }
