@@ -440,17 +440,32 @@ fn remove_on_interrupt(paths: Vec<PathBuf>, done: Arc<AtomicBool>) {
             let _ = tx.send(());
             return;
         };
-        rt.block_on(async {
+        // The exit status of a shell's process killed by the signal: 128 + SIGINT or SIGTERM.
+        let code = rt.block_on(async {
             let signal = tokio::signal::ctrl_c();
             tokio::pin!(signal);
-            // Poll once so the handler is installed before pack starts writing.
+            // SIGTERM too (what `kill`, service managers and container stops send).
+            let term = async {
+                #[cfg(unix)]
+                {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    if let Ok(mut s) = signal(SignalKind::terminate()) {
+                        s.recv().await;
+                        return;
+                    }
+                }
+                std::future::pending::<()>().await
+            };
+            tokio::pin!(term);
+            // Poll once so the handlers are installed before pack starts writing.
             tokio::select! {
                 biased;
-                _ = &mut signal => {}
+                _ = &mut signal => 130,
+                _ = &mut term => 143,
                 _ = async {
                     let _ = tx.send(());
                     std::future::pending::<()>().await
-                } => {}
+                } => 1,
             }
         });
         if !done.load(Ordering::SeqCst) {
@@ -459,7 +474,7 @@ fn remove_on_interrupt(paths: Vec<PathBuf>, done: Arc<AtomicBool>) {
             }
             eprintln!("interrupted: nothing was written");
         }
-        std::process::exit(130);
+        std::process::exit(code);
     });
     let _ = rx.recv();
 }

@@ -633,38 +633,42 @@ fn requantises_smollm2_to_q8_0() {
     assert!(top1 >= 0.9 && kl <= 1e-2, "{stdout}");
 }
 
+/// Ctrl-C (SIGINT) and SIGTERM (`kill`, service managers) midway: the partial file is
+/// removed and the exit status is the shell's for that signal.
 #[test]
 fn ctrl_c_midway_leaves_nothing() {
     let Some(src) = std::env::var_os("FLOWRT_SMOLLM2_GGUF").map(PathBuf::from) else {
         eprintln!("FLOWRT_SMOLLM2_GGUF not set: skipped");
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("m.gguf");
-    let child = flowrt()
-        .args(["pack", src.to_str().unwrap(), "-o"])
-        .arg(&out)
-        .args(["--quant", "Q8_0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Interrupt once writing has started (the partial file, or the output being gated).
-    let t0 = std::time::Instant::now();
-    while !partial(&out).exists() && !out.exists() {
-        assert!(t0.elapsed().as_secs() < 60, "pack never started writing");
-        std::thread::sleep(std::time::Duration::from_millis(5));
+    for (signal, code) in [("INT", 130), ("TERM", 143)] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m.gguf");
+        let child = flowrt()
+            .args(["pack", src.to_str().unwrap(), "-o"])
+            .arg(&out)
+            .args(["--quant", "Q8_0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Interrupt once writing has started (the partial file, or the output being gated).
+        let t0 = std::time::Instant::now();
+        while !partial(&out).exists() && !out.exists() {
+            assert!(t0.elapsed().as_secs() < 60, "pack never started writing");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let st = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let o = child.wait_with_output().unwrap();
+        let (_, stderr) = text(&o);
+        assert_eq!(o.status.code(), Some(code), "SIG{signal}: {stderr}");
+        assert!(stderr.contains("interrupted"), "SIG{signal}: {stderr}");
+        assert!(!out.exists() && !partial(&out).exists(), "SIG{signal}");
     }
-    let st = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let o = child.wait_with_output().unwrap();
-    let (_, stderr) = text(&o);
-    assert_eq!(o.status.code(), Some(130), "{stderr}");
-    assert!(stderr.contains("interrupted"), "{stderr}");
-    assert!(!out.exists() && !partial(&out).exists());
 }
 
 /// A packed file's tensor: (type, dims, values as f32 for F32 tensors).
