@@ -265,12 +265,8 @@ impl LayerByLayer {
         layer: Option<usize>,
         role: MatRole,
     ) -> Result<Option<&InputStat>, EngineError> {
-        let (stage, _) = stage_of(role);
-        let layers = self.source.config.num_hidden_layers;
-        let target = match (stage, layer) {
-            (Stage::Output, _) => layers,
-            (_, Some(l)) if l < layers => l,
-            _ => return Ok(None),
+        let Some((stage, target)) = self.target(layer, role) else {
+            return Ok(None);
         };
         self.advance_to(target)?;
         let key = self.key(role);
@@ -371,12 +367,8 @@ impl LayerByLayer {
                 "the source's matrix inputs are kept only when the input rows are asked for".into(),
             ));
         }
-        let (stage, _) = stage_of(role);
-        let layers = self.source.config.num_hidden_layers;
-        let target = match (stage, layer) {
-            (Stage::Output, _) => layers,
-            (_, Some(l)) if l < layers => l,
-            _ => return Ok(None),
+        let Some((stage, target)) = self.target(layer, role) else {
+            return Ok(None);
         };
         let mut r = match self.reference.take() {
             Some(r) => r,
@@ -468,6 +460,18 @@ impl LayerByLayer {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The block `role`'s matrix in `layer` belongs to, and the layer its input enters (the
+    /// layer count for the output projection); `None` for a layer the model lacks.
+    fn target(&self, layer: Option<usize>, role: MatRole) -> Option<(Stage, usize)> {
+        let (stage, _) = stage_of(role);
+        let layers = self.source.config.num_hidden_layers;
+        match (stage, layer) {
+            (Stage::Output, _) => Some((stage, layers)),
+            (_, Some(l)) if l < layers => Some((stage, l)),
+            _ => None,
+        }
     }
 
     /// What a statistic of `role` depends on, as the versions of the matrices upstream of

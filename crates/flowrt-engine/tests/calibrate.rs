@@ -128,6 +128,16 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
     assert_eq!(stat(&plain, Some(0), MatRole::Q).sum_sq, *got);
 }
 
+/// Two threads, an f32 cache and batches of 4 (several chunks per prompt).
+fn layer_by_layer_options() -> EngineOptions {
+    EngineOptions {
+        threads: 2,
+        kv: KvPrecision::F32,
+        max_batch: 4,
+        ..Default::default()
+    }
+}
+
 /// `LayerByLayer` (pack's `--gptq --sequential`): with nothing replaced, every layer's
 /// statistics are the one-pass run's (the output projection's over every position instead of
 /// each prompt's last); a matrix replaced changes the statistics of the inputs downstream of
@@ -137,12 +147,7 @@ fn input_stats_are_the_column_sums_of_squares_of_each_matmuls_input() {
 fn layer_by_layer_statistics_follow_the_replaced_matrices() {
     use flowrt_engine::LayerByLayer;
     let (m, prompts) = fixture_and_prompts();
-    let opts = EngineOptions {
-        threads: 2,
-        kv: KvPrecision::F32,
-        max_batch: 4,
-        ..Default::default()
-    };
+    let opts = layer_by_layer_options();
     let once = input_stats(&m, &prompts, &opts, InputStatKind::Gram).unwrap();
     let c = &m.model.config;
     let close = |a: &[f64], b: &[f64], what: &str| {
@@ -239,12 +244,7 @@ fn layer_by_layer_statistics_follow_the_replaced_matrices() {
 fn reference_inputs_are_the_sources_own_path() {
     use flowrt_engine::LayerByLayer;
     let (m, prompts) = fixture_and_prompts();
-    let opts = EngineOptions {
-        threads: 2,
-        kv: KvPrecision::F32,
-        max_batch: 4,
-        ..Default::default()
-    };
+    let opts = layer_by_layer_options();
     let c = &m.model.config;
     let tokens: usize = prompts.iter().map(Vec::len).sum();
     let mut lbl = LayerByLayer::new(&m, &prompts, &opts, InputStatKind::Inputs).unwrap();

@@ -209,11 +209,7 @@ fn bad_inputs_are_errors() {
         Factor::new(&[1.0, 5.0, 5.0, 1.0], 2, 1),
         Err(GptqError::NotPositiveDefinite(_))
     ));
-    let mut g = vec![0f32; 32 * 32];
-    for j in 0..32 {
-        g[j * 32 + j] = 1.0;
-    }
-    let f = Factor::new(&g, 32, 1).unwrap();
+    let f = Factor::new(&identity(32), 32, 1).unwrap();
     let mut w = vec![0.5f32; 64];
     let mut out = vec![0u8; 2 * row_size(GgmlType::Q4_0, 32)];
     assert_eq!(
@@ -228,6 +224,13 @@ fn bad_inputs_are_errors() {
         quantize_matrix(GgmlType::Q4_0, &mut w, &f, &mut out[..10], 1),
         Err(GptqError::Shape(_))
     ));
+}
+
+/// The `n × n` identity (the second moments of inputs that do not correlate).
+fn identity(n: usize) -> Vec<f32> {
+    (0..n * n)
+        .map(|k| if k % (n + 1) == 0 { 1.0 } else { 0.0 })
+        .collect()
 }
 
 /// `Σ_t a_t b_tᵀ` in f64.
@@ -381,11 +384,7 @@ fn the_correction_is_the_least_squares_target() {
 
 #[test]
 fn bad_corrections_are_errors() {
-    let mut g = vec![0f32; 32 * 32];
-    for j in 0..32 {
-        g[j * 32 + j] = 1.0;
-    }
-    let f = Factor::new(&g, 32, 1).unwrap();
+    let f = Factor::new(&identity(32), 32, 1).unwrap();
     assert!(matches!(
         Correction::new(&[0.0; 31 * 32], &f, 1),
         Err(GptqError::Shape(_))
