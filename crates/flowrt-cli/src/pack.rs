@@ -261,7 +261,7 @@ pub fn pack(args: PackArgs) -> Result<ExitCode> {
         _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     let mut calibration: Box<dyn Calibration> = if args.sequential {
-        let seq = Sequential::new(&args, &extra)?;
+        let seq = Sequential::new(&args, &extra, threads)?;
         println!(
             "calibration: layer by layer over {} tokens of the gate's prompts through the \
              matrices as quantised (--gptq --sequential)",
@@ -991,7 +991,7 @@ struct Sequential {
 
 impl Sequential {
     /// Prepares the calibration (`pack` has checked that `--gptq` applies to the type).
-    fn new(args: &PackArgs, extra: &[String]) -> Result<Sequential> {
+    fn new(args: &PackArgs, extra: &[String], threads: usize) -> Result<Sequential> {
         let source = load_source(args)?;
         let opts = gate_options(args, &source);
         let prompts =
@@ -1028,10 +1028,7 @@ impl Sequential {
             source: source.model.clone(),
             asymmetric: args.asymmetric,
             cross: None,
-            threads: args
-                .threads
-                .filter(|&t| t > 0)
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            threads,
         })
     }
 }
@@ -1184,18 +1181,26 @@ const DISTINCT_INPUTS: [MatRole; 6] = [
     MatRole::ConvOut,
 ];
 
-/// The bytes of `layer`'s second moments (`None`: the output projection's): `4 n²` for each
-/// distinct input of `n` columns.
-fn gram_bytes_of(model: &flowrt_model::Model, layer: Option<usize>) -> u64 {
-    let roles: &[MatRole] = match layer {
+/// The widths (columns) of `layer`'s distinct matrix inputs (`None`: the output
+/// projection's).
+fn input_widths(
+    model: &flowrt_model::Model,
+    layer: Option<usize>,
+) -> impl Iterator<Item = u64> + '_ {
+    let roles: &'static [MatRole] = match layer {
         Some(_) => &DISTINCT_INPUTS,
         None => &[MatRole::Output],
     };
     roles
         .iter()
-        .filter_map(|&r| model.matrix(layer, r))
-        .map(|m| 4 * (m.cols as u64).pow(2))
-        .sum()
+        .filter_map(move |&r| model.matrix(layer, r))
+        .map(|m| m.cols as u64)
+}
+
+/// The bytes of `layer`'s second moments (`None`: the output projection's): `4 n²` for each
+/// distinct input of `n` columns.
+fn gram_bytes_of(model: &flowrt_model::Model, layer: Option<usize>) -> u64 {
+    input_widths(model, layer).map(|n| 4 * n * n).sum()
 }
 
 /// Each layer's second-moment bytes, then the output projection's.
@@ -1220,30 +1225,22 @@ fn layer_gram_bytes(model: &flowrt_model::Model) -> u64 {
 /// The most columns one layer's distinct matrix inputs have together (the output
 /// projection counting as a layer): what `--asymmetric` keeps of each position per path.
 fn layer_input_width(model: &flowrt_model::Model) -> u64 {
-    let layers = model.config.num_hidden_layers;
-    (0..layers)
-        .map(|l| {
-            DISTINCT_INPUTS
-                .iter()
-                .filter_map(|&r| model.matrix(Some(l), r))
-                .map(|m| m.cols as u64)
-                .sum::<u64>()
-        })
-        .chain(model.matrix(None, MatRole::Output).map(|m| m.cols as u64))
+    (0..model.config.num_hidden_layers)
+        .map(Some)
+        .chain([None])
+        .map(|l| input_widths(model, l).sum())
         .max()
         .unwrap_or(0)
 }
 
 /// The widest dense-matmul input (columns).
 fn widest_input(model: &flowrt_model::Model) -> usize {
-    let layers = model.config.num_hidden_layers;
-    (0..layers)
-        .flat_map(|l| DISTINCT_INPUTS.iter().map(move |&r| (Some(l), r)))
-        .chain([(None, MatRole::Output)])
-        .filter_map(|(l, r)| model.matrix(l, r))
-        .map(|m| m.cols)
+    (0..model.config.num_hidden_layers)
+        .map(Some)
+        .chain([None])
+        .flat_map(|l| input_widths(model, l))
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0) as usize
 }
 
 /// Refuses `--gptq` with fewer calibration tokens than the widest input has columns.

@@ -405,61 +405,62 @@ impl LayerByLayer {
     ) -> Result<(), EngineError> {
         if target < r.layer {
             return Err(EngineError::Invalid(format!(
-                "layer {target}'s source inputs were asked for after layer {}'s: layers must                  come in order",
+                "layer {target}'s source inputs were asked for after layer {}'s: layers must \
+                 come in order",
                 r.layer
             )));
         }
-        let layers = self.source.config.num_hidden_layers;
-        while r.layer < target || (r.layer < layers && stage == Stage::Ffn && r.next.is_none()) {
-            let l = r.layer;
-            if r.mid.is_none() {
-                let mid = match self.groups(GroupKind::Attention { layer: l }) {
-                    Some(g) => {
-                        let (mid, stats) = self.run(true, g, Some(l), Some(&r.x), true, true)?;
-                        r.taken.extend(stats);
-                        mid
-                    }
-                    None => r.x.clone(),
-                };
-                r.mid = Some(mid);
-            }
-            if r.next.is_none() {
-                let mid = r.mid.as_ref().expect("set above");
-                let next = match self.groups(GroupKind::Ffn { layer: l }) {
-                    Some(g) => {
-                        let (next, stats) = self.run(true, g, Some(l), Some(mid), true, true)?;
-                        r.taken.extend(stats);
-                        next
-                    }
-                    None => mid.clone(),
-                };
-                r.next = Some(next);
-            }
-            if r.layer == target {
-                break;
-            }
-            r.x = r.next.take().expect("set above");
+        while r.layer < target {
+            self.reference_layer(r, Stage::Ffn)?;
+            r.x = r.next.take().expect("set by reference_layer");
             r.mid = None;
             r.taken.clear();
             r.layer += 1;
         }
-        match stage {
-            Stage::Mixer if r.mid.is_none() => {
-                if let Some(g) = self.groups(GroupKind::Attention { layer: target }) {
-                    let (mid, stats) = self.run(true, g, Some(target), Some(&r.x), true, true)?;
-                    r.taken.extend(stats);
-                    r.mid = Some(mid);
-                }
+        if stage != Stage::Output {
+            self.reference_layer(r, stage)?;
+        } else if !r.taken.iter().any(|s| s.layer.is_none()) {
+            if let Some(g) = self.groups(GroupKind::Output) {
+                self.reference_block(r, g, None, false)?;
             }
-            Stage::Output if !r.taken.iter().any(|s| s.layer.is_none()) => {
-                if let Some(g) = self.groups(GroupKind::Output) {
-                    let (_, stats) = self.run(true, g, None, Some(&r.x), true, false)?;
-                    r.taken.extend(stats);
-                }
-            }
-            _ => {}
         }
         Ok(())
+    }
+
+    /// Runs `r`'s layer on the source up to `stage` (its attention block, and for
+    /// [`Stage::Ffn`] its feed-forward block too), unless already run, keeping the inputs.
+    fn reference_layer(&self, r: &mut Reference, stage: Stage) -> Result<(), EngineError> {
+        let l = r.layer;
+        if r.mid.is_none() {
+            let mid = match self.groups(GroupKind::Attention { layer: l }) {
+                Some(g) => self.reference_block(r, g, Some(l), true)?,
+                None => r.x.clone(),
+            };
+            r.mid = Some(mid);
+        }
+        if stage == Stage::Ffn && r.next.is_none() {
+            let next = match self.groups(GroupKind::Ffn { layer: l }) {
+                Some(g) => self.reference_block(r, g, Some(l), true)?,
+                None => r.mid.clone().expect("set above"),
+            };
+            r.next = Some(next);
+        }
+        Ok(())
+    }
+
+    /// Runs `groups` on the source over `r`'s stream after its attention block when it has
+    /// one (else before it), keeping the statistics; the stream after them when `read`.
+    fn reference_block(
+        &self,
+        r: &mut Reference,
+        groups: std::ops::Range<usize>,
+        layer: Option<usize>,
+        read: bool,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
+        let input = r.mid.as_ref().unwrap_or(&r.x);
+        let (out, stats) = self.run(true, groups, layer, Some(input), true, read)?;
+        r.taken.extend(stats);
+        Ok(out)
     }
 
     /// The block `role`'s matrix in `layer` belongs to, and the layer its input enters (the
