@@ -107,6 +107,13 @@ Cases:
   lfm2-conv-bias Lfm2ForCausalLM with conv_bias true: biases (std 0.3) on every
                 convolution layer's in_proj, depthwise convolution and out_proj; 3 layers
                 conv, full_attention, conv; hidden 32
+  gemma2        Gemma2ForCausalLM: 4 layers, sliding window 8 on layers 0 and 2 (the
+                config's default alternation, written out as layer_types), one RoPE base
+                10000, query_pre_attn_scalar 16 = head_dim (as the published 2B and 9B,
+                so that llama.cpp runs its packs as written), attention scores soft-capped
+                at 1.0 (ATTN_CAP; linear std 0.3 so that scores reach it: the script
+                recomputes the reference without the cap and fails unless the logits move
+                by a mean KL of at least 1e-3), final_logit_softcapping 8, tied embeddings
 
 Sliding windows (transformers masking_utils): a query at position p attends to
 key positions k with p - W < k <= p (W keys, itself included).
@@ -167,6 +174,10 @@ LLAMA_BASE = dict(
     num_key_value_heads=2, head_dim=8, hidden_act="silu", max_position_embeddings=128,
     rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False,
 )
+
+# Gemma 2's attention soft-cap, small enough to bend these random models' scores (the
+# shipped 50 would leave them all but untouched).
+ATTN_CAP = 1.0
 
 CASES: dict[str, dict] = {
     "llama-tied": dict(
@@ -349,6 +360,20 @@ CASES: dict[str, dict] = {
                     layer_types=["conv", "full_attention", "conv"]),
         init=dict(linear=0.1, embed=0.5, head=0.35, conv=0.5, bias=0.3),
     ),
+    "gemma2": dict(
+        arch="Gemma2ForCausalLM",
+        config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    hidden_activation="gelu_pytorch_tanh", max_position_embeddings=128,
+                    rms_norm_eps=1e-6, query_pre_attn_scalar=16, sliding_window=8,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                    final_logit_softcapping=8.0, attn_logit_softcapping=ATTN_CAP,
+                    tie_word_embeddings=True),
+        init=dict(linear=0.3, embed=0.35, head=None, gemma_norm=True),
+        # The attention cap must change the reference: recomputed without it, the logits
+        # must move by at least this mean KL.
+        cap_bites=1e-3,
+    ),
 }
 
 
@@ -421,7 +446,7 @@ def make_config(case: dict):
         kw["head_dim"] = kw["hidden_size"] // kw["num_attention_heads"]
         return LlamaConfig(**kw)
     if arch in ("GraniteForCausalLM", "SmolLM3ForCausalLM", "Phi3ForCausalLM", "Qwen3MoeForCausalLM",
-                "GptOssForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM"):
+                "GptOssForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Gemma2ForCausalLM"):
         import transformers
 
         return getattr(transformers, arch.replace("ForCausalLM", "Config"))(**kw)
@@ -677,14 +702,34 @@ def build_case(name: str, case: dict, tok, out_root: Path, prompts: list[list[in
                     rows.append(o.logits[0, -1].float())
                 return torch.stack(rows)
 
-    tensors, margins, top1_frac_std = [], [], []
+    uncapped = None
+    if "cap_bites" in case:
+        # The same model with every attention module's cap removed (transformers copies the
+        # config's value into each module).
+        capped = [m for m in lm.modules() if getattr(m, "attn_logit_softcapping", None) is not None]
+        if not capped:
+            raise SystemExit(f"{name}: no module carries attn_logit_softcapping")
+        for m in capped:
+            m.attn_logit_softcapping = None
+        uncapped = [run(ids) for ids in prompts]
+        for m in capped:
+            m.attn_logit_softcapping = case["config"]["attn_logit_softcapping"]
+    tensors, margins, top1_frac_std, cap_kl = [], [], [], []
     for i, ids in enumerate(prompts):
         logits = run(ids)
+        if uncapped is not None:
+            lp, lq = torch.log_softmax(logits, -1), torch.log_softmax(uncapped[i], -1)
+            cap_kl.append(float((lp.exp() * (lp - lq)).sum(-1).mean()))
         top2 = torch.topk(logits, 2, dim=-1).values
         margins.append(float((top2[:, 0] - top2[:, 1]).mean()))
         top1_frac_std.append(float(logits.std(dim=-1).mean()))
         tensors.append((f"prompt.{i}.input_ids", __import__("numpy").asarray(ids, dtype="<i8"), "I64"))
         tensors.append((f"prompt.{i}.logits_all", logits.numpy().astype("<f4"), "F32"))
+    if cap_kl:
+        kl = sum(cap_kl) / len(cap_kl)
+        log(f"{name}: without the attention soft-cap the logits move by mean KL {kl:.3g}")
+        if kl < case["cap_bites"]:
+            raise SystemExit(f"{name}: the attention soft-cap moves the logits by only {kl:.3g}")
     vocab = int(logits.shape[1])
     meta = {
         "format": FORMAT_VERSION,

@@ -47,6 +47,8 @@ enum Softcap {
     Never,
     /// Only for files without a sliding window (llama.cpp's non-iSWA Gemma 3 graph).
     WithoutWindow,
+    /// Always (Gemma 2).
+    Always,
 }
 
 /// What llama.cpp's loader and graph for a GGUF architecture do not take from the file (read
@@ -62,6 +64,8 @@ struct LlamaCpp {
     /// read); `None`: every layer is rotated.
     no_rope_every: Option<usize>,
     softcap: Softcap,
+    /// Whether the graph soft-caps attention scores by `attn_logit_softcapping`.
+    attn_softcap: bool,
     /// Whether `leading_dense_block_count` is read (dense feed-forward blocks before the
     /// experts); other MoE loaders expect experts in every layer.
     reads_leading_dense: bool,
@@ -89,11 +93,12 @@ const PLAIN: LlamaCpp = LlamaCpp {
     reads_attention_scale: false,
     no_rope_every: None,
     softcap: Softcap::Never,
+    attn_softcap: false,
     reads_leading_dense: false,
 };
 
 /// One row per family flowrt runs.
-const TARGETS: [Target; 13] = [
+const TARGETS: [Target; 14] = [
     Target {
         family: "llama",
         gguf_arch: "llama",
@@ -127,7 +132,20 @@ const TARGETS: [Target; 13] = [
             reads_attention_scale: false,
             no_rope_every: None,
             softcap: Softcap::WithoutWindow,
+            attn_softcap: false,
             reads_leading_dense: false,
+        },
+    },
+    // llama.cpp's gemma2 loader: `set_swa_pattern(2)` (even layers slide), one RoPE base,
+    // scale 1/√head_dim (1/√(hidden/heads) for the 27B), both soft-caps from the file.
+    Target {
+        family: "gemma2",
+        gguf_arch: "gemma2",
+        llama_cpp: LlamaCpp {
+            swa: Swa::FixedEvery(2),
+            softcap: Softcap::Always,
+            attn_softcap: true,
+            ..PLAIN
         },
     },
     Target {
@@ -737,6 +755,9 @@ impl HfSource {
         if let Some(cap) = c.final_logit_softcapping {
             meta.push((k("final_logit_softcapping"), Value::F32(cap)));
         }
+        if let Some(cap) = c.attn_logit_softcapping {
+            meta.push((k("attn_logit_softcapping"), Value::F32(cap)));
+        }
         // NoPE layers: HF's list (1: RoPE, 0: none), which flowrt's reader takes over the
         // family's interval.
         if c.arch.defaults.no_rope_layer_interval.is_some() {
@@ -834,12 +855,18 @@ impl HfSource {
             let applied = match rules.softcap {
                 Softcap::Never => false,
                 Softcap::WithoutWindow => c.sliding_window.is_none(),
+                Softcap::Always => true,
             };
             if !applied {
                 out.push(format!(
                     "its `{a}` graph does not apply final_logit_softcapping = {cap} to this model"
                 ));
             }
+        }
+        if let (Some(cap), false) = (c.attn_logit_softcapping, rules.attn_softcap) {
+            out.push(format!(
+                "its `{a}` graph does not soft-cap attention scores (attn_logit_softcapping = {cap})"
+            ));
         }
         if let RopeScaling::Yarn {
             truncate: false, ..

@@ -210,6 +210,15 @@ fn packs_gemma3_to_every_type_and_names_what_llama_cpp_would_change() {
 }
 
 #[test]
+fn packs_gemma2_to_every_type_with_both_soft_caps() {
+    for (quant, report) in packs_to_every_type("gemma2") {
+        // Its windows are llama.cpp's every-other layer, its scale 1/√head_dim, and both
+        // caps are read from the file: llama.cpp runs it as written.
+        assert!(llama_cpp_lines(&report).is_empty(), "{quant}: {report}");
+    }
+}
+
+#[test]
 fn packs_mistral_to_every_type_and_says_llama_cpp_has_no_window() {
     for (quant, report) in packs_to_every_type("mistral") {
         let lines = llama_cpp_lines(&report).join("\n");
@@ -409,6 +418,25 @@ fn writes_llama_cpps_architecture_keys_and_tensors_per_family() {
         assert_eq!(f32_tensor(&g, gguf), want, "{gguf} is 1 + {hf}");
     }
     assert!(!has(&g, "output.weight"), "gemma3 is tied");
+
+    let g2 = open("gemma2");
+    assert_eq!(g2.get_str("general.architecture").unwrap(), Some("gemma2"));
+    assert_eq!(
+        g2.get_f32("gemma2.attn_logit_softcapping").unwrap(),
+        Some(1.0)
+    );
+    assert_eq!(
+        g2.get_f32("gemma2.final_logit_softcapping").unwrap(),
+        Some(8.0)
+    );
+    assert_eq!(
+        g2.get_u64("gemma2.attention.sliding_window").unwrap(),
+        Some(8)
+    );
+    assert!(
+        !has(&g2, "blk.0.attn_q_norm.weight"),
+        "gemma2 has no QK-norm"
+    );
 
     let m = open("mistral");
     assert_eq!(m.get_str("general.architecture").unwrap(), Some("llama"));

@@ -90,6 +90,12 @@ fn split_attention_equals_unsplit_mistral_sliding_window() {
     split_equals_unsplit("mistral");
 }
 
+/// Gemma 2: every part soft-caps its own scores before its max and sum.
+#[test]
+fn split_attention_equals_unsplit_gemma2_softcap() {
+    split_equals_unsplit("gemma2");
+}
+
 /// gpt-oss: the sinks join the softmax denominator once, in the merge of the parts.
 #[test]
 fn split_attention_equals_unsplit_gpt_oss_sinks() {

@@ -114,6 +114,21 @@ fn batched_sequences_equal_solo_runs_gemma3_sliding_window() {
 }
 
 #[test]
+fn batched_sequences_equal_solo_runs_gemma2_softcap() {
+    batched_equals_solo(
+        &LoadedModel::load(&common::fixture("families/gemma2")).unwrap(),
+        1e-5,
+    );
+}
+
+/// Prefix reuse on Gemma 2 past its window of 8: the capped scores of the kept prefix's keys
+/// are recomputed against the new queries, as in a fresh prefill.
+#[test]
+fn prefix_reuse_equals_fresh_prefill_gemma2() {
+    prefix_reuse_equals_fresh("gemma2", 15, 12);
+}
+
+#[test]
 fn batched_sequences_equal_solo_runs_smollm2_q4_1() {
     // Logits of this model span about ±30; 0.02 is float rounding through 30 layers.
     batched_equals_solo(&LoadedModel::load(&common::smollm2()).unwrap(), 2e-2);

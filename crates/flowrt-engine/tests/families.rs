@@ -82,6 +82,11 @@ fn gemma3_sliding_window_sandwich_norms_softcap() {
 }
 
 #[test]
+fn gemma2_attention_softcap_alternating_windows() {
+    check("gemma2");
+}
+
+#[test]
 fn mistral_sliding_window() {
     check("mistral");
 }
@@ -347,6 +352,25 @@ fn mislabelled_family_is_refused_naming_unused_tensors() {
     });
     let e = load_error(dir.path());
     assert!(e.contains("post_feedforward_layernorm"), "{e}");
+}
+
+/// A soft-cap that is not a positive number is refused naming the key; `null` means none.
+#[test]
+fn bad_attention_soft_cap_is_refused_naming_the_key() {
+    for bad in [
+        serde_json::json!(0.0),
+        serde_json::json!(-50.0),
+        serde_json::json!("50"),
+    ] {
+        let dir = edited_copy("gemma2", |c| c["attn_logit_softcapping"] = bad.clone());
+        let e = load_error(dir.path());
+        assert!(e.contains("attn_logit_softcapping"), "{bad}: {e}");
+    }
+    let dir = edited_copy("gemma2", |c| {
+        c["attn_logit_softcapping"] = serde_json::Value::Null
+    });
+    let m = LoadedModel::load(dir.path()).unwrap();
+    assert_eq!(m.model.config.attn_logit_softcapping, None);
 }
 
 #[test]

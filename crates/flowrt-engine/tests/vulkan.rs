@@ -51,6 +51,7 @@ fn families_on_vulkan_match_transformers() {
         "qwen2",
         "qwen3",
         "gemma3",
+        "gemma2",
         "minicpm",
         "granite",
         "smollm3",

@@ -172,6 +172,7 @@ pub(crate) struct ElemOps {
     pub rms_norm: fn(&[f32], &[f32], f32, &mut [f32]),
     pub silu_mul: fn(&mut [f32], &[f32]),
     pub gelu_tanh_mul: fn(&mut [f32], &[f32]),
+    pub softcap: fn(&mut [f32], f32),
     pub softmax: fn(&mut [f32]),
     pub softmax_unscaled: fn(&mut [f32]) -> (f32, f32),
     pub add: fn(&mut [f32], &[f32]),
@@ -807,6 +808,16 @@ impl Kernels {
     pub fn gelu_tanh_mul(&self, gate: &mut [f32], up: &[f32]) {
         assert_eq!(gate.len(), up.len(), "gelu_tanh_mul: length mismatch");
         (self.elem.gelu_tanh_mul)(gate, up)
+    }
+
+    /// `x = cap · tanh(x / cap)` in place (soft-capping, as Gemma 2 caps attention scores).
+    /// `cap` must be positive and finite; `±inf` map to `±cap`, NaN stays NaN.
+    pub fn softcap(&self, x: &mut [f32], cap: f32) {
+        assert!(
+            cap.is_finite() && cap > 0.0,
+            "softcap: cap {cap} is not positive"
+        );
+        (self.elem.softcap)(x, cap)
     }
 
     /// In-place softmax, max-subtracted. An empty slice is left alone.

@@ -85,6 +85,38 @@ fn check_panel(
 proptest! {
     #![proptest_config(config(128))]
 
+    /// `cap · tanh(x / cap)` within a few ulps of `cap` (the vector form subtracts from
+    /// `cap`), for caps from 0.05 to 50 and values far past them; ±inf give ±cap, NaN stays.
+    #[test]
+    fn softcap_matches_f64(seed: u64, li in 0..16usize) {
+        let mut rng = rng(seed);
+        let n = len(&mut rng, li);
+        let mut x = wide(&mut rng, n);
+        if n > 3 {
+            x[0] = f32::INFINITY;
+            x[1] = f32::NEG_INFINITY;
+            x[n - 1] = f32::NAN;
+        }
+        let cap = [0.05f32, 1.0, 8.0, 30.0, 50.0][rng.random_range(0..5)];
+        for k in tables() {
+            let mut got = x.clone();
+            k.softcap(&mut got, cap);
+            for i in 0..n {
+                let v = x[i] as f64;
+                if v.is_nan() {
+                    prop_assert!(got[i].is_nan(), "{} softcap(NaN) = {}", k.name(), got[i]);
+                    continue;
+                }
+                let c = cap as f64;
+                let want = if v.is_infinite() { c * v.signum() } else { c * (v / c).tanh() };
+                prop_assert!(
+                    close(got[i], want, 1e-6, 4e-7 * c),
+                    "{} softcap({v}, {cap}) = {} (want {want})", k.name(), got[i]
+                );
+            }
+        }
+    }
+
     #[test]
     fn activations_match_f64(seed: u64, li in 0..16usize) {
         let mut rng = rng(seed);

@@ -433,6 +433,25 @@ pub const GEMMA3: ArchSpec = ArchSpec {
     ..LLAMA
 };
 
+/// Gemma 2 (`Gemma2ForCausalLM`): Gemma 3 without QK-norm, every other layer sliding (layer 0
+/// slides), one RoPE base, and attention scores soft-capped (`attn_logit_softcapping`) as
+/// well as the logits. GGUF (llama.cpp's `gemma2`): `gemma2.attn_logit_softcapping`,
+/// `final_logit_softcapping`, `attention.sliding_window`.
+pub const GEMMA2: ArchSpec = ArchSpec {
+    name: "gemma2",
+    gguf_archs: &["gemma2"],
+    hf_model_types: &["gemma2"],
+    qk_norm: false,
+    // Documented in HF's Gemma2Config: base 10 000, layers alternate sliding and full.
+    defaults: ArchDefaults {
+        rope_theta: 10_000.0,
+        local_rope_theta: None,
+        sliding_window_pattern: Some(2),
+        ..PLAIN_DEFAULTS
+    },
+    ..GEMMA3
+};
+
 /// MiniCPM (1/2/4, `MiniCPMForCausalLM`): Llama with muP scalings and LongRoPE. GGUF files
 /// (llama.cpp's `minicpm`) carry the scalings as `minicpm.embedding_scale`, `residual_scale`
 /// and `logit_scale`, and LongRoPE's factors as `rope_factors_long` / `rope_factors_short`.
@@ -618,7 +637,7 @@ pub const GPT_OSS: ArchSpec = ArchSpec {
 
 /// Every family flowrt runs. Families not listed here are refused, never approximated.
 pub const ARCHS: &[&ArchSpec] = &[
-    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
+    &LLAMA, &MISTRAL, &QWEN2, &QWEN3, &GEMMA2, &GEMMA3, &MINICPM, &GRANITE, &SMOLLM3, &BERT, &PHI3,
     &QWEN3_MOE, &GPT_OSS, &LFM2, &LFM2_MOE,
 ];
 

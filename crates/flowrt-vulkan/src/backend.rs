@@ -857,7 +857,7 @@ impl VulkanBackend {
                             window.unwrap_or(0) as u32,
                             c.attn_scale.to_bits(),
                             sinks as u32,
-                            0,
+                            c.attn_logit_softcapping.unwrap_or(0.0).to_bits(),
                         ])?;
                         out.push(Cmd::Attention {
                             pipe: P_ATTENTION,

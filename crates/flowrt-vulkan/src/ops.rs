@@ -200,7 +200,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 /// chunks of 64 with a running max and sum (each of the 64 threads scores one key of a chunk,
 /// then accumulates its 4 output dimensions over the chunk). With `window > 0`, a query at
 /// position `p` sees positions `p - window + 1 ..= p`. With `sinks` 1, head `h`'s sink logit
-/// `sink[h]` joins each softmax's denominator (`exp(s_j) / (Σ exp(s_i) + exp(sink))`).
+/// `sink[h]` joins each softmax's denominator (`exp(s_j) / (Σ exp(s_i) + exp(sink))`). With
+/// `softcap > 0`, every scaled score `s` becomes `softcap · tanh(s / softcap)` (Gemma 2).
 pub fn attention(f16: bool) -> String {
     let (ty, kdot, vget) = if f16 {
         (
@@ -233,7 +234,7 @@ fn v_at(i: u32) -> f32 { return vc[i]; }
     };
     with_common(&format!(
         r#"
-struct P {{ heads: u32, kv_heads: u32, head_dim: u32, n_ctx: u32, window: u32, scale: f32, sinks: u32, p1: u32 }}
+struct P {{ heads: u32, kv_heads: u32, head_dim: u32, n_ctx: u32, window: u32, scale: f32, sinks: u32, softcap: f32 }}
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<{ty}>;
 @group(0) @binding(2) var<storage, read> vc: array<{ty}>;
@@ -273,6 +274,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li: 
             s = 0.0;
 {kdot}
             s *= p.scale;
+            if (p.softcap > 0.0) {{ s = p.softcap * tanh_safe(s / p.softcap); }}
         }}
         sc[l] = s;
         red[l] = s;

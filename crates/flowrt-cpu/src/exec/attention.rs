@@ -127,6 +127,8 @@ struct Heads {
     group: usize,
     /// Score scale.
     scale: f32,
+    /// Soft-cap of the scaled scores (Gemma 2), see [`softcap`].
+    cap: Option<f32>,
 }
 
 impl Heads {
@@ -137,6 +139,7 @@ impl Heads {
             nkv: c.num_key_value_heads,
             group: c.num_attention_heads / c.num_key_value_heads,
             scale: c.attn_scale,
+            cap: c.attn_logit_softcapping,
         }
     }
 }
@@ -147,6 +150,13 @@ impl Heads {
 fn visible(window: Option<usize>, last: usize) -> (usize, usize) {
     let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
     (first, last + 1 - first)
+}
+
+/// `s = cap · tanh(s / cap)` for every score, when the model soft-caps them (Gemma 2).
+fn softcap(kern: &flowrt_kernels::Kernels, scores: &mut [f32], cap: Option<f32>) {
+    if let Some(cap) = cap {
+        kern.softcap(scores, cap);
+    }
 }
 
 /// Softmax of one head's scores in place; with a sink logit `sink`, the sink joins the
@@ -240,6 +250,7 @@ impl CpuBackend {
             nkv,
             group,
             scale,
+            cap,
         } = Heads::of(&self.model.config);
         let kern = self.kernels;
         let kv = &self.kv;
@@ -263,6 +274,7 @@ impl CpuBackend {
                     let o = kv.offset(seq, g, first);
                     let (ks, vs) = (as_f16(&kc[o..o + len * hd]), as_f16(&vc[o..o + len * hd]));
                     kern.attn_scores_f16(qg, hd, ks, scale, scores);
+                    softcap(kern, scores, cap);
                     for h in 0..group {
                         let sink = sinks.map(|s| s[g * group + h]);
                         softmax_sink(kern, &mut scores[h * len..(h + 1) * len], sink);
@@ -281,6 +293,7 @@ impl CpuBackend {
                             };
                     }
                 }
+                softcap(kern, scores, cap);
                 for h in 0..group {
                     let sink = sinks.map(|s| s[g * group + h]);
                     softmax_sink(kern, &mut scores[h * len..(h + 1) * len], sink);
@@ -316,6 +329,7 @@ impl CpuBackend {
             nkv,
             group,
             scale,
+            cap,
         } = Heads::of(&self.model.config);
         let kern = self.kernels;
         let kv = &self.kv;
@@ -359,6 +373,7 @@ impl CpuBackend {
             let o = kv.offset(seq, g, first + k0);
             let (ks, vs) = (as_f16(&kc[o..o + plen * hd]), as_f16(&vc[o..o + plen * hd]));
             kern.attn_scores_f16(qg, hd, ks, scale, scores);
+            softcap(kern, scores, cap);
             for h in 0..group {
                 (maxes[h], sums[h]) = kern.softmax_unscaled(&mut scores[h * plen..(h + 1) * plen]);
             }

@@ -36,6 +36,12 @@ pub(crate) fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+pub(crate) fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 pub(crate) fn softmax(x: &mut [f32]) {
     let (_, sum) = softmax_unscaled(x);
     scale(x, 1.0 / sum);

@@ -107,6 +107,7 @@ pub(crate) fn elem_ops() -> ElemOps {
         rms_norm: elem::rms_norm,
         silu_mul: elem::silu_mul,
         gelu_tanh_mul: elem::gelu_tanh_mul,
+        softcap: elem::softcap,
         softmax: elem::softmax,
         softmax_unscaled: elem::softmax_unscaled,
         add: elem::add,

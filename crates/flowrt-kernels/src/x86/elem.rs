@@ -17,6 +17,7 @@ pub(super) fn install(t: &mut Kernels) {
     t.elem.rms_norm = rms_norm;
     t.elem.silu_mul = silu_mul;
     t.elem.gelu_tanh_mul = gelu_tanh_mul;
+    t.elem.softcap = softcap;
     t.elem.softmax = softmax;
     t.elem.softmax_unscaled = softmax_unscaled;
     t.elem.add = add;
@@ -118,6 +119,31 @@ fn gelu_tanh_mul_avx2(gate: &mut [f32], up: &[f32]) {
         let e = exp8(_mm256_mul_ps(c, inner));
         _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), u)
     });
+}
+
+/// `cap · tanh(x / cap)` as `cap - 2 cap / (1 + exp(2 x / cap))`: `exp8` clamps its input, so
+/// large `|x|` give `±cap` exactly (the scalar tail and NaN go through the scalar form).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn softcap_avx2(x: &mut [f32], cap: f32) {
+    let n8 = x.len() & !7;
+    let (c, c2, k) = (
+        _mm256_set1_ps(cap),
+        _mm256_set1_ps(2.0 * cap),
+        _mm256_set1_ps(2.0 / cap),
+    );
+    let one = _mm256_set1_ps(1.0);
+    for v in x[..n8].chunks_exact_mut(8) {
+        // SAFETY: `v` holds 8 floats.
+        unsafe {
+            let y = _mm256_loadu_ps(v.as_ptr());
+            let e = exp8(_mm256_mul_ps(k, y));
+            let r = _mm256_sub_ps(c, _mm256_div_ps(c2, _mm256_add_ps(one, e)));
+            // NaN in, NaN out (exp8's clamp would turn it into a finite value).
+            let r = _mm256_blendv_ps(r, y, _mm256_cmp_ps::<_CMP_UNORD_Q>(y, y));
+            _mm256_storeu_ps(v.as_mut_ptr(), r);
+        }
+    }
+    crate::scalar::elem::softcap(&mut x[n8..], cap);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -316,6 +342,7 @@ macro_rules! safe_wrappers {
 safe_wrappers! {
     silu_mul => silu_mul_avx2(gate: &mut [f32], up: &[f32]);
     gelu_tanh_mul => gelu_tanh_mul_avx2(gate: &mut [f32], up: &[f32]);
+    softcap => softcap_avx2(x: &mut [f32], cap: f32);
     softmax => softmax_avx2(x: &mut [f32]);
     softmax_unscaled => softmax_unscaled_avx2(x: &mut [f32]) -> (f32, f32);
     add => add_avx2(acc: &mut [f32], x: &[f32]);

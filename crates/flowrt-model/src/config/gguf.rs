@@ -389,14 +389,9 @@ impl ModelConfig {
         let final_logit_softcapping = f
             .get_f32(&key("final_logit_softcapping"))?
             .filter(|&c| c > 0.0);
-        if let Some(c) = f.get_f32(&key("attn_logit_softcapping"))? {
-            if c > 0.0 {
-                return Err(bad(
-                    &file,
-                    "attention logit soft-capping is not supported".into(),
-                ));
-            }
-        }
+        let attn_logit_softcapping = f
+            .get_f32(&key("attn_logit_softcapping"))?
+            .filter(|&c| c > 0.0);
 
         // Mixtures of experts: llama.cpp's `expert_count`, `expert_used_count` and
         // `expert_feed_forward_length`; top-k weights renormalised unless
@@ -547,6 +542,7 @@ impl ModelConfig {
             residual_multiplier,
             logit_multiplier,
             final_logit_softcapping,
+            attn_logit_softcapping,
             tie_word_embeddings: None,
             moe,
             short_conv,

@@ -255,9 +255,6 @@ impl ModelConfig {
         if !arch.causal && c.bool("is_decoder")? == Some(true) {
             return unsupported("`is_decoder: true` (a causal BERT)");
         }
-        if c.f32("attn_logit_softcapping")?.is_some() {
-            return unsupported("attention logit soft-capping (`attn_logit_softcapping`)");
-        }
         if c.bool("use_bidirectional_attention")? == Some(true) {
             return unsupported("bidirectional attention");
         }
@@ -425,6 +422,7 @@ impl ModelConfig {
             residual_multiplier,
             logit_multiplier,
             final_logit_softcapping: c.f32("final_logit_softcapping")?,
+            attn_logit_softcapping: c.f32("attn_logit_softcapping")?,
             tie_word_embeddings: c
                 .bool("tie_word_embeddings")?
                 .or(top.bool("tie_word_embeddings")?)

@@ -142,6 +142,9 @@ pub struct ModelConfig {
     pub logit_multiplier: f32,
     /// `logits = cap · tanh(logits / cap)` when set.
     pub final_logit_softcapping: Option<f32>,
+    /// `score = cap · tanh(score / cap)` for every attention score (after the scale, before
+    /// the softmax) when set (Gemma 2).
+    pub attn_logit_softcapping: Option<f32>,
     /// Whether the output projection is the embedding matrix, when the config says; `None`:
     /// tied exactly when the file has no output matrix.
     pub tie_word_embeddings: Option<bool>,
@@ -255,9 +258,15 @@ impl ModelConfig {
         if self.arch.token_types && self.type_vocab_size == 0 {
             return err("type_vocab_size is 0 in a family with token-type embeddings".into());
         }
-        if let Some(c) = self.final_logit_softcapping {
-            if !(c.is_finite() && c > 0.0) {
-                return err(format!("final_logit_softcapping = {c} must be positive"));
+        let caps = [
+            ("final_logit_softcapping", self.final_logit_softcapping),
+            ("attn_logit_softcapping", self.attn_logit_softcapping),
+        ];
+        for (name, cap) in caps {
+            if let Some(c) = cap {
+                if !(c.is_finite() && c > 0.0) {
+                    return err(format!("{name} = {c} must be positive"));
+                }
             }
         }
         if let Activation::ClampedSwiglu { alpha, limit } = self.activation {
@@ -498,6 +507,9 @@ impl ModelConfig {
         }
         if self.logit_multiplier != 1.0 {
             f.push(format!("logits ×{}", self.logit_multiplier));
+        }
+        if let Some(cap) = self.attn_logit_softcapping {
+            f.push(format!("attention score soft-cap {cap}"));
         }
         if let Some(cap) = self.final_logit_softcapping {
             f.push(format!("logit soft-cap {cap}"));
