@@ -85,7 +85,9 @@ attention.sliding_window_pattern, query_pre_attn_scalar as attention.scale; flow
 mlp_only_layers, swiglu_alpha / swiglu_limit and rope.scaling.yarn_truncate where llama.cpp \
 has no key), so flowrt runs the file as the same model; where llama.cpp's loader would not \
 honour one (it has no window for llama; its gemma3 fixes every 6th layer global, the local \
-RoPE base at 10000, the scale at 1/sqrt(head_dim) and drops soft-capping with a window; it \
+RoPE base at 10000, the scale at 1/sqrt(head_dim) (1/sqrt(hidden/heads) at 62 layers, the \
+27B) and drops soft-capping with a window; its gemma2 fixes every other layer sliding and \
+the scale the same way (at 46 layers); it \
 picks LongRoPE factors by its context size; its qwen3moe wants experts in every layer; its \
 gpt-oss fixes SwiGLU's alpha and limit and always truncates YaRN) the report says so in a `llama.cpp:` line. The gate runs the source as stored \
 (an HF directory at its own precision).";

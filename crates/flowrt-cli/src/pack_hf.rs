@@ -749,7 +749,7 @@ impl HfSource {
         }
         // Families that state their scale (Granite) always carry the key llama.cpp requires.
         let direct = matches!(c.arch.scalings, Scalings::Direct { .. });
-        if direct || c.attn_scale != default_attn_scale(c) {
+        if direct || c.attn_scale != c.gguf_default_attn_scale() {
             meta.push((k("attention.scale"), Value::F32(c.attn_scale)));
         }
         if let Some(cap) = c.final_logit_softcapping {
@@ -829,12 +829,17 @@ impl HfSource {
                 }
             }
         }
-        if c.attn_scale != default_attn_scale(c) && !rules.reads_attention_scale {
+        let default_scale = c.gguf_default_attn_scale();
+        if c.attn_scale != default_scale && !rules.reads_attention_scale {
+            let rule = if default_scale == 1.0 / (c.head_dim as f32).sqrt() {
+                "1/sqrt(head_dim)"
+            } else {
+                "1/sqrt(hidden/heads), by its layer count,"
+            };
             out.push(format!(
                 "its `{a}` loader ignores attention.scale = {:.6}: it scales attention scores \
-                 by 1/sqrt(head_dim) = {:.6}",
+                 by {rule} = {default_scale:.6}",
                 c.attn_scale,
-                default_attn_scale(c)
             ));
         }
         let nope =
@@ -1432,10 +1437,6 @@ fn freq_divisors(rope: &RopeConfig, rope_dim: usize) -> Vec<f32> {
 }
 
 /// The attention scale a GGUF reader assumes without `attention.scale`: 1/√head_dim.
-fn default_attn_scale(c: &ModelConfig) -> f32 {
-    1.0 / (c.head_dim as f32).sqrt()
-}
-
 /// `tokenizer.ggml.pre` for a tokenizer.json pre-tokenizer: plain byte-level (`gpt-2`) or
 /// digits split then byte-level (`smollm`); anything else needs `--pre`.
 fn detect_pre(pt: &Json) -> Result<String> {

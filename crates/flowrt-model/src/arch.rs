@@ -206,6 +206,12 @@ pub struct ArchDefaults {
     /// when omitted; LFM2-MoE: 2), the rest sparse; `None`: Qwen's `decoder_sparse_step` and
     /// `mlp_only_layers` say which layers are dense.
     pub num_dense_layers: Option<usize>,
+    /// GGUF files of the family do not carry `query_pre_attn_scalar`; a file without
+    /// `attention.scale` whose model has this many layers scales attention scores by
+    /// 1/√(hidden/heads) instead of 1/√head_dim, as llama.cpp's loader decides it: the
+    /// family's one published size whose scalar is hidden/heads (Gemma 2 27B: 46 layers;
+    /// Gemma 3 27B: 62). `None`: always 1/√head_dim.
+    pub gguf_hidden_per_head_scale_layers: Option<usize>,
 }
 
 /// The rules of one architecture family.
@@ -318,6 +324,7 @@ const PLAIN_DEFAULTS: ArchDefaults = ArchDefaults {
     norm_topk_prob: false,
     use_expert_bias: false,
     num_dense_layers: None,
+    gguf_hidden_per_head_scale_layers: None,
 };
 
 /// Llama family: Llama 2/3, SmolLM2, MiniCPM5 (a plain `LlamaForCausalLM`), ...
@@ -428,6 +435,7 @@ pub const GEMMA3: ArchSpec = ArchSpec {
         rope_theta: 1_000_000.0,
         local_rope_theta: Some(10_000.0),
         sliding_window_pattern: Some(6),
+        gguf_hidden_per_head_scale_layers: Some(62),
         ..PLAIN_DEFAULTS
     },
     ..LLAMA
@@ -447,6 +455,7 @@ pub const GEMMA2: ArchSpec = ArchSpec {
         rope_theta: 10_000.0,
         local_rope_theta: None,
         sliding_window_pattern: Some(2),
+        gguf_hidden_per_head_scale_layers: Some(46),
         ..PLAIN_DEFAULTS
     },
     ..GEMMA3

@@ -363,15 +363,22 @@ impl ModelConfig {
             _ => None,
         };
         // The attention score scale: `attention.scale` when the file gives it (llama.cpp's
-        // name for it; `flowrt pack` writes Gemma 3's 1/√query_pre_attn_scalar there when it
-        // is not 1/√head_dim), else 1/√head_dim. Gemma 3 GGUFs from llama.cpp's converter carry
-        // no query_pre_attn_scalar; the family's value is head_dim for the published sizes up
-        // to 12B (27B uses hidden/heads and would need the key).
+        // name for it; `flowrt pack` writes Gemma's 1/√query_pre_attn_scalar there when it
+        // differs from the default below), else the family's default: Gemma GGUFs from
+        // llama.cpp's converter carry no query_pre_attn_scalar, which is head_dim for the
+        // published sizes except the 27Bs, where it is hidden/heads (llama.cpp tells them by
+        // their layer count, and so does `gguf_default_attn_scale`).
         // A family that states its scale (Granite) must give the key.
         let attn_scale = match (f.get_f32(&key("attention.scale"))?, arch.scalings) {
             (_, Scalings::Direct { .. }) => req_positive("attention.scale")?,
             (Some(s), _) => s,
-            (None, _) => 1.0 / (head_dim as f32).sqrt(),
+            (None, _) => super::gguf_default_attn_scale(
+                arch,
+                num_hidden_layers,
+                hidden_size,
+                num_attention_heads,
+                head_dim,
+            ),
         };
         let embedding_multiplier = match arch.embed_scale {
             EmbedScale::None => 1.0,

@@ -160,6 +160,25 @@ pub struct ModelConfig {
     pub hf_mxfp4: Option<Vec<String>>,
 }
 
+/// The attention scale of a GGUF file without `attention.scale`: 1/√head_dim, or
+/// 1/√(hidden/heads) for a model of the family's
+/// [`ArchDefaults::gguf_hidden_per_head_scale_layers`] layers (as llama.cpp's loader reads it).
+///
+/// [`ArchDefaults::gguf_hidden_per_head_scale_layers`]: crate::arch::ArchDefaults::gguf_hidden_per_head_scale_layers
+pub fn gguf_default_attn_scale(
+    arch: &ArchSpec,
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    head_dim: usize,
+) -> f32 {
+    let dim = match arch.defaults.gguf_hidden_per_head_scale_layers {
+        Some(n) if n == layers && heads > 0 => hidden / heads,
+        _ => head_dim,
+    };
+    1.0 / (dim as f32).sqrt()
+}
+
 impl ModelConfig {
     /// Check that the numbers describe a model that can exist and that flowrt can run.
     pub fn validate(&self, file: &Path) -> Result<(), ModelError> {
@@ -346,6 +365,18 @@ impl ModelConfig {
     /// Whether layer `l` is a short convolution layer (no attention, no KV).
     pub fn layer_is_conv(&self, l: usize) -> bool {
         self.short_conv.as_ref().is_some_and(|s| s.conv_layers[l])
+    }
+
+    /// The attention scale a GGUF file of this model means when it carries no
+    /// `attention.scale` (see [`gguf_default_attn_scale`]).
+    pub fn gguf_default_attn_scale(&self) -> f32 {
+        gguf_default_attn_scale(
+            self.arch,
+            self.num_hidden_layers,
+            self.hidden_size,
+            self.num_attention_heads,
+            self.head_dim,
+        )
     }
 
     /// Width of all query heads together.
