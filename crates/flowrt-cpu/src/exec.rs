@@ -512,9 +512,7 @@ impl CpuBackend {
                     k.scale(logits, scale);
                 }
                 if let Some(cap) = softcap {
-                    for v in logits.iter_mut() {
-                        *v = cap * (*v / cap).tanh();
-                    }
+                    k.softcap(logits, cap);
                 }
             }
             Op::GatedAct(act) => {

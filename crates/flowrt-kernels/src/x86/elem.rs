@@ -122,7 +122,8 @@ fn gelu_tanh_mul_avx2(gate: &mut [f32], up: &[f32]) {
 }
 
 /// `cap · tanh(x / cap)` as `cap - 2 cap / (1 + exp(2 x / cap))`: `exp8` clamps its input, so
-/// large `|x|` give `±cap` exactly (the scalar tail and NaN go through the scalar form).
+/// large `|x|` give `±cap` exactly; NaN is passed through, and the tail past the last whole 8
+/// takes the scalar form.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn softcap_avx2(x: &mut [f32], cap: f32) {
     let n8 = x.len() & !7;
