@@ -1474,8 +1474,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "llama", "mistral", "qwen2", "qwen3", "gemma3", "minicpm", "granite", "smollm3",
-                "phi3", "qwen3moe", "lfm2", "lfm2moe", "gpt-oss"
+                "llama", "mistral", "qwen2", "qwen3", "gemma3", "gemma2", "minicpm", "granite",
+                "smollm3", "phi3", "qwen3moe", "lfm2", "lfm2moe", "gpt-oss"
             ]
         );
         for t in &TARGETS {
