@@ -831,10 +831,13 @@ impl HfSource {
         }
         let default_scale = c.gguf_default_attn_scale();
         if c.attn_scale != default_scale && !rules.reads_attention_scale {
-            let rule = if default_scale == 1.0 / (c.head_dim as f32).sqrt() {
-                "1/sqrt(head_dim)"
-            } else {
+            let rule = if flowrt_model::config::gguf_scales_by_hidden_per_head(
+                c.arch,
+                c.num_hidden_layers,
+            ) {
                 "1/sqrt(hidden/heads), by its layer count,"
+            } else {
+                "1/sqrt(head_dim)"
             };
             out.push(format!(
                 "its `{a}` loader ignores attention.scale = {:.6}: it scales attention scores \

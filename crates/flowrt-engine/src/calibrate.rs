@@ -135,6 +135,17 @@ fn run(
         })
 }
 
+/// An error unless layer `target`'s `what` may still be asked for when layer `at`'s were last:
+/// layers go in order.
+fn in_order(what: &str, target: usize, at: usize) -> Result<(), EngineError> {
+    if target < at {
+        return Err(EngineError::Invalid(format!(
+            "layer {target}'s {what} were asked for after layer {at}'s: layers must come in order"
+        )));
+    }
+    Ok(())
+}
+
 /// Which block of a layer a matrix belongs to, and whether its input depends on another
 /// matrix of the same block (the attention output on Q/K/V, the down projection on
 /// gate/up, a convolution's output on its input projection).
@@ -403,13 +414,7 @@ impl LayerByLayer {
         target: usize,
         stage: Stage,
     ) -> Result<(), EngineError> {
-        if target < r.layer {
-            return Err(EngineError::Invalid(format!(
-                "layer {target}'s source inputs were asked for after layer {}'s: layers must \
-                 come in order",
-                r.layer
-            )));
-        }
+        in_order("source inputs", target, r.layer)?;
         while r.layer < target {
             self.reference_layer(r, Stage::Ffn)?;
             r.x = r.next.take().expect("set by reference_layer");
@@ -504,13 +509,7 @@ impl LayerByLayer {
             let (x, _) = self.run(false, groups, None, None, false, true)?;
             self.x = Some(x);
         }
-        if target < self.layer {
-            return Err(EngineError::Invalid(format!(
-                "layer {target}'s matrix inputs were asked for after layer {}'s: layers must \
-                 come in order",
-                self.layer
-            )));
-        }
+        in_order("matrix inputs", target, self.layer)?;
         while self.layer < target {
             let l = self.layer;
             let mid = self.take_mid()?;

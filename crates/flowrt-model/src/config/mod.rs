@@ -160,11 +160,18 @@ pub struct ModelConfig {
     pub hf_mxfp4: Option<Vec<String>>,
 }
 
-/// The attention scale of a GGUF file without `attention.scale`: 1/√head_dim, or
-/// 1/√(hidden/heads) for a model of the family's
-/// [`ArchDefaults::gguf_hidden_per_head_scale_layers`] layers (as llama.cpp's loader reads it).
+/// Whether a GGUF file of the family `arch` with `layers` layers and no `attention.scale`
+/// scales attention scores by 1/√(hidden/heads) rather than 1/√head_dim: a model of the
+/// family's [`ArchDefaults::gguf_hidden_per_head_scale_layers`] layers (as llama.cpp's loader
+/// reads it).
 ///
 /// [`ArchDefaults::gguf_hidden_per_head_scale_layers`]: crate::arch::ArchDefaults::gguf_hidden_per_head_scale_layers
+pub fn gguf_scales_by_hidden_per_head(arch: &ArchSpec, layers: usize) -> bool {
+    arch.defaults.gguf_hidden_per_head_scale_layers == Some(layers)
+}
+
+/// The attention scale of a GGUF file without `attention.scale` (see
+/// [`gguf_scales_by_hidden_per_head`]).
 pub fn gguf_default_attn_scale(
     arch: &ArchSpec,
     layers: usize,
@@ -172,8 +179,8 @@ pub fn gguf_default_attn_scale(
     heads: usize,
     head_dim: usize,
 ) -> f32 {
-    let dim = match arch.defaults.gguf_hidden_per_head_scale_layers {
-        Some(n) if n == layers && heads > 0 => hidden / heads,
+    let dim = match hidden.checked_div(heads) {
+        Some(d) if gguf_scales_by_hidden_per_head(arch, layers) => d,
         _ => head_dim,
     };
     1.0 / (dim as f32).sqrt()
