@@ -203,8 +203,11 @@ fn minicpm5_thread_monolithic_decode_misses_its_deadline_and_21_layer_runlists_r
     let t42 = decode_time(&model, LAYERS);
     let t21 = decode_time(&model, 21);
     // The deadline lies between one runlist of 21 layers (about half of t21's step) and the
-    // monolithic 42 layers.
-    let deadline = (t42 * 3) / 4;
+    // monolithic 42 layers, near the latter: noise on a shared machine slows runs far more
+    // often than it speeds them, and the retried 21-layer runlists run cold in a new
+    // dispatcher (at 3/4 of t42 one of them once took over 1.5x its warm time and the step
+    // fell back to 10 layers).
+    let deadline = (t42 * 17) / 20;
     eprintln!("decode: 42 layers in one runlist {t42:?}, 21+21 {t21:?}; deadline {deadline:?}");
     assert!(
         t21 / 2 < deadline && deadline < t42,
